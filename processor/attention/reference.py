@@ -1,0 +1,19 @@
+"""Dense sliding-window attention: the O(N^2) definition the fast kernel is tested against."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from processor.attention.kernel import band_mask
+
+
+def dense_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None, q_offset: int = 0) -> Tensor:
+    """Softmax attention under an explicit ``(n_q, n_k)`` band mask; shapes as the kernel's."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if window is not None:
+        mask = band_mask(q.shape[2], k.shape[2], window, q_offset, device=q.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

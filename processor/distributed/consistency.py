@@ -1,0 +1,100 @@
+"""Agree on the shard layout across ranks, or fail on every rank together.
+
+A rank that raised on its own would leave the others waiting in the next collective until
+the timeout. So each rank first reports what it sees (its problem, if any; batch, local
+points, channels; a fingerprint of the configuration) in one small ``all_gather``, and every
+rank then runs the same checks on the same table and raises the same ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from enum import IntEnum
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from processor.distributed.shards import ShardLayout
+
+
+class LocalProblem(IntEnum):
+    """What a rank found wrong with its own input, sent to all ranks as a code."""
+
+    NONE = 0
+    NOT_3D = 1
+    WRONG_CHANNELS = 2
+    SIZES_WRONG_LENGTH = 3
+    SIZE_DISAGREES = 4
+
+
+_DESCRIPTIONS = {
+    LocalProblem.NOT_3D: "input is not (batch, local_points, channels)",
+    LocalProblem.WRONG_CHANNELS: "input has the wrong number of channels",
+    LocalProblem.SIZES_WRONG_LENGTH: "shard_sizes does not have one entry per rank",
+    LocalProblem.SIZE_DISAGREES: "local_points differs from shard_sizes[rank]",
+}
+
+
+def fingerprint(values: Sequence[object]) -> int:
+    """A stable 32-bit hash of a configuration, equal on every rank for equal values."""
+    return zlib.crc32(repr(tuple(values)).encode())
+
+
+def _local_problem(x: Tensor, channels: int, world: int, rank: int, sizes: Sequence[int] | None) -> LocalProblem:
+    if x.dim() != 3:
+        return LocalProblem.NOT_3D
+    if x.shape[2] != channels:
+        return LocalProblem.WRONG_CHANNELS
+    if sizes is not None and len(sizes) != world:
+        return LocalProblem.SIZES_WRONG_LENGTH
+    if sizes is not None and sizes[rank] != x.shape[1]:
+        return LocalProblem.SIZE_DISAGREES
+    return LocalProblem.NONE
+
+
+def agree_on_layout(
+    x: Tensor,
+    group: dist.ProcessGroup,
+    channels: int,
+    config: Sequence[object],
+    shard_sizes: Sequence[int] | None = None,
+) -> ShardLayout:
+    """Gather every rank's view of the input and return the common layout of points.
+
+    Args:
+        x: this rank's ``(batch, local_points, channels)`` block.
+        channels: the channel count the model expects.
+        config: values that must be equal on every rank (model hyper-parameters, strategy).
+        shard_sizes: optional expected points per rank; checked against the actual blocks.
+    Raises:
+        ValueError: on every rank, when any rank's input or configuration disagrees.
+    """
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    problem = _local_problem(x, channels, world, rank, shard_sizes)
+    shape = list(x.shape) if x.dim() == 3 else [-1, -1, -1]
+    sizes_print = -1 if shard_sizes is None else fingerprint(shard_sizes)
+    mine = torch.tensor([int(problem), *shape, fingerprint(config), sizes_print], dtype=torch.int64)
+    table = torch.empty(world * mine.numel(), dtype=torch.int64)
+    dist.all_gather_single(table, mine, group=group)
+    rows = table.view(world, -1).tolist()
+
+    for r, row in enumerate(rows):
+        if row[0] != LocalProblem.NONE:
+            detail = _DESCRIPTIONS[LocalProblem(row[0])]
+            raise ValueError(f"rank {r} of the model-parallel group: {detail} (shape {tuple(row[1:4])}, channels {channels})")
+    batches = [row[1] for row in rows]
+    if len(set(batches)) > 1:
+        raise ValueError(f"batch size differs across ranks: {batches}")
+    configs = [row[4] for row in rows]
+    if len(set(configs)) > 1:
+        odd = [r for r, c in enumerate(configs) if c != configs[0]]
+        raise ValueError(f"processor configuration differs between rank 0 and ranks {odd} (strategy, window, heads, ...)")
+    given = {row[5] for row in rows}
+    if len(given) > 1:
+        raise ValueError("shard_sizes passed to forward differ across ranks")
+    sizes = tuple(row[2] for row in rows)
+    if any(s == 0 for s in sizes):
+        raise ValueError(f"every rank needs at least one point; points per rank are {list(sizes)}")
+    return ShardLayout(sizes, rank)

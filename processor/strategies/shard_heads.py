@@ -1,0 +1,53 @@
+"""``shard_heads``: trade point shards for head shards, attend over every point, trade back.
+
+Forward, per layer: one all-to-all carries q, k and v (packed) from "my points, all heads"
+to "all points, my heads"; a second carries the attention output back. Heads are split
+like points (larger shards first), so a head count not divisible by the ranks works.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+
+from processor.distributed.collectives import all_to_all
+from processor.distributed.shards import shard_sizes
+from processor.strategies.base import ShardContext
+
+
+class ShardHeads:
+    name = "shard_heads"
+
+    def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
+        if world_size > num_heads:
+            raise ValueError(
+                f"strategy 'shard_heads' needs at least one head per rank: {num_heads} heads on {world_size} ranks"
+            )
+
+    def attend(self, attn, h, ctx: ShardContext):
+        if ctx.world_size == 1:
+            q, k, v = attn.qkv_heads(h)
+            return attn.merge_heads(attn.attend(q, k, v))
+        rank, points = ctx.layout.rank, list(ctx.layout.sizes)
+        heads = shard_sizes(attn.num_heads, ctx.world_size)
+        b, n, _ = h.shape
+        d, mine = attn.head_dim, heads[rank]
+
+        qkv = attn.qkv_packed(h)  # (b, n, 3, heads, d)
+        send = rearrange(qkv, "b n t h d -> h t b n d").reshape(-1)  # chunk r = heads of rank r
+        received = all_to_all(
+            send, [hr * 3 * b * n * d for hr in heads], [mine * 3 * b * ns * d for ns in points], ctx.group
+        )
+        chunks = received.split([mine * 3 * b * ns * d for ns in points])
+        qkv_all = torch.cat(
+            [rearrange(c, "(h t b n d) -> t b h n d", h=mine, t=3, b=b, d=d) for c in chunks], dim=3
+        )  # (3, b, my heads, all points, d)
+        out = attn.attend(qkv_all[0], qkv_all[1], qkv_all[2])
+
+        send = rearrange(out, "b h n d -> n b h d").reshape(-1)  # chunk s = points of rank s
+        received = all_to_all(
+            send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads], ctx.group
+        )
+        chunks = received.split([n * b * hr * d for hr in heads])
+        merged = torch.cat([rearrange(c, "(n b h d) -> b n h d", n=n, b=b, d=d) for c in chunks], dim=2)
+        return merged.reshape(b, n, attn.num_channels)

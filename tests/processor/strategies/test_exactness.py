@@ -1,0 +1,142 @@
+"""Every strategy on P ranks gives the one-rank numbers: output, input gradient, parameter gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from processor import TransformerProcessor
+from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
+
+RTOL = 1e-5
+
+
+def _model(case: dict, strategy: str) -> TransformerProcessor:
+    torch.manual_seed(case["seed"])
+    return TransformerProcessor(
+        num_layers=case.get("layers", 2), num_channels=case.get("channels", 24), num_heads=case["heads"],
+        window_size=case["window"], mlp_hidden_ratio=2, num_chunks=case.get("chunks", 0),
+        qk_norm=case.get("qk_norm", False), strategy=strategy,
+        attention_block_size=case.get("block"),
+    )
+
+
+def _data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(case["seed"] + 1)
+    shape = (case["batch"], case["points"], case.get("channels", 24))
+    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+
+
+def _sizes(case: dict, ranks: int) -> list[int]:
+    return case.get("sizes") or shard_sizes(case["points"], ranks)
+
+
+def sharded_run(group, case: dict) -> dict:
+    """One rank's part: forward its block, backward ``sum(y * cotangent)``, sum parameter grads."""
+    import torch.distributed as dist
+
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    model = _model(case, case["strategy"])
+    x_full, cotangent = _data(case)
+    sizes = _sizes(case, ranks)
+    start = shard_offsets(sizes)[rank]
+    rows = slice(start, start + sizes[rank])
+    x = x_full[:, rows].clone().requires_grad_()
+    y = model(x, group=group, shard_sizes=sizes if case.get("pass_sizes") else None)
+    (y * cotangent[:, rows]).sum().backward()
+    sum_model_parallel_gradients(model.parameters(), group)
+    return {
+        "y": y.detach().numpy(),
+        "dx": x.grad.numpy(),
+        "grads": {n: p.grad.numpy() for n, p in model.named_parameters()},
+        "params": {n: p.detach().numpy() for n, p in model.named_parameters()},
+    }
+
+
+def one_rank_run(case: dict) -> dict:
+    model = _model(case, "none")
+    x_full, cotangent = _data(case)
+    x = x_full.clone().requires_grad_()
+    y = model(x)
+    (y * cotangent).sum().backward()
+    return {
+        "y": y.detach().numpy(),
+        "dx": x.grad.numpy(),
+        "grads": {n: p.grad.numpy() for n, p in model.named_parameters()},
+        "params": {n: p.detach().numpy() for n, p in model.named_parameters()},
+    }
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, what: str, floor: float = 1e-30) -> None:
+    """Max error <= RTOL of the tensor's largest value (or of ``floor``, if that is larger)."""
+    scale = max(float(np.abs(expected).max()), floor)
+    err = float(np.abs(actual - expected).max()) / scale
+    assert err <= RTOL, f"{what}: max error {err:.2e} of the largest value (tolerance {RTOL:.0e})"
+
+
+def _cases() -> list[tuple[str, int, dict]]:
+    cases = []
+    n = 101  # uneven over 2, 3 and 4 ranks
+    for ranks in (2, 3, 4):
+        smallest = min(shard_sizes(n, ranks))
+        windows = [0, 1, 7, smallest + 5, 2 * smallest + 3, n]
+        for i, window in enumerate(windows):
+            batch = 1 + i % 2
+            base = dict(points=n, window=window, batch=batch, heads=4, seed=10 * ranks + i, chunks=i % 3 % 2)
+            cases.append(("shard_sequence", ranks, base))
+            cases.append(("shard_heads", ranks, {**base, "heads": 6 if ranks == 4 else 4, "qk_norm": i % 2 == 1}))
+        cases.append(("shard_heads", ranks, dict(points=n, window=None, batch=2, heads=ranks + 1, channels=6 * (ranks + 1),
+                                                 seed=ranks)))
+        cases.append(("shard_sequence", ranks, dict(points=n, window=None, batch=1, heads=4, seed=ranks)))
+    # Long enough that both sides take the blocked kernel path (several query blocks per rank).
+    for strategy in ("shard_sequence", "shard_heads"):
+        cases.append((strategy, 3, dict(points=700, window=40, batch=2, heads=4, seed=7, block=16, chunks=1)))
+        cases.append((strategy, 4, dict(points=523, window=23, batch=1, heads=4, seed=8, qk_norm=True)))
+    # Arbitrary (not balanced) shards, one shorter than the window: the halo spans several ranks.
+    for strategy in ("shard_sequence", "shard_heads"):
+        cases.append((strategy, 4, dict(points=101, sizes=[5, 60, 3, 33], window=10, batch=2, heads=4, seed=9,
+                                        pass_sizes=True, chunks=2, layers=2)))
+        cases.append((strategy, 3, dict(points=90, sizes=[1, 1, 88], window=4, batch=1, heads=3, seed=11,
+                                        pass_sizes=True)))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize(
+    "strategy,ranks,case", CASES,
+    ids=[f"{s}-P{p}-N{c['points']}-W{c['window']}-B{c['batch']}-{i}" for i, (s, p, c) in enumerate(CASES)],
+)
+def test_matches_one_rank(rank_pool, strategy: str, ranks: int, case: dict) -> None:
+    case = {**case, "strategy": strategy}
+    parts = rank_pool.run_ok(sharded_run, ranks, case)
+    reference = one_rank_run(case)
+
+    assert_close(np.concatenate([p["y"] for p in parts], axis=1), reference["y"], "output")
+    assert_close(np.concatenate([p["dx"] for p in parts], axis=1), reference["dx"], "input gradient")
+    # Some gradients are zero up to round-off (the k-norm bias: softmax ignores a per-query
+    # constant); measure those against a tenth of the model's largest gradient.
+    floor = 0.1 * max(float(np.abs(g).max()) for g in reference["grads"].values())
+    for name, expected in reference["grads"].items():
+        for r, part in enumerate(parts):
+            assert_close(part["grads"][name], expected, f"summed gradient of {name} on rank {r}", floor)
+
+
+def test_parameters_do_not_depend_on_rank_or_strategy(rank_pool) -> None:
+    case = dict(points=40, window=3, batch=1, heads=4, seed=3, strategy="shard_sequence")
+    parts = rank_pool.run_ok(sharded_run, 4, case)
+    reference = one_rank_run(case)
+    for part in parts:
+        for name, value in reference["params"].items():
+            np.testing.assert_array_equal(part["params"][name], value, err_msg=name)
+
+
+def test_a_broken_halo_would_be_caught(rank_pool) -> None:
+    """The comparison has teeth: dropping the halo (window 0 on the ranks) differs from W = 5."""
+    case = dict(points=60, window=0, batch=1, heads=4, seed=5, strategy="shard_sequence")
+    parts = rank_pool.run_ok(sharded_run, 3, case)
+    reference = one_rank_run({**case, "window": 5})
+    with pytest.raises(AssertionError):
+        assert_close(np.concatenate([p["y"] for p in parts], axis=1), reference["y"], "output")
