@@ -95,7 +95,9 @@ _NAME = re.compile(r"^([ofn])(\d+)$")
 def _parse(name: str) -> tuple[str, int]:
     match = _NAME.match(name.strip().lower())
     if not match:
-        raise ValueError(f"unknown grid {name!r}: expected oN (octahedral), fN (regular Gaussian) or nN (ECMWF reduced)")
+        raise ValueError(
+            f"unknown grid {name!r}: expected oN (octahedral), fN (regular Gaussian) or nN (ECMWF reduced)"
+        )
     return match.group(1), int(match.group(2))
 
 

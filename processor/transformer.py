@@ -60,12 +60,30 @@ class TransformerProcessor(nn.Module):
         self.strategy = get_strategy(strategy)
         self.num_layers, self.num_channels, self.num_heads = num_layers, num_channels, num_heads
         self.window_size, self.num_chunks = window_size, num_chunks
-        self._config = (strategy, num_layers, num_channels, num_heads, window_size, mlp_hidden_ratio,
-                        num_chunks, qk_norm, activation)
+        self._config = (
+            strategy,
+            num_layers,
+            num_channels,
+            num_heads,
+            window_size,
+            mlp_hidden_ratio,
+            num_chunks,
+            qk_norm,
+            activation,
+        )
         hidden = int(mlp_hidden_ratio * num_channels)
         self.blocks = nn.ModuleList(
-            TransformerBlock(num_channels, num_heads, window_size, hidden, activation, self.strategy,
-                             qk_norm, dropout_p, attention_block_size)
+            TransformerBlock(
+                num_channels,
+                num_heads,
+                window_size,
+                hidden,
+                activation,
+                self.strategy,
+                qk_norm,
+                dropout_p,
+                attention_block_size,
+            )
             for _ in range(num_layers)
         )
 

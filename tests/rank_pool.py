@@ -19,8 +19,9 @@ import os
 import queue
 import socket
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -44,7 +45,10 @@ def _worker(rank: int, world: int, port: int, tasks: mp.Queue, results: mp.Queue
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     groups = {p: dist.new_group(list(range(p))) for p in range(2, world)}
@@ -89,8 +93,9 @@ class RankPool:
                 rank, status, value = self.results.get(timeout=self.timeout)
             except queue.Empty:
                 self.close()
-                raise TimeoutError(f"ranks {sorted(set(range(self.world)) - set(got))} did not answer ({what}) "
-                                   f"within {self.timeout} s") from None
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(self.world)) - set(got))} did not answer ({what}) within {self.timeout} s"
+                ) from None
             got[rank] = (status, value)
         return [got[r] for r in range(self.world)]
 

@@ -107,8 +107,12 @@ def _flash_window(
     shift = q_offset - (k.shape[2] - q.shape[2])
     left, right = window + shift, window - shift
     out = flash_attn_func(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        dropout_p=dropout_p, softmax_scale=scale, window_size=(left, right),
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        dropout_p=dropout_p,
+        softmax_scale=scale,
+        window_size=(left, right),
     )
     return out.transpose(1, 2)
 

@@ -62,7 +62,12 @@ class SelfAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0) -> Tensor:
         """Windowed attention of ``q`` ``(b, h, n_q, d)`` over ``k, v`` ``(b, h, n_k, d)``."""
         return sliding_window_attention(
-            q, k, v, self.window_size, q_offset=q_offset, block_size=self.block_size,
+            q,
+            k,
+            v,
+            self.window_size,
+            q_offset=q_offset,
+            block_size=self.block_size,
             dropout_p=self.dropout_p if self.training else 0.0,
         )
 

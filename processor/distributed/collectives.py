@@ -14,9 +14,7 @@ from torch import Tensor
 from processor.distributed.comm_stats import record_sent
 
 
-def _all_to_all_flat(
-    x: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup
-) -> Tensor:
+def _all_to_all_flat(x: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup) -> Tensor:
     rank = dist.get_rank(group)
     out = x.new_empty(sum(recv_splits))
     dist.all_to_all_single(
@@ -37,9 +35,7 @@ class _AllToAll(torch.autograd.Function):
         return _all_to_all_flat(grad, ctx.recv_splits, ctx.send_splits, ctx.group), None, None, None
 
 
-def all_to_all(
-    x: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup
-) -> Tensor:
+def all_to_all(x: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup) -> Tensor:
     """Exchange chunks of a flat tensor with every rank of ``group``.
 
     Args:

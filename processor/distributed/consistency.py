@@ -83,14 +83,18 @@ def agree_on_layout(
     for r, row in enumerate(rows):
         if row[0] != LocalProblem.NONE:
             detail = _DESCRIPTIONS[LocalProblem(row[0])]
-            raise ValueError(f"rank {r} of the model-parallel group: {detail} (shape {tuple(row[1:4])}, channels {channels})")
+            raise ValueError(
+                f"rank {r} of the model-parallel group: {detail} (shape {tuple(row[1:4])}, channels {channels})"
+            )
     batches = [row[1] for row in rows]
     if len(set(batches)) > 1:
         raise ValueError(f"batch size differs across ranks: {batches}")
     configs = [row[4] for row in rows]
     if len(set(configs)) > 1:
         odd = [r for r, c in enumerate(configs) if c != configs[0]]
-        raise ValueError(f"processor configuration differs between rank 0 and ranks {odd} (strategy, window, heads, ...)")
+        raise ValueError(
+            f"processor configuration differs between rank 0 and ranks {odd} (strategy, window, heads, ...)"
+        )
     given = {row[5] for row in rows}
     if len(given) > 1:
         raise ValueError("shard_sizes passed to forward differ across ranks")

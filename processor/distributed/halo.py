@@ -87,9 +87,7 @@ class HaloPlan:
         return cls(left, right, tuple(sends), tuple(recvs))
 
 
-def _exchange(
-    outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup
-) -> None:
+def _exchange(outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup) -> None:
     """Post all sends and receives at once and wait for them (tensors must be contiguous)."""
     ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group) for p, t in outgoing]
     ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group) for p, t in incoming]

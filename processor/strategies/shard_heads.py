@@ -45,9 +45,7 @@ class ShardHeads:
         out = attn.attend(qkv_all[0], qkv_all[1], qkv_all[2])
 
         send = rearrange(out, "b h n d -> n b h d").reshape(-1)  # chunk s = points of rank s
-        received = all_to_all(
-            send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads], ctx.group
-        )
+        received = all_to_all(send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads], ctx.group)
         chunks = received.split([n * b * hr * d for hr in heads])
         merged = torch.cat([rearrange(c, "(n b h d) -> b n h d", n=n, b=b, d=d) for c in chunks], dim=2)
         return merged.reshape(b, n, attn.num_channels)

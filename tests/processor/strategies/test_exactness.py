@@ -15,9 +15,14 @@ RTOL = 1e-5
 def _model(case: dict, strategy: str) -> TransformerProcessor:
     torch.manual_seed(case["seed"])
     return TransformerProcessor(
-        num_layers=case.get("layers", 2), num_channels=case.get("channels", 24), num_heads=case["heads"],
-        window_size=case["window"], mlp_hidden_ratio=2, num_chunks=case.get("chunks", 0),
-        qk_norm=case.get("qk_norm", False), strategy=strategy,
+        num_layers=case.get("layers", 2),
+        num_channels=case.get("channels", 24),
+        num_heads=case["heads"],
+        window_size=case["window"],
+        mlp_hidden_ratio=2,
+        num_chunks=case.get("chunks", 0),
+        qk_norm=case.get("qk_norm", False),
+        strategy=strategy,
         attention_block_size=case.get("block"),
     )
 
@@ -86,8 +91,8 @@ def _cases() -> list[tuple[str, int, dict]]:
             base = dict(points=n, window=window, batch=batch, heads=4, seed=10 * ranks + i, chunks=i % 3 % 2)
             cases.append(("shard_sequence", ranks, base))
             cases.append(("shard_heads", ranks, {**base, "heads": 6 if ranks == 4 else 4, "qk_norm": i % 2 == 1}))
-        cases.append(("shard_heads", ranks, dict(points=n, window=None, batch=2, heads=ranks + 1, channels=6 * (ranks + 1),
-                                                 seed=ranks)))
+        wide = dict(points=n, window=None, batch=2, heads=ranks + 1, channels=6 * (ranks + 1), seed=ranks)
+        cases.append(("shard_heads", ranks, wide))
         cases.append(("shard_sequence", ranks, dict(points=n, window=None, batch=1, heads=4, seed=ranks)))
     # Long enough that both sides take the blocked kernel path (several query blocks per rank).
     for strategy in ("shard_sequence", "shard_heads"):
@@ -95,10 +100,26 @@ def _cases() -> list[tuple[str, int, dict]]:
         cases.append((strategy, 4, dict(points=523, window=23, batch=1, heads=4, seed=8, qk_norm=True)))
     # Arbitrary (not balanced) shards, one shorter than the window: the halo spans several ranks.
     for strategy in ("shard_sequence", "shard_heads"):
-        cases.append((strategy, 4, dict(points=101, sizes=[5, 60, 3, 33], window=10, batch=2, heads=4, seed=9,
-                                        pass_sizes=True, chunks=2, layers=2)))
-        cases.append((strategy, 3, dict(points=90, sizes=[1, 1, 88], window=4, batch=1, heads=3, seed=11,
-                                        pass_sizes=True)))
+        cases.append(
+            (
+                strategy,
+                4,
+                dict(
+                    points=101,
+                    sizes=[5, 60, 3, 33],
+                    window=10,
+                    batch=2,
+                    heads=4,
+                    seed=9,
+                    pass_sizes=True,
+                    chunks=2,
+                    layers=2,
+                ),
+            )
+        )
+        cases.append(
+            (strategy, 3, dict(points=90, sizes=[1, 1, 88], window=4, batch=1, heads=3, seed=11, pass_sizes=True))
+        )
     return cases
 
 
@@ -106,7 +127,8 @@ CASES = _cases()
 
 
 @pytest.mark.parametrize(
-    "strategy,ranks,case", CASES,
+    "strategy,ranks,case",
+    CASES,
     ids=[f"{s}-P{p}-N{c['points']}-W{c['window']}-B{c['batch']}-{i}" for i, (s, p, c) in enumerate(CASES)],
 )
 def test_matches_one_rank(rank_pool, strategy: str, ranks: int, case: dict) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks of the processor and of training steps (see docs/benchmarks.md)."""

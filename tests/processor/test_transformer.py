@@ -1,0 +1,108 @@
+"""The processor on one rank: arguments, equivalences, checkpointing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from processor import TransformerProcessor
+
+
+def _build(**overrides) -> TransformerProcessor:
+    torch.manual_seed(0)
+    kwargs = dict(num_layers=2, num_channels=16, num_heads=4, window_size=5, mlp_hidden_ratio=2, num_chunks=0)
+    return TransformerProcessor(**{**kwargs, **overrides})
+
+
+def _forward_backward(model: TransformerProcessor, x: torch.Tensor):
+    x = x.clone().requires_grad_()
+    y = model(x)
+    y.pow(2).sum().backward()
+    return y.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(strategy="ring"), "unknown strategy 'ring'"),
+        (dict(num_heads=3), r"num_channels \(16\) must be divisible by num_heads \(3\)"),
+        (dict(window_size=-1), "window_size"),
+        (dict(num_chunks=3), "num_chunks"),
+        (dict(num_layers=0), "num_layers"),
+        (dict(dropout_p=1.0), "dropout_p"),
+        (dict(activation="swish2"), "unknown activation"),
+        (dict(mlp_hidden_ratio=0), "mlp_hidden_ratio"),
+    ],
+)
+def test_bad_arguments(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _build(**overrides)
+
+
+def test_bad_input_shape():
+    model = _build()
+    with pytest.raises(ValueError, match=r"\(batch, points, 16\)"):
+        model(torch.zeros(10, 16))
+    with pytest.raises(ValueError, match=r"\(batch, points, 16\)"):
+        model(torch.zeros(1, 10, 8))
+    with pytest.raises(ValueError, match="shard_sizes"):
+        model(torch.zeros(1, 10, 16), shard_sizes=[5, 5])
+
+
+def test_strategy_none_refuses_a_group_of_several():
+    from processor.strategies import get_strategy
+
+    with pytest.raises(ValueError, match="one rank"):
+        get_strategy("none").check(num_heads=4, window_size=3, world_size=2)
+
+
+@pytest.mark.parametrize("strategy", ["shard_heads", "shard_sequence"])
+def test_every_strategy_on_one_rank_is_none(strategy):
+    x = torch.randn(2, 150, 16)
+    expected = _forward_backward(_build(), x)
+    actual = _forward_backward(_build(strategy=strategy), x)
+    for a, b in zip(actual[:2], expected[:2]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_checkpointing_changes_nothing(chunks):
+    x = torch.randn(1, 90, 16)
+    y0, dx0, g0 = _forward_backward(_build(num_chunks=0), x)
+    y1, dx1, g1 = _forward_backward(_build(num_chunks=chunks), x)
+    torch.testing.assert_close(y1, y0)
+    torch.testing.assert_close(dx1, dx0)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b)
+
+
+def test_batch_is_independent_samples():
+    model = _build(qk_norm=True)
+    x = torch.randn(3, 70, 16)
+    together = model(x)
+    for i in range(3):
+        torch.testing.assert_close(together[i : i + 1], model(x[i : i + 1]))
+
+
+def test_window_covering_everything_is_global():
+    x = torch.randn(1, 40, 16)
+    torch.testing.assert_close(_build(window_size=39)(x), _build(window_size=None)(x))
+    assert not torch.allclose(_build(window_size=3)(x), _build(window_size=None)(x))
+
+
+def test_window_limits_the_receptive_field():
+    """Two layers of window W: output i depends on inputs within 2W of it, and no further."""
+    model = _build(window_size=3)
+    x = torch.randn(1, 40, 16, requires_grad=True)
+    model(x)[0, 20].sum().backward()
+    touched = (x.grad[0].abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert touched == list(range(14, 27))
+
+
+def test_dropout_only_in_training():
+    model = _build(dropout_p=0.5)
+    x = torch.randn(1, 40, 16)
+    model.eval()
+    torch.testing.assert_close(model(x), model(x))
+    model.train()
+    assert not torch.allclose(model(x), model(x))
