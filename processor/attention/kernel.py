@@ -148,6 +148,8 @@ def sliding_window_attention(
         flash_attn_func is not None
         and q.is_cuda
         and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[-1] % 8 == 0
+        and q.shape[-1] <= 256
         and 0 <= q_offset - (n_k - n_q) + window
         and 0 <= window - q_offset + (n_k - n_q)
     ):
