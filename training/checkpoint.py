@@ -1,0 +1,53 @@
+"""Checkpoints written atomically (temp file, fsync, rename) and read with ``weights_only``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+LATEST = "latest.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: unreadable, of another format, or another model."""
+
+
+def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``directory/latest.pt`` so that a reader sees the old file or the new
+    one, never a partial one."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".partial-", suffix=".pt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        final = directory / LATEST
+        os.replace(tmp, final)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return final
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (tensors and plain data only)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        found = state.get("format_version") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"checkpoint {path} has format {found!r}, expected {FORMAT_VERSION}")
+    return state

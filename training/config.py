@@ -1,0 +1,143 @@
+"""Typed schema of a training run. Hydra merges ``configs/`` into it, so an unknown key or a
+value of the wrong type fails at start naming the key; :func:`check_config` adds ranges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    hidden_grid: str = "o16"  # the processor's grid
+    num_layers: int = 4
+    num_channels: int = 64
+    num_heads: int = 4
+    window_size: int | None = 64
+    mlp_hidden_ratio: float = 2.0
+    num_chunks: int = 0
+    dropout_p: float = 0.0
+    qk_norm: bool = True
+    activation: str = "gelu"
+    encoder_neighbours: int = 4  # data points feeding each hidden point
+    decoder_neighbours: int = 3  # hidden points feeding each data point
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "shard_sequence"
+
+
+@dataclass
+class DataConfig:
+    path: str = MISSING  # an anemoi-datasets style Zarr store
+    grid: str = "o32"  # grid of the dataset's points (checked against the store)
+    variables: list[str] | None = None  # None: every variable in the store
+    generate: bool = True  # write the synthetic dataset first if ``path`` does not exist
+    generate_steps: int = 400
+    generate_seed: int = 1
+    val_fraction: float = 0.1
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 300
+    batch_size: int = 1  # samples per data-parallel replica
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.05
+    grad_clip: float = 1.0
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    val_interval: int = 50
+    val_batches: int = 4
+    checkpoint_interval: int = 100
+    resume: bool = True
+    nprocs: int = 2  # local ranks to spawn when not started by torchrun
+    ranks_per_model: int = 2  # model-parallel group size
+    threads_per_rank: int = 1
+    timeout_s: float = 300.0
+    seed: int = 0
+
+
+@dataclass
+class LoggingConfig:
+    mlflow: bool = True
+    tracking_uri: str | None = None  # None: sqlite store in the run directory
+    experiment: str = "gridshard"
+    run_name: str | None = None
+    log_interval: int = 1
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run_dir: str = "."
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+
+
+_RANGES: list[tuple[str, Any, str]] = [
+    ("model.num_layers", lambda v: v >= 1, ">= 1"),
+    ("model.num_channels", lambda v: v >= 1, ">= 1"),
+    ("model.num_heads", lambda v: v >= 1, ">= 1"),
+    ("model.window_size", lambda v: v is None or v >= 0, ">= 0 or null"),
+    ("model.mlp_hidden_ratio", lambda v: v > 0, "> 0"),
+    ("model.num_chunks", lambda v: v >= 0, ">= 0"),
+    ("model.dropout_p", lambda v: 0 <= v < 1, "in [0, 1)"),
+    ("model.encoder_neighbours", lambda v: v >= 1, ">= 1"),
+    ("model.decoder_neighbours", lambda v: v >= 1, ">= 1"),
+    ("strategy.name", lambda v: v in ("none", "shard_heads", "shard_sequence"), "none|shard_heads|shard_sequence"),
+    ("data.val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
+    ("data.generate_steps", lambda v: v >= 8, ">= 8"),
+    ("trainer.steps", lambda v: v >= 1, ">= 1"),
+    ("trainer.batch_size", lambda v: v >= 1, ">= 1"),
+    ("trainer.lr", lambda v: v > 0, "> 0"),
+    ("trainer.warmup_steps", lambda v: v >= 0, ">= 0"),
+    ("trainer.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    ("trainer.grad_clip", lambda v: v >= 0, ">= 0 (0: off)"),
+    ("trainer.precision", lambda v: v in ("fp32", "bf16"), "fp32|bf16"),
+    ("trainer.val_interval", lambda v: v >= 1, ">= 1"),
+    ("trainer.val_batches", lambda v: v >= 1, ">= 1"),
+    ("trainer.checkpoint_interval", lambda v: v >= 1, ">= 1"),
+    ("trainer.nprocs", lambda v: v >= 1, ">= 1"),
+    ("trainer.ranks_per_model", lambda v: v >= 1, ">= 1"),
+    ("trainer.timeout_s", lambda v: v > 0, "> 0"),
+    ("logging.log_interval", lambda v: v >= 1, ">= 1"),
+]
+
+
+def check_config(cfg: Any, world_size: int | None = None) -> None:
+    """Raise ``ValueError`` naming the first key whose value is out of range."""
+    from omegaconf import OmegaConf
+
+    for key, ok, expected in _RANGES:
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
+            raise ValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
+    world = cfg.trainer.nprocs if world_size is None else world_size
+    if world % cfg.trainer.ranks_per_model:
+        raise ValueError(
+            f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
+        )
+    if cfg.strategy.name == "none" and cfg.trainer.ranks_per_model != 1:
+        raise ValueError("strategy=none runs one rank per model: set trainer.ranks_per_model=1")
+    if cfg.model.num_channels % cfg.model.num_heads:
+        raise ValueError(
+            f"model.num_channels = {cfg.model.num_channels} is not divisible by model.num_heads = {cfg.model.num_heads}"
+        )
+    if cfg.strategy.name == "shard_heads" and cfg.trainer.ranks_per_model > cfg.model.num_heads:
+        raise ValueError(
+            f"strategy=shard_heads needs model.num_heads ({cfg.model.num_heads}) >= "
+            f"trainer.ranks_per_model ({cfg.trainer.ranks_per_model})"
+        )

@@ -1,0 +1,82 @@
+"""Encoder–processor–decoder forecaster: data grid -> hidden grid -> data grid.
+
+Only the processor is model-parallel in the sense of attention, but every part runs on this
+rank's blocks: each rank encodes into its own hidden points (data rows of its neighbours
+arrive by halo), runs the sharded processor, and decodes its own data points (hidden rows
+arrive by halo). Every exchange is :func:`processor.distributed.halo_pad`, so gradients
+through the shard boundaries are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from processor import TransformerProcessor
+from processor.distributed import HaloConfig, ShardLayout, halo_pad, shard_offsets, shard_sizes
+from processor.grids import Grid
+from training.model.graphs import LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
+from training.model.mapper import GraphMapper
+
+
+@dataclass(frozen=True)
+class ShardedGrids:
+    """This rank's blocks of the data grid and the hidden grid, and its graph slices."""
+
+    data_layout: ShardLayout
+    hidden_layout: ShardLayout
+    encoder: LocalGraph
+    decoder: LocalGraph
+    data_features: Tensor  # (local data points, 4)
+    hidden_features: Tensor  # (local hidden points, 4)
+
+    @classmethod
+    def build(cls, data_lat: np.ndarray, data_lon: np.ndarray, hidden: Grid, ranks: int, rank: int,
+              encoder_k: int, decoder_k: int) -> ShardedGrids:
+        data_xyz = unit_vectors(data_lat, data_lon)
+        hidden_xyz = unit_vectors(hidden.latitudes, hidden.longitudes)
+        data_sizes, hidden_sizes = shard_sizes(len(data_xyz), ranks), shard_sizes(len(hidden_xyz), ranks)
+        enc = shard_graph(*knn_graph(data_xyz, hidden_xyz, encoder_k), data_sizes, hidden_sizes, rank)
+        dec = shard_graph(*knn_graph(hidden_xyz, data_xyz, decoder_k), hidden_sizes, data_sizes, rank)
+        d0, h0 = shard_offsets(data_sizes)[rank], shard_offsets(hidden_sizes)[rank]
+        data_f = node_features(data_lat, data_lon)[d0 : d0 + data_sizes[rank]]
+        hidden_f = node_features(hidden.latitudes, hidden.longitudes)[h0 : h0 + hidden_sizes[rank]]
+        return cls(
+            ShardLayout(tuple(data_sizes), rank), ShardLayout(tuple(hidden_sizes), rank), enc, dec,
+            torch.from_numpy(data_f), torch.from_numpy(hidden_f),
+        )
+
+
+class Forecaster(nn.Module):
+    """Predicts the next state from the current one: ``(b, data points, vars)`` -> same."""
+
+    def __init__(self, num_variables: int, num_channels: int, processor: TransformerProcessor) -> None:
+        super().__init__()
+        self.data_embed = nn.Linear(num_variables + 4, num_channels)
+        self.hidden_embed = nn.Linear(4, num_channels)
+        self.encoder = GraphMapper(num_channels, 4)
+        self.processor = processor
+        self.decoder = GraphMapper(num_channels, 4)
+        self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables))
+
+    def forward(self, x: Tensor, grids: ShardedGrids, group: dist.ProcessGroup | None) -> Tensor:
+        """``x``: this rank's data points ``(b, local data points, vars)``, normalised."""
+        b = x.shape[0]
+        data = self.data_embed(torch.cat([x, grids.data_features.expand(b, -1, -1)], dim=-1))
+        hidden = self.hidden_embed(grids.hidden_features).expand(b, -1, -1)
+        src = _with_halo(data, grids.encoder.halo, grids.data_layout, group)
+        hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
+        hidden = self.processor(hidden, group=group)
+        src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group)
+        data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
+        return x + self.head(data)
+
+
+def _with_halo(x: Tensor, width: int, layout: ShardLayout, group: dist.ProcessGroup | None) -> Tensor:
+    if group is None or layout.world_size == 1:
+        return x
+    return halo_pad(x, HaloConfig(width=width, dim=1), layout, group)

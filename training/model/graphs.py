@@ -1,0 +1,83 @@
+"""Bipartite k-nearest-neighbour graphs between two grids, and each rank's slice of them.
+
+Every rank builds the same global graph (deterministic from the coordinates), then keeps
+the edges whose *destination* is in its block. Their sources may lie in other ranks'
+blocks: those rows come in by one :func:`processor.distributed.halo_pad` of width
+``halo`` (the same on every rank), and ``src`` indexes the padded block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+from processor.distributed import ShardLayout, halo_extent, shard_offsets
+
+
+def unit_vectors(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
+    """``(points, 3)`` positions on the unit sphere."""
+    lat, lon = np.radians(lat_deg), np.radians(lon_deg)
+    return np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)
+
+
+def node_features(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
+    """``(points, 4)``: sin/cos of latitude and longitude."""
+    lat, lon = np.radians(lat_deg), np.radians(lon_deg)
+    return np.stack([np.sin(lat), np.cos(lat), np.sin(lon), np.cos(lon)], axis=1).astype(np.float32)
+
+
+def knn_graph(src_xyz: np.ndarray, dst_xyz: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Edges from the ``k`` nearest source points into every destination point.
+
+    Returns ``edge_index`` ``(2, dst * k)`` (source, destination; grouped by destination) and
+    ``edge_attr`` ``(dst * k, 4)``: source minus destination position, and chord length.
+    """
+    if k > len(src_xyz):
+        raise ValueError(f"{k} neighbours asked for, but the source grid has {len(src_xyz)} points")
+    _, src = cKDTree(src_xyz).query(dst_xyz, k=k)
+    src = np.asarray(src).reshape(len(dst_xyz), k)
+    dst = np.repeat(np.arange(len(dst_xyz)), k)
+    src = src.reshape(-1)
+    delta = src_xyz[src] - dst_xyz[dst]
+    attr = np.concatenate([delta, np.linalg.norm(delta, axis=1, keepdims=True)], axis=1)
+    return np.stack([src, dst]), attr.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class LocalGraph:
+    """This rank's edges: ``src`` into the halo-padded source block, ``dst`` into its own block."""
+
+    edge_index: torch.Tensor  # (2, local edges)
+    edge_attr: torch.Tensor  # (local edges, 4)
+    halo: int  # rows of source halo each side (same on every rank)
+    n_src_local: int  # rows of the padded source block
+    n_dst_local: int
+
+
+def shard_graph(
+    edge_index: np.ndarray, edge_attr: np.ndarray, src_sizes: list[int], dst_sizes: list[int], rank: int
+) -> LocalGraph:
+    """Slice a global graph for ``rank``, given how sources and destinations are split."""
+    src_starts, dst_starts = shard_offsets(src_sizes), shard_offsets(dst_sizes)
+    n_src = sum(src_sizes)
+    halo = 0
+    for r in range(len(dst_sizes)):  # widest reach of any rank, so that every rank agrees
+        keep = (edge_index[1] >= dst_starts[r]) & (edge_index[1] < dst_starts[r] + dst_sizes[r])
+        if keep.any():
+            lo, hi = edge_index[0, keep].min(), edge_index[0, keep].max() + 1
+            halo = max(halo, src_starts[r] - lo, hi - src_starts[r] - src_sizes[r])
+    layout = ShardLayout(tuple(src_sizes), rank)
+    left, right = halo_extent(layout, min(halo, n_src))
+    keep = (edge_index[1] >= dst_starts[rank]) & (edge_index[1] < dst_starts[rank] + dst_sizes[rank])
+    src = edge_index[0, keep] - (src_starts[rank] - left)
+    dst = edge_index[1, keep] - dst_starts[rank]
+    return LocalGraph(
+        edge_index=torch.from_numpy(np.stack([src, dst]).astype(np.int64)),
+        edge_attr=torch.from_numpy(edge_attr[keep]),
+        halo=int(halo),
+        n_src_local=left + src_sizes[rank] + right,
+        n_dst_local=dst_sizes[rank],
+    )

@@ -1,0 +1,250 @@
+"""The training loop, run on every rank: data, model, optimiser, checkpoints, logging."""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from processor import TransformerProcessor
+from processor.distributed import count_communication
+from processor.grids import get_grid, grid_points
+from processor.memory import track_peak_rss
+from training.checkpoint import LATEST, CheckpointError, load_checkpoint, save_checkpoint
+from training.data import DatasetError, ZarrDataset
+from training.model import Forecaster, ShardedGrids
+from training.parallel import ParallelDims
+from training.tracking import NullTracker, Tracker, flatten
+
+log = logging.getLogger(__name__)
+
+
+def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
+    """Open the configured dataset and check it against the configuration."""
+    data = cfg["data"]
+    dataset = ZarrDataset(data["path"], data["variables"])
+    expected = grid_points(data["grid"])
+    if dataset.n_points != expected:
+        raise DatasetError(
+            f"data.grid = {data['grid']} has {expected} points but {data['path']} has {dataset.n_points}"
+        )
+    if dataset.n_times < 8:
+        raise DatasetError(f"{data['path']} has {dataset.n_times} dates; training needs at least 8")
+    return dataset
+
+
+def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
+    m = cfg["model"]
+    processor = TransformerProcessor(
+        num_layers=m["num_layers"], num_channels=m["num_channels"], num_heads=m["num_heads"],
+        window_size=m["window_size"], mlp_hidden_ratio=m["mlp_hidden_ratio"], num_chunks=m["num_chunks"],
+        dropout_p=m["dropout_p"], qk_norm=m["qk_norm"], activation=m["activation"], strategy=cfg["strategy"]["name"],
+    )
+    return Forecaster(num_variables, m["num_channels"], processor)
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine decay to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def sample_times(step: int, replica: int, replicas: int, batch: int, n: int, seed: int) -> list[int]:
+    """Start times of this replica's batch at ``step``: epoch-wise shuffles, a function of the step
+    alone, so a resumed run reads exactly what the uninterrupted one would have."""
+    times = []
+    for j in range(batch):
+        epoch, pos = divmod((step * replicas + replica) * batch + j, n)
+        times.append(int(np.random.default_rng([seed, epoch]).permutation(n)[pos]))
+    return times
+
+
+class Batches:
+    """Pairs (state at t, state at t + 1) for this rank's block of data points."""
+
+    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids) -> None:
+        self.dataset = dataset
+        layout = grids.data_layout
+        self.points = slice(layout.start, layout.stop)
+
+    def __call__(self, times: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = np.stack([self.dataset.state(t, self.points) for t in times])
+        y = np.stack([self.dataset.state(t + 1, self.points) for t in times])
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> None:
+    for key in ("model", "strategy"):
+        if saved[key] != cfg[key]:
+            raise CheckpointError(f"checkpoint was written with {key} = {saved[key]}, this run has {cfg[key]}")
+    for key in ("grid", "variables"):
+        if saved["data"][key] != cfg["data"][key]:
+            raise CheckpointError(f"checkpoint was written with data.{key} = {saved['data'][key]}, "
+                                  f"this run has {cfg['data'][key]}")
+
+
+def train(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Train on this rank; rank 0 logs and checkpoints. Returns the loss history and run id."""
+    t_cfg, run_dir = cfg["trainer"], Path(cfg["run_dir"])
+    dims = ParallelDims.build(t_cfg["ranks_per_model"])
+    torch.set_num_threads(t_cfg["threads_per_rank"])
+    dataset = open_dataset(cfg)
+    hidden = get_grid(cfg["model"]["hidden_grid"])
+    grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, hidden, dims.mp, dims.mp_rank,
+                               cfg["model"]["encoder_neighbours"], cfg["model"]["decoder_neighbours"])
+    torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank
+    model = build_model(cfg, len(dataset.variables))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=t_cfg["lr"], weight_decay=t_cfg["weight_decay"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: lr_factor(s, t_cfg["warmup_steps"], t_cfg["steps"], t_cfg["min_lr_ratio"])
+    )
+    torch.manual_seed(t_cfg["seed"] + 1 + dims.rank)  # dropout streams differ per rank
+
+    n_val = max(2, int(dataset.n_times * cfg["data"]["val_fraction"]))
+    n_train = dataset.n_times - n_val - 1  # start times whose successor is in the training period
+    val_times = list(range(dataset.n_times - n_val, dataset.n_times - 1))[: t_cfg["val_batches"] * t_cfg["batch_size"]]
+    batches = Batches(dataset, grids)
+    n_per_replica = t_cfg["batch_size"] * dataset.n_points * len(dataset.variables)
+
+    ckpt_dir = run_dir / "checkpoints"
+    start = 0
+    if t_cfg["resume"] and (ckpt_dir / LATEST).exists():
+        state = load_checkpoint(ckpt_dir / LATEST)
+        _compatible(yaml.safe_load(state["config"]), cfg)
+        model.load_state_dict(state["model"])
+        optimiser.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["scheduler"])
+        if len(state["rng"]) == dims.world:
+            torch.set_rng_state(state["rng"][dims.rank])
+        start = int(state["step"])
+
+    tracker: Tracker | NullTracker = NullTracker()
+    if dims.rank == 0 and cfg["logging"]["mlflow"]:
+        tags = {"strategy": cfg["strategy"]["name"], "ranks": str(dims.world), "ranks_per_model": str(dims.mp),
+                "grid": cfg["data"]["grid"], "hidden_grid": cfg["model"]["hidden_grid"],
+                "git_commit": _git_commit(), "resumed_from_step": str(start)}
+        tracker = Tracker(run_dir, cfg["logging"]["tracking_uri"], cfg["logging"]["experiment"],
+                          cfg["logging"]["run_name"], flatten(cfg), tags)
+        config_file = run_dir / "config.yaml"
+        config_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        tracker.log_artifact(config_file)
+
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t_cfg["precision"] == "bf16")
+
+    def loss_on(times: list[int]) -> torch.Tensor:
+        x, y = batches(times)
+        with autocast:
+            pred = model(x, grids, dims.mp_group)
+        # This rank's share of its replica's mean squared error: summed over the model-parallel
+        # group it is the replica's loss.
+        return (pred.float() - y).pow(2).sum() / n_per_replica
+
+    def validate() -> float:
+        model.eval()
+        with torch.no_grad():
+            total = sum(loss_on([t]).item() for t in val_times) / len(val_times) * t_cfg["batch_size"]
+        model.train()
+        return dims.sum_over_world([total])[0] / dims.dp
+
+    def checkpoint(step: int) -> None:
+        rng = [torch.empty_like(torch.get_rng_state()) for _ in range(dims.world)]
+        if dims.world > 1:
+            torch.distributed.all_gather(rng, torch.get_rng_state())
+        else:
+            rng = [torch.get_rng_state()]
+        if dims.rank == 0:
+            save_checkpoint(ckpt_dir, {
+                "step": step, "model": model.state_dict(), "optimizer": optimiser.state_dict(),
+                "scheduler": schedule.state_dict(), "rng": rng, "config": yaml.safe_dump(cfg),
+            })
+
+    history: list[tuple[int, dict[str, float]]] = []
+    last_val = float("nan")
+    bar = tqdm(total=t_cfg["steps"], initial=start, desc="train", disable=dims.rank != 0, dynamic_ncols=True)
+    model.train()
+    for step in range(start, t_cfg["steps"]):
+        times = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], n_train, t_cfg["seed"])
+        t0 = time.perf_counter()
+        with track_peak_rss() as mem, count_communication() as comm:
+            loss = loss_on(times)
+            loss.backward()
+            dims.reduce_gradients(model)
+            if t_cfg["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg["grad_clip"])
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+        lr = schedule.get_last_lr()[0]
+        schedule.step()
+        elapsed = time.perf_counter() - t0
+        train_loss, peak, sent = dims.sum_over_world([loss.item(), mem.increase / 2**30, comm.total_bytes])
+        train_loss /= dims.dp
+        if not math.isfinite(train_loss):
+            tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})
+            tracker.finish("FAILED")
+            raise FloatingPointError(f"loss is {train_loss} at step {step}; last good checkpoint in {ckpt_dir}")
+        metrics = {
+            "train/loss": train_loss, "lr": lr, "step_time_s": elapsed,
+            "points_per_s": dims.dp * t_cfg["batch_size"] * dataset.n_points / elapsed,
+            "peak_mem_gib_mean_rank": peak / dims.world, "comm_bytes_per_rank": sent / dims.world,
+        }
+        if (step + 1) % t_cfg["val_interval"] == 0 or step + 1 == t_cfg["steps"]:
+            metrics["val/loss"] = validate()
+        history.append((step, metrics))
+        if step % cfg["logging"]["log_interval"] == 0 or "val/loss" in metrics:
+            tracker.log_metrics(step, metrics)
+        last_val = metrics.get("val/loss", last_val)
+        bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{last_val:.4f}")
+        bar.update()
+        if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"]:
+            checkpoint(step + 1)
+    bar.close()
+
+    if history and dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
+        part = _forecast_part(model, dataset, grids, val_times, dims)
+        parts = [part]
+        if dims.mp > 1:
+            parts = [None] * dims.mp
+            torch.distributed.all_gather_object(parts, part, group=dims.mp_group)
+        if dims.rank == 0:
+            _final_artifacts(tracker, history, run_dir, dataset, np.concatenate(parts, axis=1))
+    tracker.finish()
+    return {"history": history, "run_id": tracker.run_id, "start_step": start}
+
+
+def _forecast_part(model, dataset, grids, val_times, dims) -> np.ndarray:
+    """``(2, local points, variables)``: truth and one-step forecast on this rank's points."""
+    x, y = Batches(dataset, grids)(val_times[:1])
+    model.eval()
+    with torch.no_grad():
+        pred = model(x, grids, dims.mp_group)
+    return np.stack([y[0].numpy(), pred[0].numpy()])
+
+
+def _final_artifacts(tracker, history, run_dir: Path, dataset: ZarrDataset, forecast: np.ndarray) -> None:
+    from training.plots import forecast_map, loss_curve
+
+    tracker.log_artifact(loss_curve(history, run_dir / "loss_curve.png"))
+    truth, pred = dataset.denormalise(forecast[0]), dataset.denormalise(forecast[1])
+    v = dataset.variables.index("tracer") if "tracer" in dataset.variables else 0
+    path = forecast_map(dataset.latitudes, dataset.longitudes, truth[:, v], pred[:, v], dataset.variables[v],
+                        run_dir / "forecast_map.png")
+    tracker.log_artifact(path)
