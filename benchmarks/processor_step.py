@@ -13,10 +13,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from processor.memory import track_peak_rss
 from processor import TransformerProcessor
 from processor.distributed import count_communication, shard_sizes, sum_model_parallel_gradients
 from processor.distributed.local import run_local
+from processor.memory import track_peak_rss
 
 
 def _step(args: argparse.Namespace) -> dict:

@@ -1,10 +1,10 @@
 """``python -m training``: a Hydra app that trains the forecaster on local or torchrun ranks.
 
-    python -m training                                   # defaults: 2 local ranks, shard_sequence
-    python -m training strategy=shard_heads trainer.steps=100
-    python -m training strategy=none trainer.nprocs=1 trainer.ranks_per_model=1
-    torchrun --nproc-per-node 4 -m training trainer.ranks_per_model=2    # 2 replicas x 2 ranks
-    python -m training --multirun strategy=shard_heads,shard_sequence
+python -m training                                   # defaults: 2 local ranks, shard_sequence
+python -m training strategy=shard_heads trainer.steps=100
+python -m training strategy=none trainer.nprocs=1 trainer.ranks_per_model=1
+torchrun --nproc-per-node 4 -m training trainer.ranks_per_model=2    # 2 replicas x 2 ranks
+python -m training --multirun strategy=shard_heads,shard_sequence
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import check_config, register_configs
+from training.config import check_config
 
 log = logging.getLogger(__name__)
-register_configs()
 
 
 def _under_torchrun() -> bool:
@@ -42,9 +41,11 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
 
         log.info("writing the built-in dataset to %s", data["path"])
         generate_rossby_haurwitz(data["path"], data["grid"], data["generate_steps"], data["generate_seed"])
-    from training.trainer import open_dataset
+    from training.trainer import check_resumable, open_dataset
 
     open_dataset(resolved)  # fails here, clearly, on a missing or mismatched dataset
+    Path(resolved["run_dir"]).mkdir(parents=True, exist_ok=True)
+    check_resumable(resolved)  # and here on a checkpoint of another model
     return resolved
 
 
@@ -72,8 +73,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return _rank_main(resolved)
     from processor.distributed.local import run_local
 
-    return run_local(_rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"],
-                     threads_per_rank=t["threads_per_rank"])[0]
+    return run_local(
+        _rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
+    )[0]
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

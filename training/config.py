@@ -56,6 +56,7 @@ class TrainerConfig:
     val_batches: int = 4
     checkpoint_interval: int = 100
     resume: bool = True
+    stop_at_step: int | None = None  # end this run early (checkpointed); a later run resumes
     nprocs: int = 2  # local ranks to spawn when not started by torchrun
     ranks_per_model: int = 2  # model-parallel group size
     threads_per_rank: int = 1
@@ -114,6 +115,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("trainer.ranks_per_model", lambda v: v >= 1, ">= 1"),
     ("trainer.timeout_s", lambda v: v > 0, "> 0"),
     ("logging.log_interval", lambda v: v >= 1, ">= 1"),
+    ("trainer.stop_at_step", lambda v: v is None or v >= 1, ">= 1 or null"),
 ]
 
 
@@ -141,3 +143,6 @@ def check_config(cfg: Any, world_size: int | None = None) -> None:
             f"strategy=shard_heads needs model.num_heads ({cfg.model.num_heads}) >= "
             f"trainer.ranks_per_model ({cfg.trainer.ranks_per_model})"
         )
+
+
+register_configs()  # importing the schema makes it available to Hydra's compose API too

@@ -28,15 +28,19 @@ def loss_curve(history: list[tuple[int, dict[str, float]]], path: Path) -> Path:
     return path
 
 
-def forecast_map(lat: np.ndarray, lon: np.ndarray, truth: np.ndarray, forecast: np.ndarray, name: str,
-                 path: Path) -> Path:
+def forecast_map(
+    lat: np.ndarray, lon: np.ndarray, truth: np.ndarray, forecast: np.ndarray, name: str, path: Path
+) -> Path:
     """Truth, forecast and error of one field on the grid's points, ``(points,)`` each."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
     vmin, vmax = float(truth.min()), float(truth.max())
     err = forecast - truth
     elim = float(np.abs(err).max()) or 1.0
-    panels = [("truth", truth, "viridis", vmin, vmax), ("forecast", forecast, "viridis", vmin, vmax),
-              ("forecast - truth", err, "RdBu_r", -elim, elim)]
+    panels = [
+        ("truth", truth, "viridis", vmin, vmax),
+        ("forecast", forecast, "viridis", vmin, vmax),
+        ("forecast - truth", err, "RdBu_r", -elim, elim),
+    ]
     for ax, (title, values, cmap, lo, hi) in zip(axes, panels):
         sc = ax.scatter(lon, lat, c=values, s=4, cmap=cmap, vmin=lo, vmax=hi)
         ax.set_title(f"{name}: {title}")

@@ -36,8 +36,15 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class Tracker:
     """Logs one run; falls back to the local sqlite store when the server fails."""
 
-    def __init__(self, run_dir: Path, tracking_uri: str | None, experiment: str, run_name: str | None,
-                 params: dict[str, str], tags: dict[str, str]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        tracking_uri: str | None,
+        experiment: str,
+        run_name: str | None,
+        params: dict[str, str],
+        tags: dict[str, str],
+    ) -> None:
         self.run_dir = run_dir
         self.uri = tracking_uri or _local_uri(run_dir)
         self.experiment, self.run_name = experiment, run_name
@@ -82,8 +89,12 @@ class Tracker:
                 self.client = None
                 return
             self.fallback = True
-            log.warning("MLflow at %s is unreachable (%s); logging to the local store %s instead",
-                        self.uri, type(exc).__name__, _local_uri(self.run_dir))
+            log.warning(
+                "MLflow at %s is unreachable (%s); logging to the local store %s instead",
+                self.uri,
+                type(exc).__name__,
+                _local_uri(self.run_dir),
+            )
             self.uri = _local_uri(self.run_dir)
             try:
                 self._start()

@@ -44,9 +44,16 @@ def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
 def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
     m = cfg["model"]
     processor = TransformerProcessor(
-        num_layers=m["num_layers"], num_channels=m["num_channels"], num_heads=m["num_heads"],
-        window_size=m["window_size"], mlp_hidden_ratio=m["mlp_hidden_ratio"], num_chunks=m["num_chunks"],
-        dropout_p=m["dropout_p"], qk_norm=m["qk_norm"], activation=m["activation"], strategy=cfg["strategy"]["name"],
+        num_layers=m["num_layers"],
+        num_channels=m["num_channels"],
+        num_heads=m["num_heads"],
+        window_size=m["window_size"],
+        mlp_hidden_ratio=m["mlp_hidden_ratio"],
+        num_chunks=m["num_chunks"],
+        dropout_p=m["dropout_p"],
+        qk_norm=m["qk_norm"],
+        activation=m["activation"],
+        strategy=cfg["strategy"]["name"],
     )
     return Forecaster(num_variables, m["num_channels"], processor)
 
@@ -85,8 +92,9 @@ class Batches:
 
 def _git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -98,8 +106,16 @@ def _compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> None:
             raise CheckpointError(f"checkpoint was written with {key} = {saved[key]}, this run has {cfg[key]}")
     for key in ("grid", "variables"):
         if saved["data"][key] != cfg["data"][key]:
-            raise CheckpointError(f"checkpoint was written with data.{key} = {saved['data'][key]}, "
-                                  f"this run has {cfg['data'][key]}")
+            raise CheckpointError(
+                f"checkpoint was written with data.{key} = {saved['data'][key]}, this run has {cfg['data'][key]}"
+            )
+
+
+def check_resumable(cfg: dict[str, Any]) -> None:
+    """If this run will resume, the checkpoint must be readable and of the same model."""
+    latest = Path(cfg["run_dir"]) / "checkpoints" / LATEST
+    if cfg["trainer"]["resume"] and latest.exists():
+        _compatible(yaml.safe_load(load_checkpoint(latest)["config"]), cfg)
 
 
 def train(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -109,8 +125,15 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(t_cfg["threads_per_rank"])
     dataset = open_dataset(cfg)
     hidden = get_grid(cfg["model"]["hidden_grid"])
-    grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, hidden, dims.mp, dims.mp_rank,
-                               cfg["model"]["encoder_neighbours"], cfg["model"]["decoder_neighbours"])
+    grids = ShardedGrids.build(
+        dataset.latitudes,
+        dataset.longitudes,
+        hidden,
+        dims.mp,
+        dims.mp_rank,
+        cfg["model"]["encoder_neighbours"],
+        cfg["model"]["decoder_neighbours"],
+    )
     torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank
     model = build_model(cfg, len(dataset.variables))
     optimiser = torch.optim.AdamW(model.parameters(), lr=t_cfg["lr"], weight_decay=t_cfg["weight_decay"])
@@ -139,11 +162,23 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
 
     tracker: Tracker | NullTracker = NullTracker()
     if dims.rank == 0 and cfg["logging"]["mlflow"]:
-        tags = {"strategy": cfg["strategy"]["name"], "ranks": str(dims.world), "ranks_per_model": str(dims.mp),
-                "grid": cfg["data"]["grid"], "hidden_grid": cfg["model"]["hidden_grid"],
-                "git_commit": _git_commit(), "resumed_from_step": str(start)}
-        tracker = Tracker(run_dir, cfg["logging"]["tracking_uri"], cfg["logging"]["experiment"],
-                          cfg["logging"]["run_name"], flatten(cfg), tags)
+        tags = {
+            "strategy": cfg["strategy"]["name"],
+            "ranks": str(dims.world),
+            "ranks_per_model": str(dims.mp),
+            "grid": cfg["data"]["grid"],
+            "hidden_grid": cfg["model"]["hidden_grid"],
+            "git_commit": _git_commit(),
+            "resumed_from_step": str(start),
+        }
+        tracker = Tracker(
+            run_dir,
+            cfg["logging"]["tracking_uri"],
+            cfg["logging"]["experiment"],
+            cfg["logging"]["run_name"],
+            flatten(cfg),
+            tags,
+        )
         config_file = run_dir / "config.yaml"
         config_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
         tracker.log_artifact(config_file)
@@ -172,10 +207,17 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         else:
             rng = [torch.get_rng_state()]
         if dims.rank == 0:
-            save_checkpoint(ckpt_dir, {
-                "step": step, "model": model.state_dict(), "optimizer": optimiser.state_dict(),
-                "scheduler": schedule.state_dict(), "rng": rng, "config": yaml.safe_dump(cfg),
-            })
+            save_checkpoint(
+                ckpt_dir,
+                {
+                    "step": step,
+                    "model": model.state_dict(),
+                    "optimizer": optimiser.state_dict(),
+                    "scheduler": schedule.state_dict(),
+                    "rng": rng,
+                    "config": yaml.safe_dump(cfg),
+                },
+            )
 
     history: list[tuple[int, dict[str, float]]] = []
     last_val = float("nan")
@@ -202,9 +244,12 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
             tracker.finish("FAILED")
             raise FloatingPointError(f"loss is {train_loss} at step {step}; last good checkpoint in {ckpt_dir}")
         metrics = {
-            "train/loss": train_loss, "lr": lr, "step_time_s": elapsed,
+            "train/loss": train_loss,
+            "lr": lr,
+            "step_time_s": elapsed,
             "points_per_s": dims.dp * t_cfg["batch_size"] * dataset.n_points / elapsed,
-            "peak_mem_gib_mean_rank": peak / dims.world, "comm_bytes_per_rank": sent / dims.world,
+            "peak_mem_gib_mean_rank": peak / dims.world,
+            "comm_bytes_per_rank": sent / dims.world,
         }
         if (step + 1) % t_cfg["val_interval"] == 0 or step + 1 == t_cfg["steps"]:
             metrics["val/loss"] = validate()
@@ -214,8 +259,11 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         last_val = metrics.get("val/loss", last_val)
         bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{last_val:.4f}")
         bar.update()
-        if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"]:
+        stopping = t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]
+        if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or stopping:
             checkpoint(step + 1)
+        if stopping:
+            break
     bar.close()
 
     if history and dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
@@ -245,6 +293,12 @@ def _final_artifacts(tracker, history, run_dir: Path, dataset: ZarrDataset, fore
     tracker.log_artifact(loss_curve(history, run_dir / "loss_curve.png"))
     truth, pred = dataset.denormalise(forecast[0]), dataset.denormalise(forecast[1])
     v = dataset.variables.index("tracer") if "tracer" in dataset.variables else 0
-    path = forecast_map(dataset.latitudes, dataset.longitudes, truth[:, v], pred[:, v], dataset.variables[v],
-                        run_dir / "forecast_map.png")
+    path = forecast_map(
+        dataset.latitudes,
+        dataset.longitudes,
+        truth[:, v],
+        pred[:, v],
+        dataset.variables[v],
+        run_dir / "forecast_map.png",
+    )
     tracker.log_artifact(path)

@@ -36,7 +36,9 @@ class ZarrDataset:
         except (KeyError, FileNotFoundError, ValueError, TypeError) as exc:
             raise DatasetError(f"{self.path} is not an anemoi-style Zarr dataset: {exc!r}") from exc
         if self._data.ndim != 4:
-            raise DatasetError(f"{self.path}: 'data' must be (time, variable, ensemble, points), got {self._data.shape}")
+            raise DatasetError(
+                f"{self.path}: 'data' must be (time, variable, ensemble, points), got {self._data.shape}"
+            )
         n_time, n_var, _, n_points = self._data.shape
         if len(names) != n_var or len(mean) != n_var or len(stdev) != n_var:
             raise DatasetError(f"{self.path}: {n_var} variables in 'data' but {len(names)} names / statistics")

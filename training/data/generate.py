@@ -23,7 +23,9 @@ OMEGA_PLANET = 1.0
 DAY = 2 * np.pi / OMEGA_PLANET  # one planetary rotation
 
 
-def _fields(lat: np.ndarray, lon: np.ndarray, t: float, waves: list[dict], omega: float, blobs: list[dict]) -> np.ndarray:
+def _fields(
+    lat: np.ndarray, lon: np.ndarray, t: float, waves: list[dict], omega: float, blobs: list[dict]
+) -> np.ndarray:
     """``(variables, points)`` at time ``t`` for the given waves and tracer blobs."""
     sin, cos = np.sin(lat), np.cos(lat)
     psi = -omega * sin
@@ -62,8 +64,12 @@ def generate_rossby_haurwitz(path: str | Path, grid: str = "o32", steps: int = 4
         for i, r in enumerate(rng.choice([2, 3, 4, 5, 6], size=3, replace=False))
     ]
     blobs = [
-        {"lat": float(rng.uniform(-1.0, 1.0)), "lon": float(rng.uniform(0, 2 * np.pi)),
-         "amp": float(rng.uniform(0.5, 1.5)), "width": float(rng.uniform(0.15, 0.35))}
+        {
+            "lat": float(rng.uniform(-1.0, 1.0)),
+            "lon": float(rng.uniform(0, 2 * np.pi)),
+            "amp": float(rng.uniform(0.5, 1.5)),
+            "width": float(rng.uniform(0.15, 0.35)),
+        }
         for _ in range(4)
     ]
     dt = DAY * STEP_HOURS / 24
@@ -82,8 +88,10 @@ def generate_rossby_haurwitz(path: str | Path, grid: str = "o32", steps: int = 4
     root.create_array("longitudes", shape=lon.shape, dtype="float64")[:] = g.longitudes
     flat = data[:, :, 0, :]
     for name, values in {
-        "mean": flat.mean(axis=(0, 2)), "stdev": flat.std(axis=(0, 2)),
-        "minimum": flat.min(axis=(0, 2)), "maximum": flat.max(axis=(0, 2)),
+        "mean": flat.mean(axis=(0, 2)),
+        "stdev": flat.std(axis=(0, 2)),
+        "minimum": flat.min(axis=(0, 2)),
+        "maximum": flat.max(axis=(0, 2)),
     }.items():
         root.create_array(name, shape=values.shape, dtype="float64")[:] = values
     root.attrs.update(

@@ -35,8 +35,16 @@ class ShardedGrids:
     hidden_features: Tensor  # (local hidden points, 4)
 
     @classmethod
-    def build(cls, data_lat: np.ndarray, data_lon: np.ndarray, hidden: Grid, ranks: int, rank: int,
-              encoder_k: int, decoder_k: int) -> ShardedGrids:
+    def build(
+        cls,
+        data_lat: np.ndarray,
+        data_lon: np.ndarray,
+        hidden: Grid,
+        ranks: int,
+        rank: int,
+        encoder_k: int,
+        decoder_k: int,
+    ) -> ShardedGrids:
         data_xyz = unit_vectors(data_lat, data_lon)
         hidden_xyz = unit_vectors(hidden.latitudes, hidden.longitudes)
         data_sizes, hidden_sizes = shard_sizes(len(data_xyz), ranks), shard_sizes(len(hidden_xyz), ranks)
@@ -46,8 +54,12 @@ class ShardedGrids:
         data_f = node_features(data_lat, data_lon)[d0 : d0 + data_sizes[rank]]
         hidden_f = node_features(hidden.latitudes, hidden.longitudes)[h0 : h0 + hidden_sizes[rank]]
         return cls(
-            ShardLayout(tuple(data_sizes), rank), ShardLayout(tuple(hidden_sizes), rank), enc, dec,
-            torch.from_numpy(data_f), torch.from_numpy(hidden_f),
+            ShardLayout(tuple(data_sizes), rank),
+            ShardLayout(tuple(hidden_sizes), rank),
+            enc,
+            dec,
+            torch.from_numpy(data_f),
+            torch.from_numpy(hidden_f),
         )
 
 

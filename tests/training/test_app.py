@@ -1,0 +1,115 @@
+"""End-to-end training runs: strategies agree, resume is exact, MLflow holds the run, bad input fails early."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tests.training.conftest import small_config
+from training.app import run
+from training.checkpoint import CheckpointError, load_checkpoint
+from training.data import DatasetError
+
+
+def _losses(result) -> np.ndarray:
+    return np.array([m["train/loss"] for _, m in result["history"]])
+
+
+@pytest.fixture(scope="module")
+def sequence_run(tmp_path_factory, small_dataset):
+    run_dir = tmp_path_factory.mktemp("seq")
+    return run_dir, run(small_config(run_dir, small_dataset))
+
+
+def test_loss_falls_and_every_strategy_gives_the_same_curve(sequence_run, tmp_path, small_dataset):
+    _, seq = sequence_run
+    heads = run(small_config(tmp_path / "heads", small_dataset, "strategy=shard_heads"))
+    single = run(
+        small_config(tmp_path / "none", small_dataset, "strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
+    )
+    assert len(_losses(seq)) == 6
+    np.testing.assert_allclose(_losses(heads), _losses(single), rtol=1e-4)
+    np.testing.assert_allclose(_losses(seq), _losses(single), rtol=1e-4)
+    assert _losses(single)[-1] < 0.7 * _losses(single)[0]
+
+
+def test_resume_after_interruption_is_exact(sequence_run, tmp_path, small_dataset):
+    straight_dir, _ = sequence_run
+    first = run(small_config(tmp_path, small_dataset, "trainer.stop_at_step=2", "trainer.checkpoint_interval=100"))
+    assert len(first["history"]) == 2
+    second = run(small_config(tmp_path, small_dataset))
+    assert second["start_step"] == 2 and len(second["history"]) == 4
+    resumed = load_checkpoint(tmp_path / "checkpoints" / "latest.pt")
+    straight = load_checkpoint(straight_dir / "checkpoints" / "latest.pt")
+    assert resumed["step"] == straight["step"] == 6
+    for name, value in straight["model"].items():
+        assert torch.equal(resumed["model"][name], value), name
+
+
+def test_resume_with_another_model_is_refused(sequence_run, tmp_path, small_dataset):
+    import shutil
+
+    run_dir, _ = sequence_run
+    shutil.copytree(run_dir / "checkpoints", tmp_path / "checkpoints")
+    with pytest.raises(CheckpointError, match="checkpoint was written with model"):
+        run(small_config(tmp_path, small_dataset, "model.num_layers=3", "trainer.steps=8"))
+
+
+def test_mlflow_holds_params_metrics_and_artifacts(sequence_run):
+    run_dir, result = sequence_run
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    mlrun = client.get_run(result["run_id"])
+    assert mlrun.data.params["model.num_layers"] == "2"
+    assert mlrun.data.params["strategy.name"] == "shard_sequence"
+    assert mlrun.data.tags["strategy"] == "shard_sequence" and mlrun.data.tags["ranks"] == "2"
+    assert "git_commit" in mlrun.data.tags
+    losses = client.get_metric_history(result["run_id"], "train/loss")
+    assert [m.step for m in losses] == list(range(6))
+    assert len(client.get_metric_history(result["run_id"], "val/loss")) == 2
+    for key in ("lr", "step_time_s", "points_per_s", "peak_mem_gib_mean_rank", "comm_bytes_per_rank"):
+        assert client.get_metric_history(result["run_id"], key), key
+    assert client.get_metric_history(result["run_id"], "comm_bytes_per_rank")[0].value > 0
+    artifacts = {a.path for a in client.list_artifacts(result["run_id"])}
+    assert {"config.yaml", "loss_curve.png", "forecast_map.png"} <= artifacts
+    assert mlrun.info.status == "FINISHED"
+
+
+def test_unreachable_tracking_server_loses_nothing(tmp_path, small_dataset, caplog):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    with caplog.at_level(logging.WARNING):
+        result = run(
+            small_config(
+                tmp_path,
+                small_dataset,
+                "strategy=none",
+                "trainer.nprocs=1",
+                "trainer.ranks_per_model=1",
+                f"logging.tracking_uri=http://127.0.0.1:{port}",
+            )
+        )
+    warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warnings) == 1
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert len(client.get_metric_history(result["run_id"], "train/loss")) == 6
+
+
+@pytest.mark.parametrize(
+    "overrides,error,message",
+    [
+        (["data.path=/nonexistent/store.zarr"], DatasetError, "not found"),
+        (["data.variables=[u,t2m]"], DatasetError, "t2m"),
+        (["data.grid=o32"], DatasetError, "o32 has 5248 points"),
+        (["trainer.nprocs=3"], ValueError, "does not divide the world size 3"),
+    ],
+)
+def test_bad_input_fails_before_training(tmp_path, small_dataset, overrides, error, message):
+    with pytest.raises(error, match=message):
+        run(small_config(tmp_path, small_dataset, *overrides))
+    assert not (tmp_path / "checkpoints").exists()

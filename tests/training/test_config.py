@@ -1,0 +1,49 @@
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from training.config import check_config
+
+
+def _compose(*overrides):
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return compose(config_name="config", overrides=["run_dir=/tmp/x", *overrides])
+
+
+def test_defaults_compose_and_pass_checks():
+    cfg = _compose()
+    assert cfg.strategy.name == "shard_sequence" and cfg.trainer.ranks_per_model == 2
+    check_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["none", "shard_heads", "shard_sequence"])
+def test_strategy_is_one_switch(name):
+    assert _compose(f"strategy={name}").strategy.name == name
+
+
+def test_unknown_key_fails_naming_it():
+    with pytest.raises((ConfigCompositionException, ValidationError), match="num_layer"):
+        _compose("model.num_layer=3")
+
+
+def test_wrong_type_fails_naming_the_key():
+    with pytest.raises((ConfigCompositionException, ValidationError), match="steps"):
+        _compose("trainer.steps=many")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["trainer.lr=-1"], "trainer.lr"),
+        (["model.window_size=-2"], "model.window_size"),
+        (["trainer.precision=fp8"], "trainer.precision"),
+        (["trainer.ranks_per_model=3"], "does not divide the world size 2"),
+        (["strategy=none"], "ranks_per_model=1"),
+        (["strategy=shard_heads", "model.num_heads=1", "model.num_channels=8"], "num_heads"),
+        (["model.num_heads=3"], "not divisible"),
+    ],
+)
+def test_out_of_range_values(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_config(_compose(*overrides))
