@@ -57,18 +57,10 @@ def _rank_main(resolved: dict[str, Any]) -> dict[str, Any]:
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Train with ``cfg``: on the torchrun ranks, or on ``trainer.nprocs`` spawned local ranks."""
+    if _under_torchrun():
+        return _run_torchrun(cfg)
     resolved = prepare(cfg)
     t = resolved["trainer"]
-    if _under_torchrun():
-        import torch
-        import torch.distributed as dist
-
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=t["timeout_s"]))
-        try:
-            return _rank_main(resolved)
-        finally:
-            dist.destroy_process_group()
     if t["nprocs"] == 1:
         return _rank_main(resolved)
     from processor.distributed.local import run_local
@@ -76,6 +68,30 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     return run_local(
         _rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
     )[0]
+
+
+def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
+    """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
+    resolved configuration, so all ranks share one run directory; its failure fails all."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.trainer.timeout_s))
+    try:
+        payload: list[Any] = [None]
+        if dist.get_rank() == 0:
+            try:
+                payload = [("ok", prepare(cfg))]
+            except Exception as exc:
+                payload = [("error", exc)]
+        dist.broadcast_object_list(payload, src=0)
+        status, value = payload[0]
+        if status == "error":
+            raise value
+        return _rank_main(value)
+    finally:
+        dist.destroy_process_group()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
