@@ -118,9 +118,26 @@ def test_bad_input_fails_before_training(tmp_path, small_dataset, overrides, err
 def test_data_parallel_times_model_parallel_equals_one_big_batch(tmp_path, small_dataset):
     """2 replicas x 2 model-parallel ranks, batch 1 each == one rank with batch 2: gradients are
     summed over the model-parallel group and averaged over replicas, nothing scaled by 2 twice."""
-    grid = run(small_config(tmp_path / "dpmp", small_dataset, "trainer.nprocs=4", "trainer.ranks_per_model=2",
-                            "trainer.steps=4", "logging.mlflow=false"))
-    single = run(small_config(tmp_path / "one", small_dataset, "strategy=none", "trainer.nprocs=1",
-                              "trainer.ranks_per_model=1", "trainer.batch_size=2", "trainer.steps=4",
-                              "logging.mlflow=false"))
+    grid = run(
+        small_config(
+            tmp_path / "dpmp",
+            small_dataset,
+            "trainer.nprocs=4",
+            "trainer.ranks_per_model=2",
+            "trainer.steps=4",
+            "logging.mlflow=false",
+        )
+    )
+    single = run(
+        small_config(
+            tmp_path / "one",
+            small_dataset,
+            "strategy=none",
+            "trainer.nprocs=1",
+            "trainer.ranks_per_model=1",
+            "trainer.batch_size=2",
+            "trainer.steps=4",
+            "logging.mlflow=false",
+        )
+    )
     np.testing.assert_allclose(_losses(grid), _losses(single), rtol=1e-4)
