@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from processor.distributed import sum_model_parallel_gradients
+from processor.distributed import all_reduce_gradients, sum_model_parallel_gradients
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,7 @@ class ParallelDims:
         the data-parallel replicas. No scaling by the model-parallel size anywhere."""
         params = [p for p in model.parameters() if p.requires_grad]
         sum_model_parallel_gradients(params, self.mp_group)
-        if self.dp > 1:
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat, group=self.dp_group)
-            flat /= self.dp
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
-                p.grad.copy_(g.view_as(p))
+        all_reduce_gradients(params, self.dp_group, divide_by=self.dp)
 
     def sum_over_world(self, values: list[float]) -> list[float]:
         """Sum a few numbers over every rank (for logging losses)."""

@@ -3,7 +3,7 @@
 from processor.distributed.collectives import all_to_all
 from processor.distributed.comm_stats import CommCounter, count_communication
 from processor.distributed.consistency import agree_on_layout
-from processor.distributed.gradients import sum_model_parallel_gradients
+from processor.distributed.gradients import all_reduce_gradients, sum_model_parallel_gradients
 from processor.distributed.halo import HaloConfig, HaloPlan, halo_extent, halo_pad
 from processor.distributed.shards import ShardLayout, shard_offsets, shard_sizes
 
@@ -13,6 +13,7 @@ __all__ = [
     "HaloPlan",
     "ShardLayout",
     "agree_on_layout",
+    "all_reduce_gradients",
     "all_to_all",
     "count_communication",
     "halo_extent",

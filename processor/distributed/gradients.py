@@ -20,8 +20,11 @@ import torch.distributed as dist
 from torch import nn
 
 
-def sum_model_parallel_gradients(parameters: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
-    """In place: ``p.grad = sum over the group's ranks of p.grad``, in one flat all-reduce.
+def all_reduce_gradients(
+    parameters: Iterable[nn.Parameter], group: dist.ProcessGroup | None, divide_by: int = 1
+) -> None:
+    """In place: ``p.grad = (sum over the group's ranks of p.grad) / divide_by``, in one flat
+    all-reduce.
 
     Parameters whose ``grad`` is None count as zero (and get a gradient) so that every
     rank reduces buffers of the same layout.
@@ -34,5 +37,12 @@ def sum_model_parallel_gradients(parameters: Iterable[nn.Parameter], group: dist
             p.grad = torch.zeros_like(p)
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    if divide_by != 1:
+        flat /= divide_by
     for p, g in zip(params, flat.split([p.numel() for p in params])):
         p.grad.copy_(g.view_as(p))
+
+
+def sum_model_parallel_gradients(parameters: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
+    """In place: ``p.grad = sum over the model-parallel group's ranks of p.grad``."""
+    all_reduce_gradients(parameters, group)
