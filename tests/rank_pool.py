@@ -17,11 +17,12 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from processor.distributed.local import free_port
 
 
 @dataclass
@@ -31,12 +32,6 @@ class RankError:
     type: str
     message: str
     traceback: str
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, tasks: mp.Queue, results: mp.Queue, timeout_s: float) -> None:
@@ -73,7 +68,7 @@ def _worker(rank: int, world: int, port: int, tasks: mp.Queue, results: mp.Queue
 class RankPool:
     def __init__(self, max_ranks: int, timeout: float = 120.0) -> None:
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self.world, self.timeout = max_ranks, timeout
         self.results: mp.Queue = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(max_ranks)]

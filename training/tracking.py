@@ -50,7 +50,6 @@ class Tracker:
         self.experiment, self.run_name = experiment, run_name
         self.params, self.tags = params, tags
         self.history: list[tuple[int, dict[str, float]]] = []
-        self.artifacts: list[Path] = []
         self.fallback = False
         self._jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in finish()
         if tracking_uri and tracking_uri.startswith("http"):

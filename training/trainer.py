@@ -201,11 +201,10 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         return dims.sum_over_world([total])[0] / dims.dp
 
     def checkpoint(step: int) -> None:
-        rng = [torch.empty_like(torch.get_rng_state()) for _ in range(dims.world)]
+        rng = [torch.get_rng_state()]
         if dims.world > 1:
+            rng = [torch.empty_like(rng[0]) for _ in range(dims.world)]
             torch.distributed.all_gather(rng, torch.get_rng_state())
-        else:
-            rng = [torch.get_rng_state()]
         if dims.rank == 0:
             save_checkpoint(
                 ckpt_dir,

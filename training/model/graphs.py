@@ -53,8 +53,6 @@ class LocalGraph:
     edge_index: torch.Tensor  # (2, local edges)
     edge_attr: torch.Tensor  # (local edges, 4)
     halo: int  # rows of source halo each side (same on every rank)
-    n_src_local: int  # rows of the padded source block
-    n_dst_local: int
 
 
 def shard_graph(
@@ -69,8 +67,7 @@ def shard_graph(
         if keep.any():
             lo, hi = edge_index[0, keep].min(), edge_index[0, keep].max() + 1
             halo = max(halo, src_starts[r] - lo, hi - src_starts[r] - src_sizes[r])
-    layout = ShardLayout(tuple(src_sizes), rank)
-    left, right = halo_extent(layout, min(halo, n_src))
+    left, _ = halo_extent(ShardLayout(tuple(src_sizes), rank), min(halo, n_src))
     keep = (edge_index[1] >= dst_starts[rank]) & (edge_index[1] < dst_starts[rank] + dst_sizes[rank])
     src = edge_index[0, keep] - (src_starts[rank] - left)
     dst = edge_index[1, keep] - dst_starts[rank]
@@ -78,6 +75,4 @@ def shard_graph(
         edge_index=torch.from_numpy(np.stack([src, dst]).astype(np.int64)),
         edge_attr=torch.from_numpy(edge_attr[keep]),
         halo=int(halo),
-        n_src_local=left + src_sizes[rank] + right,
-        n_dst_local=dst_sizes[rank],
     )
