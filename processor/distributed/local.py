@@ -1,6 +1,8 @@
 """Run a function on P local processes joined in a gloo (CPU) or NCCL (GPU) process group.
 
-For demos, benchmarks and single-machine runs; multi-node jobs use ``torchrun``.
+For demos, benchmarks and single-machine runs; multi-node jobs use ``torchrun``. The parent
+hosts the group's c10d store, so the store outlives any rank (a
+:class:`~processor.distributed.watchdog.Heartbeat` can then name a lost rank 0).
 """
 
 from __future__ import annotations
@@ -9,10 +11,16 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+# After the first rank fails, the others get this long beyond the collective timeout to
+# notice, explain and report (a diagnosis watches the heartbeats for a few seconds).
+_REPORT_GRACE_S = 15.0
 
 
 def free_port() -> int:
@@ -40,20 +48,22 @@ def _entry(
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         results.put((rank, True, fn(*args)))
     except BaseException:  # reported to the parent, which raises
         results.put((rank, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _death(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"died without a result (killed by {signal.Signals(-exitcode).name})"
+    return f"died without a result (exit code {exitcode})"
 
 
 def run_local(
@@ -65,35 +75,70 @@ def run_local(
     threads_per_rank: int | None = None,
 ) -> list[Any]:
     """Call ``fn(*args)`` on ``world_size`` spawned ranks (the default group is initialised);
-    return each rank's result in rank order. A rank that raises or dies raises ``RuntimeError``
-    here and the remaining ranks are killed; ``timeout_s`` bounds every collective."""
+    return each rank's result in rank order.
+
+    ``timeout_s`` bounds every collective. When a rank raises or dies, the others get
+    ``timeout_s`` plus a grace period to fail and report in turn; then the ones left are killed
+    and ``RuntimeError`` lists what happened on every rank, with the first traceback.
+    """
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
-    port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(r, world_size, port, backend, timeout_s, threads_per_rank, fn, args, results))
+        ctx.Process(
+            target=_entry,
+            args=(r, world_size, store.port, backend, timeout_s, threads_per_rank, fn, args, results),
+        )
         for r in range(world_size)
     ]
     for p in procs:
         p.start()
-    got: dict[int, Any] = {}
+    ok: dict[int, Any] = {}
+    failed: dict[int, str] = {}  # rank -> traceback or how it died, in the order seen
+    deadline = float("inf")
     try:
-        while len(got) < world_size:
+        while len(ok) + len(failed) < world_size and time.monotonic() < deadline:
             try:
-                rank, ok, value = results.get(timeout=1.0)
+                rank, success, value = results.get(timeout=0.5)
             except queue.Empty:
-                # A rank that died without reporting (killed, crashed) ends the run, not a hang.
-                dead = [r for r, p in enumerate(procs) if r not in got and p.exitcode not in (None, 0)]
-                if dead:
-                    codes = {r: procs[r].exitcode for r in dead}
-                    raise RuntimeError(f"ranks {dead} died without a result (exit codes {codes})") from None
-                continue
-            if not ok:
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            got[rank] = value
+                for r, p in enumerate(procs):
+                    if r not in ok and r not in failed and p.exitcode not in (None, 0):
+                        failed[r] = _death(p.exitcode)
+            else:
+                (ok if success else failed)[rank] = value
+            if failed and deadline == float("inf"):
+                deadline = time.monotonic() + timeout_s + _REPORT_GRACE_S
     finally:
         for p in procs:
-            p.join(timeout=5 if len(got) == world_size else 0.1)
+            p.join(timeout=5 if not failed else 0.1)
             if p.is_alive():
                 p.kill()
-    return [got[r] for r in range(world_size)]
+                p.join()
+    if failed:
+        raise RuntimeError(_failure_report(world_size, ok, failed, timeout_s + _REPORT_GRACE_S))
+    return [ok[r] for r in range(world_size)]
+
+
+def _failure_report(world: int, ok: dict[int, Any], failed: dict[int, str], waited_s: float) -> str:
+    """One line per rank, then the first traceback a rank sent."""
+    lines = [f"{len(failed)} of {world} ranks failed:"]
+    for r in range(world):
+        if r in ok:
+            lines.append(f"  rank {r}: finished")
+        elif r in failed:
+            lines.append(f"  rank {r}: {failed[r].strip().splitlines()[-1]}")
+        else:
+            lines.append(f"  rank {r}: did not report within {waited_s:g} s of the first failure (killed)")
+    first = next((r for r, text in failed.items() if text.startswith("Traceback")), None)
+    if first is not None:
+        lines.append(f"rank {first}'s traceback:\n{failed[first]}")
+    return "\n".join(lines)
