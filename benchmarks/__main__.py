@@ -1,0 +1,96 @@
+"""``python -m benchmarks``: time the sharded processor (or a whole training step) at one point,
+or over a sweep with ``--multirun``. Each point runs on freshly spawned ranks.
+
+python -m benchmarks grid=o96 strategy=shard_sequence ranks=2
+python -m benchmarks --multirun model.num_layers=2,4,8 grid=o32,o48,o96 \\
+    strategy=none,shard_heads,shard_sequence ranks=1,2,4
+python -m benchmarks --multirun target=train_step grid=o32,o48 strategy=shard_sequence ranks=1,2
+python -m benchmarks device=cuda ranks=4 precision=bf16    # NCCL, one GPU per rank
+
+Rows go to ``results.jsonl`` in the sweep directory (``benchmarks/results/<date>``), then
+``results.csv``, ``results.md`` and ``plots/`` at the end, and to MLflow (a parent run per
+sweep, a child run per point; ``mlflow ui --backend-store-uri sqlite:///benchmarks/results/mlflow.db``).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+import benchmarks.config  # noqa: F401 - registers the schema
+from benchmarks.config import check_point, skip_reason
+from benchmarks.point import machine, run_point
+from benchmarks.results import POINT_KEYS, append_row
+from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
+
+log = logging.getLogger(__name__)
+
+
+def _describe(cfg: dict[str, Any]) -> dict[str, Any]:
+    from processor.grids import grid_points
+
+    flat = {**{k: v for k, v in cfg.items() if k not in ("model", "logging")}, **cfg["model"]}
+    flat["points"] = grid_points(cfg["grid"])
+    return {k: flat.get(k) for k in POINT_KEYS} | {k: v for k, v in flat.items() if k not in POINT_KEYS}
+
+
+def _metrics(row: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool) and k not in POINT_KEYS
+    }
+
+
+@hydra.main(config_path="pkg://configs.benchmark", config_name="benchmark", version_base=None)
+def main(cfg: DictConfig) -> None:
+    check_point(cfg)
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    directory = Path(hc.sweep.dir if multirun else hc.runtime.output_dir)
+    point: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    overrides = " ".join(hc.overrides.task)
+    row: dict[str, Any] = {**_describe(point), "overrides": overrides, **machine()}
+
+    reason = skip_reason(cfg)
+    if reason is not None:
+        row |= {"status": "skipped", "reason": reason}
+        print(f"skip  {overrides}: {reason}")
+    else:
+        try:
+            row |= run_point(point)
+        except (RuntimeError, ValueError) as exc:  # one failing point does not end the sweep
+            row |= {"status": "error", "error": str(exc) or traceback.format_exc()}
+            log.error("point %s failed: %s", overrides, exc)
+            if not multirun:
+                append_row(directory, row)
+                raise
+        else:
+            print(
+                f"done  {overrides}: {row['step_time_s']:.3f} s/step "
+                f"({row['step_time_min_s']:.3f}-{row['step_time_max_s']:.3f}), "
+                f"{row['processor_flop_per_s'] / 1e9:.1f} GFLOP/s, "
+                f"peak/rank {row['peak_increase_bytes_max'] / 2**20:.0f} MiB, "
+                f"sent/rank {row['bytes_sent_max'] / 2**20:.2f} MiB (analytic {row['analytic_bytes_max'] / 2**20:.2f})"
+            )
+    append_row(directory, row)
+    tracker = tracker_for(cfg)
+    if tracker is not None and row["status"] != "skipped":
+        parent = parent_run_id(directory) if multirun else None
+        tags = {"status": row["status"], "strategy": row["strategy"], "grid": row["grid"]}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        run = tracker.start_run(overrides or "default", {k: row[k] for k in POINT_KEYS}, tags)
+        tracker.log_metrics(run, _metrics(row))
+        tracker.finish(run, "FINISHED" if row["status"] == "ok" else "FAILED")
+    if not multirun:
+        write_outputs(directory)
+
+
+if __name__ == "__main__":
+    main()

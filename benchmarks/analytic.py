@@ -1,0 +1,83 @@
+"""What each strategy should send, from the shard sizes alone (independent of the code that sends).
+
+All counts are bytes sent by one rank to *other* ranks in one forward+backward, for one
+processor layer, with ``batch`` samples of ``channels`` values of ``element_size`` bytes:
+
+- ``shard_heads``: the packed q, k, v all-to-all sends my points' q, k, v of every other
+  rank's heads, ``3 n_r (C - c_r)``; the output all-to-all sends my heads' output for every
+  other rank's points, ``(N - n_r) c_r``. Backward sends what forward received:
+  ``3 (N - n_r) c_r + n_r (C - c_r)``. In total ``4 n_r (C - c_r) + 4 (N - n_r) c_r`` values,
+  with ``c_r`` the channels of rank r's heads (``4 (N/P) C (P-1)/P`` each way when even).
+- ``shard_sequence``: forward sends every row of mine that lies within W of another rank's
+  block (W rows to each neighbour when shards are at least W long); backward returns the
+  gradient of every halo row received, ``min(W, start) + min(W, N - stop)`` rows. C values per
+  row (the normed layer input is exchanged, not k and v).
+
+With activation checkpointing the forward exchange runs again when backward recomputes it.
+"""
+
+from __future__ import annotations
+
+from processor.distributed.shards import shard_offsets, shard_sizes
+
+
+def halo_rows(sizes: list[int], rank: int, width: int | None) -> tuple[int, int]:
+    """``(sent, received)`` rows of one forward halo exchange of ``width`` rows per side."""
+    n = sum(sizes)
+    w = n if width is None else width
+    starts = shard_offsets(sizes)
+    mine = (starts[rank], starts[rank] + sizes[rank])
+    received = min(w, mine[0]) + min(w, n - mine[1])
+    sent = 0
+    for peer, (start, size) in enumerate(zip(starts, sizes)):
+        if peer == rank:
+            continue
+        for lo, hi in ((max(0, start - w), start), (start + size, min(n, start + size + w))):
+            sent += max(0, min(hi, mine[1]) - max(lo, mine[0]))
+    return sent, received
+
+
+def halo_bytes(sizes: list[int], rank: int, width: int | None, row_bytes: int, forward_passes: int = 1) -> int:
+    """Bytes one rank sends for a halo-padded tensor in forward (``forward_passes`` times) and backward."""
+    sent, received = halo_rows(sizes, rank, width)
+    return (forward_passes * sent + received) * row_bytes
+
+
+def shard_heads_bytes(sizes: list[int], rank: int, num_heads: int, row_bytes: int, forward_passes: int = 1) -> int:
+    """Bytes one rank sends for one ``shard_heads`` layer; ``row_bytes`` is one point's C values."""
+    n, mine = sum(sizes), sizes[rank]
+    heads = shard_sizes(num_heads, len(sizes))
+    share = heads[rank] / num_heads  # fraction of the channels that are my heads'
+    forward = 3 * mine * (1 - share) + (n - mine) * share
+    backward = 3 * (n - mine) * share + mine * (1 - share)
+    return round((forward_passes * forward + backward) * row_bytes)
+
+
+def processor_bytes(
+    strategy: str,
+    sizes: list[int],
+    rank: int,
+    *,
+    num_layers: int,
+    num_heads: int,
+    window_size: int | None,
+    row_bytes: int,
+    checkpointed: bool = False,
+) -> int:
+    """Bytes one rank sends in one forward+backward of the whole processor."""
+    if strategy == "none" or len(sizes) == 1:
+        return 0
+    passes = 2 if checkpointed else 1
+    if strategy == "shard_heads":
+        per_layer = shard_heads_bytes(sizes, rank, num_heads, row_bytes, passes)
+    elif strategy == "shard_sequence":
+        per_layer = halo_bytes(sizes, rank, window_size, row_bytes, passes)
+    else:
+        raise ValueError(f"no communication model for strategy {strategy!r}")
+    return num_layers * per_layer
+
+
+def exchanged_element_size(strategy: str, precision: str) -> int:
+    """Bytes per exchanged value. Under bf16 autocast the q, k, v projections and the attention
+    output are bf16, but LayerNorm runs in fp32, so the halo of the normed input stays fp32."""
+    return 2 if precision == "bf16" and strategy == "shard_heads" else 4

@@ -1,0 +1,132 @@
+"""Typed schema of one benchmark point. Hydra merges ``configs/benchmark.yaml`` into it, so an
+unknown key or a wrong type fails at start naming the key; :func:`check_point` adds ranges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from processor.grids import grid_points
+
+TARGETS = ("processor", "train_step")
+STRATEGIES = ("none", "shard_heads", "shard_sequence")
+
+
+@dataclass
+class BenchModelConfig:
+    num_layers: int = 2
+    num_channels: int = 64
+    num_heads: int = 4
+    window_size: int | None = 128
+    mlp_hidden_ratio: float = 4.0
+    num_chunks: int = 0  # activation checkpointing chunks (0: off)
+    qk_norm: bool = False
+    activation: str = "gelu"
+    attention_block_size: int | None = None  # None: the kernel's default
+
+
+@dataclass
+class BenchLoggingConfig:
+    mlflow: bool = True
+    tracking_uri: str | None = None  # None: sqlite store beside the results
+    experiment: str = "gridshard-benchmarks"
+
+
+@dataclass
+class ProbeConfig:
+    """The memory/scale probe (``python -m benchmarks.scale_probe``)."""
+
+    budget_gib: float = 20.0  # CPU: the machine's memory shared by all ranks; cuda: each GPU's
+    fit_grids: list[str] = field(default_factory=lambda: ["o32", "o64"])  # measured to fit the memory model
+    family: str = "o"  # candidate grids: oN or fN, N a multiple of `step`
+    step: int = 8
+    margin: float = 0.95  # aim below the budget by this factor
+    verify: bool = True  # measure the predicted grid (and step down while it does not fit)
+    max_tries: int = 3
+
+
+@dataclass
+class BenchmarkConfig:
+    target: str = "processor"  # processor: its forward+backward; train_step: the whole forecaster step
+    grid: str = "o32"  # the processor's grid (oN, fN, nN)
+    data_grid: str | None = None  # train_step only: the data grid (None: same as grid)
+    num_variables: int = 8  # train_step only
+    strategy: str = "shard_sequence"
+    ranks: int = 1
+    device: str = "cpu"  # cpu (gloo) | cuda (NCCL, one GPU per rank)
+    threads_per_rank: int = 1
+    batch_size: int = 1
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+
+    warmup: int = 1
+    steps: int = 3
+    seed: int = 0
+    timeout_s: float = 900.0
+    results_root: str = "benchmarks/results"  # the sweep's MLflow store lives here
+    model: BenchModelConfig = field(default_factory=BenchModelConfig)
+    logging: BenchLoggingConfig = field(default_factory=BenchLoggingConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+
+
+_RANGES: list[tuple[str, Any, str]] = [
+    ("target", lambda v: v in TARGETS, "|".join(TARGETS)),
+    ("strategy", lambda v: v in STRATEGIES, "|".join(STRATEGIES)),
+    ("ranks", lambda v: v >= 1, ">= 1"),
+    ("device", lambda v: v in ("cpu", "cuda"), "cpu|cuda"),
+    ("threads_per_rank", lambda v: v >= 1, ">= 1"),
+    ("batch_size", lambda v: v >= 1, ">= 1"),
+    ("precision", lambda v: v in ("fp32", "bf16"), "fp32|bf16"),
+    ("warmup", lambda v: v >= 0, ">= 0"),
+    ("steps", lambda v: v >= 1, ">= 1"),
+    ("num_variables", lambda v: v >= 1, ">= 1"),
+    ("timeout_s", lambda v: v > 0, "> 0"),
+    ("model.num_layers", lambda v: v >= 1, ">= 1"),
+    ("model.num_channels", lambda v: v >= 1, ">= 1"),
+    ("model.num_heads", lambda v: v >= 1, ">= 1"),
+    ("model.window_size", lambda v: v is None or v >= 0, ">= 0 or null"),
+    ("model.mlp_hidden_ratio", lambda v: v > 0, "> 0"),
+    ("model.num_chunks", lambda v: v >= 0, ">= 0"),
+    ("probe.budget_gib", lambda v: v > 0, "> 0"),
+    ("probe.family", lambda v: v in ("o", "f"), "o|f"),
+    ("probe.step", lambda v: v >= 1, ">= 1"),
+    ("probe.margin", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("probe.max_tries", lambda v: v >= 1, ">= 1"),
+]
+
+
+def check_point(cfg: Any) -> None:
+    """Raise ``ValueError`` naming the first key that is out of range or an unknown grid."""
+    from omegaconf import OmegaConf
+
+    for key, ok, expected in _RANGES:
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
+            raise ValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
+    for key in ("grid", "data_grid"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None:
+            grid_points(value)  # raises ValueError naming the grid
+    if cfg.target == "train_step":
+        for name in (cfg.grid, cfg.data_grid or cfg.grid):
+            if not name.startswith(("o", "f")):
+                raise ValueError(f"target=train_step needs grid coordinates: use an oN or fN grid, not {name}")
+    if cfg.model.num_channels % cfg.model.num_heads:
+        raise ValueError(
+            f"model.num_channels = {cfg.model.num_channels} is not divisible by model.num_heads = {cfg.model.num_heads}"
+        )
+
+
+def skip_reason(cfg: Any) -> str | None:
+    """Why a point of a cross-product sweep is not run (``None``: it is run)."""
+    if cfg.strategy == "none" and cfg.ranks > 1:
+        return "strategy none runs on one rank"
+    if cfg.strategy != "none" and cfg.ranks == 1:
+        return "one rank is the strategy none baseline"
+    if cfg.strategy == "shard_heads" and cfg.ranks > cfg.model.num_heads:
+        return f"shard_heads needs a head per rank ({cfg.model.num_heads} heads, {cfg.ranks} ranks)"
+    return None
+
+
+ConfigStore.instance().store(name="benchmark_schema", node=BenchmarkConfig)

@@ -1,0 +1,114 @@
+"""Run one benchmark point in fresh processes and turn the ranks' reports into one result row."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from datetime import datetime, timezone
+from typing import Any
+
+from benchmarks.analytic import exchanged_element_size, halo_bytes, processor_bytes
+from benchmarks.flops import processor_flops
+from benchmarks.worker import measure
+
+
+def _on_world(cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    return measure(dist.group.WORLD if dist.get_world_size() > 1 else None, cfg)
+
+
+def run_ranks(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Measure on ``cfg["ranks"]`` freshly spawned local ranks (gloo on CPU, NCCL on GPUs)."""
+    from processor.distributed.local import run_local
+
+    backend = "nccl" if cfg["device"] == "cuda" else "gloo"
+    return run_local(
+        _on_world,
+        cfg["ranks"],
+        cfg,
+        backend=backend,
+        timeout_s=cfg["timeout_s"],
+        threads_per_rank=cfg["threads_per_rank"],
+    )
+
+
+def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
+    """What this rank should have sent in one step, from :mod:`benchmarks.analytic`."""
+    m, rank, world = cfg["model"], report["rank"], cfg["ranks"]
+    strategy = cfg["strategy"] if world > 1 else "none"
+    element = exchanged_element_size(strategy, cfg["precision"])
+    total = processor_bytes(
+        strategy,
+        report["shard_sizes"],
+        rank,
+        num_layers=m["num_layers"],
+        num_heads=m["num_heads"],
+        window_size=m["window_size"],
+        row_bytes=cfg["batch_size"] * m["num_channels"] * element,
+        checkpointed=m["num_chunks"] > 0,
+    )
+    if cfg["target"] == "train_step" and world > 1:
+        # The encoder's halo of embedded data rows (bf16 under autocast) and the decoder's of
+        # processor output rows (fp32: the residual stream).
+        row = cfg["batch_size"] * m["num_channels"]
+        data_element = 2 if cfg["precision"] == "bf16" else 4
+        total += halo_bytes(report["data_shard_sizes"], rank, report["encoder_halo"], row * data_element)
+        total += halo_bytes(report["shard_sizes"], rank, report["decoder_halo"], row * 4)
+    return total
+
+
+def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row: step time (slowest rank per step), throughput, FLOP/s, memory and bytes per rank."""
+    m = cfg["model"]
+    steps = [max(r["times_s"][i] for r in reports) for i in range(cfg["steps"])]
+    median = statistics.median(steps)
+    quartiles = statistics.quantiles(steps, n=4, method="inclusive") if len(steps) > 1 else [median] * 3
+    points = reports[0]["points"]
+    flops = processor_flops(points, m["num_channels"], m["window_size"], m["num_layers"], m["mlp_hidden_ratio"])
+    flops *= cfg["batch_size"]
+    counted = [sum(r["bytes_sent"].values()) for r in reports]
+    analytic = [analytic_bytes(cfg, r) for r in reports]
+    errors = [abs(c - a) / a if a else float(c != 0) for c, a in zip(counted, analytic)]
+    return {
+        "status": "ok",
+        "points": points,
+        "step_time_s": median,
+        "step_time_min_s": min(steps),
+        "step_time_p25_s": quartiles[0],
+        "step_time_p75_s": quartiles[2],
+        "step_time_max_s": max(steps),
+        "step_times_s": steps,
+        "points_per_s": cfg["batch_size"] * points / median,
+        "processor_flop_per_step": flops,
+        "processor_flop_per_s": flops / median,
+        "peak_bytes_per_rank": [r["peak_bytes"] for r in reports],
+        "peak_increase_bytes_per_rank": [r["peak_increase_bytes"] for r in reports],
+        "peak_increase_bytes_max": max(r["peak_increase_bytes"] for r in reports),
+        "bytes_sent_per_rank": counted,
+        "bytes_sent_by_kind_per_rank": [r["bytes_sent"] for r in reports],
+        "bytes_sent_max": max(counted),
+        "analytic_bytes_per_rank": analytic,
+        "analytic_bytes_max": max(analytic),
+        "bytes_rel_error_max": max(errors),
+        "bytes_sent_per_layer_max": max(counted) / m["num_layers"],
+    }
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    import torch
+
+    return {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Measure one point (``cfg`` is the resolved benchmark config) and return its row."""
+    return summarise(cfg, run_ranks(cfg))

@@ -1,0 +1,84 @@
+import pytest
+
+from benchmarks.analytic import halo_rows, processor_bytes, shard_heads_bytes
+from benchmarks.flops import processor_flops, window_pairs
+from processor.distributed import shard_sizes
+
+
+def _halo_rows_by_counting(sizes: list[int], rank: int, width: int) -> tuple[int, int]:
+    owner = [r for r, s in enumerate(sizes) for _ in range(s)]
+    n = len(owner)
+    mine = [i for i in range(n) if owner[i] == rank]
+    received = sum(1 for i in range(n) if owner[i] != rank and min(abs(i - j) for j in mine) <= width)
+    sent = 0
+    for peer in range(len(sizes)):
+        theirs = [i for i in range(n) if owner[i] == peer]
+        if peer != rank and theirs:
+            sent += sum(1 for i in mine if min(abs(i - j) for j in theirs) <= width)
+    return sent, received
+
+
+@pytest.mark.parametrize("sizes", [[10, 10, 10], [7, 3, 1, 9], [2, 2, 2, 2], [12, 5]])
+@pytest.mark.parametrize("width", [1, 3, 8, 40])
+def test_halo_rows_match_counting_rows_within_the_window(sizes, width):
+    for rank in range(len(sizes)):
+        assert halo_rows(sizes, rank, width) == _halo_rows_by_counting(sizes, rank, width)
+
+
+def test_shard_heads_even_split_is_the_textbook_formula():
+    n, c, p = 40320, 128, 4
+    sizes = shard_sizes(n, p)
+    per_layer = shard_heads_bytes(sizes, 1, num_heads=8, row_bytes=c * 4)
+    one_way = 4 * (n // p) * c * (p - 1) / p * 4
+    assert per_layer == 2 * one_way
+
+
+def test_checkpointing_repeats_the_forward_exchange():
+    sizes = shard_sizes(1000, 2)
+    plain = processor_bytes("shard_sequence", sizes, 0, num_layers=3, num_heads=4, window_size=50, row_bytes=64)
+    again = processor_bytes(
+        "shard_sequence", sizes, 0, num_layers=3, num_heads=4, window_size=50, row_bytes=64, checkpointed=True
+    )
+    assert plain == 3 * (50 + 50) * 64
+    assert again == 3 * (2 * 50 + 50) * 64
+
+
+def test_o96_sequence_sends_over_20x_less_than_heads_analytically():
+    for p in (2, 4):
+        sizes = shard_sizes(40320, p)
+        kw = dict(num_layers=1, num_heads=8, window_size=512, row_bytes=4)
+        for rank in range(p):
+            assert processor_bytes("shard_heads", sizes, rank, **kw) >= 20 * processor_bytes(
+                "shard_sequence", sizes, rank, **kw
+            )
+
+
+@pytest.mark.parametrize("n,w", [(1, 0), (5, 0), (5, 2), (9, 3), (9, 8), (9, 20), (9, None)])
+def test_window_pairs_counts_pairs_inside_the_band(n, w):
+    brute = sum(1 for i in range(n) for j in range(n) if w is None or abs(i - j) <= w)
+    assert window_pairs(n, w) == brute
+
+
+def test_flop_model_is_the_band_model():
+    n, c, w = 40320, 256, 512
+    expected = 3 * 2 * (24 * n * c * c + 4 * c * window_pairs(n, w))
+    assert processor_flops(n, c, w, num_layers=2, mlp_hidden_ratio=4) == expected
+
+
+def test_scale_probe_picks_the_largest_grid_under_the_budget():
+    from benchmarks.scale_probe import largest_fitting
+    from processor.grids import grid_points
+
+    samples = {1000: 100 + 1000, 2000: 100 + 2000}  # bytes = 100 + N
+    grid = largest_fitting(samples, budget=100 + 40320, family="o", step=8, global_attention=False)
+    assert grid_points(grid) <= 40320 < grid_points(f"o{int(grid[1:]) + 8}")
+    assert grid == "o96"
+    smaller = largest_fitting(samples, 100 + 40320, "o", 8, False, below=40320)
+    assert smaller == "o88"
+
+
+def test_scale_probe_refuses_a_fit_without_growth():
+    from benchmarks.scale_probe import largest_fitting
+
+    with pytest.raises(ValueError, match="larger probe.fit_grids"):
+        largest_fitting({1000: 500, 2000: 490}, budget=10_000, family="o", step=8, global_attention=False)

@@ -1,0 +1,61 @@
+"""A benchmark point measured on local gloo ranks: counted bytes agree with the analytic model."""
+
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from benchmarks.config import BenchmarkConfig
+from benchmarks.point import summarise
+from benchmarks.worker import measure
+
+
+def point(**changes: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(BenchmarkConfig))  # type: ignore[assignment]
+    changes = dict(changes)
+    model = dict(num_layers=2, num_channels=16, num_heads=4, window_size=24) | changes.pop("model", {})
+    cfg.update(dict(warmup=0, steps=2) | changes)
+    cfg["model"].update(model)
+    return cfg
+
+
+CASES = [
+    dict(strategy="shard_heads", ranks=2, grid="o8"),
+    dict(strategy="shard_heads", ranks=3, grid="o8", model=dict(num_heads=8, num_channels=32)),
+    dict(strategy="shard_heads", ranks=4, grid="f6", precision="bf16"),
+    dict(strategy="shard_sequence", ranks=2, grid="o8"),
+    dict(strategy="shard_sequence", ranks=3, grid="o8", batch_size=2),
+    dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(window_size=200)),  # wider than a shard
+    dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(num_chunks=1), precision="bf16"),
+    dict(strategy="shard_heads", ranks=2, grid="o8", model=dict(num_chunks=2)),
+    dict(strategy="shard_sequence", ranks=3, grid="o8", target="train_step", data_grid="o12"),
+    dict(strategy="shard_heads", ranks=2, grid="o8", target="train_step"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{v}" for v in c.values() if not isinstance(v, dict)))
+def test_counted_bytes_match_the_analytic_model(rank_pool, case):
+    cfg = point(**case)
+    row = summarise(cfg, rank_pool.run_ok(measure, cfg["ranks"], cfg))
+    assert row["status"] == "ok"
+    assert all(b > 0 for b in row["bytes_sent_per_rank"])
+    assert row["bytes_rel_error_max"] <= 0.01, (row["bytes_sent_per_rank"], row["analytic_bytes_per_rank"])
+    assert row["step_time_min_s"] <= row["step_time_s"] <= row["step_time_max_s"]
+    assert row["processor_flop_per_s"] > 0
+
+
+def test_one_rank_sends_nothing(rank_pool):
+    cfg = point(strategy="none", ranks=1, grid="o8")
+    row = summarise(cfg, rank_pool.run_ok(measure, 1, cfg))
+    assert row["bytes_sent_max"] == 0 == row["analytic_bytes_max"]
+    assert row["peak_bytes_per_rank"][0] > 0
+
+
+def test_o96_sequence_sends_over_20x_fewer_bytes_than_heads(rank_pool):
+    """Counted, at o96 with W = 512, whatever the channels: the ratio is set by N / (P W)."""
+    for ranks in (2, 4):
+        sent = {}
+        for strategy in ("shard_heads", "shard_sequence"):
+            cfg = point(strategy=strategy, ranks=ranks, grid="o96", steps=1, model=dict(num_layers=1, window_size=512))
+            sent[strategy] = summarise(cfg, rank_pool.run_ok(measure, ranks, cfg))["bytes_sent_max"]
+        assert sent["shard_heads"] >= 20 * sent["shard_sequence"], (ranks, sent)
