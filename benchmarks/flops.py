@@ -1,4 +1,5 @@
-"""Counted FLOPs of the processor: useful work only (no recomputation, no masked-out scores).
+"""Counted FLOPs of the processor (useful work only: no recomputation, no masked-out scores),
+and the activation memory its backward needs.
 
 Per layer forward, for N points, C channels, MLP ratio m: the q, k, v and output projections
 ``8 N C^2``, the MLP ``4 m N C^2`` (``24 N C^2`` with m = 4), and attention ``4 C`` per
@@ -25,3 +26,27 @@ def processor_flops(
     dense = 2 * n * channels * (4 * channels) + 2 * n * channels * hidden * 2
     attention = 4 * channels * window_pairs(n, window)
     return 3 * batch * num_layers * (dense + attention)
+
+
+def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, strategy: str = "none") -> int:
+    """Bytes autograd must keep per rank between forward and backward (fp32, no checkpointing).
+
+    Per point and layer: the block input (LayerNorm 1 backward), the normed input (q, k, v
+    projection), q, k and v (attention backward), the attention output in head layout (the
+    fused kernel's backward) and in point layout (output projection), the residual (LayerNorm 2),
+    its normed value (MLP input), the hidden pre-activation (activation backward) and
+    post-activation (second MLP matmul): ``9 C + 2 hidden`` values, plus per-head log-sum-exp
+    and the two LayerNorms' mean and rstd. ``shard_sequence`` adds k and v of the 2W halo rows;
+    with checkpointing only the chunk inputs and one chunk's activations are kept.
+    """
+    c, h = model["num_channels"], model["num_heads"]
+    hidden = int(model["mlp_hidden_ratio"] * c)
+    local = -(-n // ranks)
+    per_point = 9 * c + 2 * hidden + h + 4
+    halo_rows = 0 if ranks == 1 or strategy != "shard_sequence" else 2 * min(model["window_size"] or n, n)
+    per_layer = local * per_point + halo_rows * 2 * c
+    layers = model["num_layers"]
+    if model["num_chunks"] > 0:
+        per_chunk = layers // model["num_chunks"]
+        return 4 * batch * (model["num_chunks"] * local * c + per_chunk * per_layer)
+    return 4 * batch * layers * per_layer

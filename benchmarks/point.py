@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from benchmarks.analytic import exchanged_element_size, halo_bytes, processor_bytes
-from benchmarks.flops import processor_flops
+from benchmarks.flops import processor_flops, saved_activation_bytes
 from benchmarks.worker import measure
 
 
@@ -70,7 +70,7 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
     counted = [sum(r["bytes_sent"].values()) for r in reports]
     analytic = [analytic_bytes(cfg, r) for r in reports]
     errors = [abs(c - a) / a if a else float(c != 0) for c, a in zip(counted, analytic)]
-    return {
+    row = {
         "status": "ok",
         "points": points,
         "step_time_s": median,
@@ -92,7 +92,21 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
         "analytic_bytes_max": max(analytic),
         "bytes_rel_error_max": max(errors),
         "bytes_sent_per_layer_max": max(counted) / m["num_layers"],
+        "gemm_flop_per_s": min(r["gemm_flop_per_s"] for r in reports),
     }
+    # Useful FLOP/s per rank against what one rank's threads do on a big matmul.
+    row["gemm_efficiency"] = row["processor_flop_per_s"] / len(reports) / row["gemm_flop_per_s"]
+    if cfg["target"] == "processor":
+        saved = saved_activation_bytes(points, len(reports), m, cfg["batch_size"], cfg["strategy"])
+        row["analytic_saved_bytes_per_rank"] = saved
+        row["peak_over_saved"] = row["peak_increase_bytes_max"] / saved
+    if cfg["compare_local_copy"]:
+        local = [max(r["local_copy_times_s"][i] for r in reports) for i in range(cfg["steps"])]
+        row["step_time_local_copy_s"] = statistics.median(local)
+        row["comm_overhead"] = median / row["step_time_local_copy_s"] - 1
+    if "profile_split_s" in reports[0]:
+        row["profile_split_s"] = reports[0]["profile_split_s"]
+    return row
 
 
 def machine() -> dict[str, Any]:

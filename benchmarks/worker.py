@@ -8,8 +8,7 @@ the step's time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,8 +16,9 @@ import torch.distributed as dist
 
 from processor import TransformerProcessor
 from processor.distributed import count_communication, shard_sizes, sum_model_parallel_gradients
+from processor.distributed.halo import exchange_as_local_copy
 from processor.grids import get_grid, grid_points
-from processor.memory import track_peak_rss
+from processor.memory import current_rss, peak_rss, retain_freed_memory
 
 
 def _processor(cfg: dict[str, Any], world: int) -> TransformerProcessor:
@@ -114,22 +114,47 @@ def _to_device(grids, device: torch.device):
     return move(grids)
 
 
-@contextmanager
-def _peak_memory(device: torch.device) -> Iterator[dict[str, int]]:
-    """Peak bytes above the start of the block (``increase``) and in all (``peak``)."""
-    out: dict[str, int] = {}
+def gemm_flop_rate(device: torch.device, size: int = 2048, repeats: int = 3) -> float:
+    """FLOP/s of a ``size``-cubed fp32 matmul on this rank's threads (best of ``repeats``)."""
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best
+
+
+class _Memory:
+    """Peak memory of the whole point above the process before the model was built."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.base = torch.cuda.memory_allocated(device)
+        else:
+            self.base = current_rss()
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return peak_rss()
+
+
+def _timed(step: Callable[[], None], group, device: torch.device) -> float:
+    if group is not None:
+        dist.barrier(group)
+    t0 = time.perf_counter()
+    step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        yield out
-        torch.cuda.synchronize(device)
-        out["peak"] = torch.cuda.max_memory_allocated(device)
-        out["increase"] = out["peak"] - base
-    else:
-        with track_peak_rss() as mem:
-            yield out
-        out["peak"], out["increase"] = mem.peak, mem.increase
+    return time.perf_counter() - t0
 
 
 def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -141,33 +166,42 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
     else:
         device = torch.device("cpu")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["precision"] == "bf16")
+    if device.type == "cpu" and cfg["retain_freed_memory"]:
+        retain_freed_memory()
+    memory = _Memory(device)
     torch.manual_seed(cfg["seed"])
     build = _processor_step if cfg["target"] == "processor" else _train_step
     step, info = build(cfg, group, rank, world, device, autocast)
 
     times: list[float] = []
-    peaks: list[int] = []
-    increases: list[int] = []
+    local_copy_times: list[float] = []
     sent: dict[str, int] = {}
     for i in range(cfg["warmup"] + cfg["steps"]):
-        if group is not None:
-            dist.barrier(group)
-        with _peak_memory(device) as mem, count_communication() as comm:
-            t0 = time.perf_counter()
-            step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - t0
+        with count_communication() as comm:
+            elapsed = _timed(step, group, device)
+        if cfg["compare_local_copy"]:
+            with exchange_as_local_copy():
+                local_copy = _timed(step, group, device)
         if i >= cfg["warmup"]:
             times.append(elapsed)
-            peaks.append(mem["peak"])
-            increases.append(mem["increase"])
             sent = dict(comm.bytes_sent)
-    return {
+            if cfg["compare_local_copy"]:
+                local_copy_times.append(local_copy)
+    peak = memory.peak()
+    report = {
         **info,
         "rank": rank,
         "times_s": times,
-        "peak_bytes": max(peaks),
-        "peak_increase_bytes": max(increases),
+        "local_copy_times_s": local_copy_times,
+        "peak_bytes": peak,
+        "peak_increase_bytes": peak - memory.base,
         "bytes_sent": sent,
+        "gemm_flop_per_s": gemm_flop_rate(device),
     }
+    if cfg["profile"]:
+        from benchmarks.profile_split import profile_split
+
+        split = profile_split(step, group, device, cfg["model"])
+        if rank == 0:
+            report["profile_split_s"] = split
+    return report

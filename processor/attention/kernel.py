@@ -7,14 +7,14 @@ queries.
 
 Queries are cut into blocks of ``block_size`` rows; block ``b`` attends to a key band of
 ``block_size + 2 * window`` rows, an overlapping strided *view* of the keys (no copy), under
-one exact band mask shared by every block. All blocks go through one 4-D
+one ``(block, band)`` mask shared by every block. All interior blocks go through one 4-D
 ``scaled_dot_product_attention`` call, so the fused CPU/GPU kernels do the work and nothing
-of size ``N x N`` is ever built.
+of size ``N x N`` is ever built; the few queries at either end, whose band would run off the
+keys, get one small masked call each. Nothing is padded or copied on the way in, so autograd
+saves only q, k, v, the output and its log-sum-exp.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -58,46 +58,53 @@ def band_mask(n_q: int, n_k: int, window: int, q_offset: int = 0, device=None) -
     return (rows - cols).abs() <= window
 
 
-def _key_span(x: Tensor, lo: int, hi: int) -> Tensor:
-    """Rows ``[lo, hi)`` of ``x`` along dim 2, zero-filled where they fall outside ``x``."""
-    n = x.shape[2]
-    inner = x[:, :, max(lo, 0) : min(hi, n)]
-    if lo >= 0 and hi <= n:
-        return inner
-    return F.pad(inner, (0, 0, max(0, -lo), max(0, hi - n)))
+def _band_attention(
+    q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, dropout_p: float, scale: float | None
+) -> Tensor:
+    """One SDPA call over the keys that ``q``'s rows can reach, under an exact band mask."""
+    n_q, n_k = q.shape[2], k.shape[2]
+    lo, hi = max(0, q_offset - window), min(n_k, q_offset + n_q + window)
+    mask = band_mask(n_q, hi - lo, window, q_offset - lo, device=q.device)
+    return F.scaled_dot_product_attention(
+        q, k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=mask, dropout_p=dropout_p, scale=scale
+    )
 
 
 def _blocked(
     q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, block: int, dropout_p: float, scale: float | None
 ) -> Tensor:
+    """Interior blocks (whose whole key band exists) in one SDPA call on views of q, k, v under
+    one small ``(block, band)`` mask; the few edge queries at each end by :func:`_band_attention`."""
+    # Head-major rows (a copy when q, k, v are views of the packed projection) keep the fused
+    # kernel's reads sequential; autograd then saves these instead of the projection output.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    n_blocks = math.ceil(n_q / block)
     band = block + 2 * window
-    lo = q_offset - window  # key position of band row 0 in block 0
-    hi = lo + (n_blocks - 1) * block + band
-    k_span, v_span = _key_span(k, lo, hi), _key_span(v, lo, hi)
-    # (b, h, n_blocks, band, d): overlapping windows of the keys, a view.
-    k_blocks = k_span.unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
-    v_blocks = v_span.unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
-    q_blocks = F.pad(q, (0, 0, 0, n_blocks * block - n_q)).reshape(b * h, n_blocks, block, d)
-
-    device = q.device
-    r = torch.arange(block, device=device)
-    c = torch.arange(band, device=device)
-    offset = c[None, :] - r[:, None]
-    in_band = (offset >= 0) & (offset <= 2 * window)  # (block, band), same for every block
-    block_start = torch.arange(n_blocks, device=device)[:, None] * block
-    key_pos = lo + block_start + c[None, :]  # (n_blocks, band)
-    key_exists = (key_pos >= 0) & (key_pos < n_k)
-    query_is_pad = (block_start + r[None, :]) >= n_q  # (n_blocks, block)
-    # Padding queries see every band row so their (discarded) softmax has no empty rows.
-    mask = (in_band[None] & key_exists[:, None, :]) | query_is_pad[:, :, None]
-
-    out = F.scaled_dot_product_attention(
-        q_blocks, k_blocks, v_blocks, attn_mask=mask[None], dropout_p=dropout_p, scale=scale
-    )
-    return out.reshape(b, h, n_blocks * block, d)[:, :, :n_q]
+    # Block i holds queries [i * block, (i + 1) * block) and keys from q_offset - window + i * block.
+    first = max(0, -(q_offset - window) + block - 1) // block
+    last = min(n_q // block, (n_k - band - (q_offset - window)) // block + 1)  # exclusive
+    if last - first < 1:
+        return _band_attention(q, k, v, window, q_offset, dropout_p, scale)
+    start, stop = first * block, last * block
+    key_lo = q_offset - window + start
+    key_hi = key_lo + (last - first - 1) * block + band
+    # (b * h, blocks, band, d): overlapping windows of the keys, a view when b == 1.
+    k_blocks = k[:, :, key_lo:key_hi].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
+    v_blocks = v[:, :, key_lo:key_hi].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
+    q_blocks = q[:, :, start:stop].unflatten(2, (last - first, block)).flatten(0, 1)
+    offset = torch.arange(band, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
+    in_band = (offset >= 0) & (offset <= 2 * window)  # (block, band), the same for every block
+    inner = F.scaled_dot_product_attention(
+        q_blocks, k_blocks, v_blocks, attn_mask=in_band, dropout_p=dropout_p, scale=scale
+    ).reshape(b, h, stop - start, d)
+    parts = []
+    if start > 0:
+        parts.append(_band_attention(q[:, :, :start], k, v, window, q_offset, dropout_p, scale))
+    parts.append(inner)
+    if stop < n_q:
+        parts.append(_band_attention(q[:, :, stop:], k, v, window, q_offset + stop, dropout_p, scale))
+    return torch.cat(parts, dim=2) if len(parts) > 1 else inner
 
 
 def _flash_window(
@@ -155,11 +162,6 @@ def sliding_window_attention(
     ):
         return _flash_window(q, k, v, window, q_offset, dropout_p, scale)
     block = block_size or default_block_size(window)
-    if n_q <= 2 * block:
-        # Too short to block: one band mask over the keys this query range can reach.
-        lo, hi = max(0, q_offset - window), min(n_k, q_offset + n_q + window)
-        mask = band_mask(n_q, hi - lo, window, q_offset - lo, device=q.device)
-        return F.scaled_dot_product_attention(
-            q, k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=mask, dropout_p=dropout_p, scale=scale
-        )
+    if n_q <= 2 * block:  # too short to block
+        return _band_attention(q, k, v, window, q_offset, dropout_p, scale)
     return _blocked(q, k, v, window, q_offset, block, dropout_p, scale)

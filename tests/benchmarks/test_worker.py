@@ -59,3 +59,31 @@ def test_o96_sequence_sends_over_20x_fewer_bytes_than_heads(rank_pool):
             cfg = point(strategy=strategy, ranks=ranks, grid="o96", steps=1, model=dict(num_layers=1, window_size=512))
             sent[strategy] = summarise(cfg, rank_pool.run_ok(measure, ranks, cfg))["bytes_sent_max"]
         assert sent["shard_heads"] >= 20 * sent["shard_sequence"], (ranks, sent)
+
+
+def test_local_copy_mode_sends_nothing_and_profile_splits_the_step(rank_pool):
+    cfg = point(strategy="shard_sequence", ranks=2, grid="o8", compare_local_copy=True, profile=True)
+    row = summarise(cfg, rank_pool.run_ok(measure, 2, cfg))
+    assert row["bytes_rel_error_max"] <= 0.01  # counted on the real steps only
+    assert row["step_time_local_copy_s"] > 0 and "comm_overhead" in row
+    split = row["profile_split_s"]
+    assert {"attention", "mlp", "projections", "communication"} <= set(split)
+    assert all(v >= 0 for v in split.values())
+
+
+def test_local_copy_exchange_moves_no_bytes(rank_pool):
+    out = rank_pool.run_ok(_halo_under_local_copy, 2)
+    assert out == [0, 0]
+
+
+def _halo_under_local_copy(group):
+    import torch
+
+    from processor.distributed import HaloConfig, ShardLayout, count_communication, halo_pad
+    from processor.distributed.halo import exchange_as_local_copy
+
+    layout = ShardLayout((5, 5), group.rank())
+    with exchange_as_local_copy(), count_communication() as comm:
+        padded = halo_pad(torch.ones(1, 5, 3), HaloConfig(width=2, dim=1), layout, group)
+    assert padded.shape == (1, 7, 3)
+    return comm.total_bytes
