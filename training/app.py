@@ -43,7 +43,9 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
         generate_rossby_haurwitz(data["path"], data["grid"], data["generate_steps"], data["generate_seed"])
     from training.trainer import check_resumable, open_dataset
 
-    open_dataset(resolved)  # fails here, clearly, on a missing or mismatched dataset
+    dataset = open_dataset(resolved)  # fails here, clearly, on a missing or mismatched dataset
+    if data["check_finite"]:
+        dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(resolved["run_dir"]).mkdir(parents=True, exist_ok=True)
     check_resumable(resolved)  # and here on a checkpoint of another model
     return resolved
@@ -76,9 +78,14 @@ def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.trainer.timeout_s))
+    _init_torchrun_group("nccl" if torch.cuda.is_available() else "gloo", cfg.trainer.timeout_s)
     try:
+        # Each rank composed its own configuration (its own command line and config files);
+        # rank 0's is the one used, so any difference is an error, on every rank at once.
+        from processor.distributed.consistency import agree_on_values
+        from training.tracking import flatten
+
+        agree_on_values(flatten(OmegaConf.to_container(cfg, resolve=False)), what="composed configurations")
         payload: list[Any] = [None]
         if dist.get_rank() == 0:
             try:
@@ -92,6 +99,30 @@ def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
         return _rank_main(value)
     finally:
         dist.destroy_process_group()
+
+
+def _init_torchrun_group(backend: str, timeout_s: float) -> None:
+    """Join the default group of this torchrun attempt.
+
+    torchrun's agent hosts the store and keeps it across ``--max-restarts`` attempts, so a
+    restarted rank can read the previous attempt's addresses and fail to connect (pytorch
+    issue #135712). Each attempt therefore gets its own key prefix. Multi-node jobs whose
+    agents may count restarts differently should set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    for torchrun instead (rank 0 then hosts a fresh store per attempt).
+    """
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"gridshard/attempt_{attempt}/", agent_store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

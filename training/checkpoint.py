@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 FORMAT_VERSION = 1
 LATEST = "latest.pt"
+PARTIAL_PREFIX = ".partial-"
+TRAINING_KEYS = ("step", "model", "optimizer", "scheduler", "rng", "config")
 
 
 class CheckpointError(ValueError):
@@ -22,7 +25,7 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
     one, never a partial one."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".partial-", suffix=".pt")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=PARTIAL_PREFIX, suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format_version": FORMAT_VERSION, **state}, f)
@@ -51,3 +54,28 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         found = state.get("format_version") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"checkpoint {path} has format {found!r}, expected {FORMAT_VERSION}")
     return state
+
+
+def load_training_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A training checkpoint and the resolved configuration it was written with; a
+    ``CheckpointError`` naming what is missing or unreadable otherwise."""
+    state = load_checkpoint(path)
+    missing = [k for k in TRAINING_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing}: not a training checkpoint")
+    try:
+        config = yaml.safe_load(state["config"])
+    except (yaml.YAMLError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} holds an unreadable configuration: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"checkpoint {path} holds no configuration mapping (found {type(config).__name__})")
+    return state, config
+
+
+def remove_partials(directory: str | Path) -> list[Path]:
+    """Delete the temporary files of writes that were killed before their rename (only the
+    checkpoint writer may call this, while it is not writing); return what was deleted."""
+    removed = sorted(Path(directory).glob(f"{PARTIAL_PREFIX}*.pt"))
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed

@@ -40,6 +40,7 @@ class DataConfig:
     generate_steps: int = 400
     generate_seed: int = 1
     val_fraction: float = 0.1
+    check_finite: bool = True  # scan the store for NaN/inf before training (chunk by chunk)
 
 
 @dataclass
@@ -60,8 +61,11 @@ class TrainerConfig:
     nprocs: int = 2  # local ranks to spawn when not started by torchrun
     ranks_per_model: int = 2  # model-parallel group size
     threads_per_rank: int = 1
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # bounds every collective; a lost or stuck rank fails the run by then
+    heartbeat_s: float = 1.0  # a rank silent for 3 heartbeats is named as lost
     seed: int = 0
+    fault_at_step: int | None = None  # test hook: fault_rank SIGKILLs itself in this step, once
+    fault_rank: int = 1
 
 
 @dataclass
@@ -114,6 +118,9 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("trainer.nprocs", lambda v: v >= 1, ">= 1"),
     ("trainer.ranks_per_model", lambda v: v >= 1, ">= 1"),
     ("trainer.timeout_s", lambda v: v > 0, "> 0"),
+    ("trainer.heartbeat_s", lambda v: v > 0, "> 0"),
+    ("trainer.fault_at_step", lambda v: v is None or v >= 0, ">= 0 or null"),
+    ("trainer.fault_rank", lambda v: v >= 0, ">= 0"),
     ("logging.log_interval", lambda v: v >= 1, ">= 1"),
     ("trainer.stop_at_step", lambda v: v is None or v >= 1, ">= 1 or null"),
 ]

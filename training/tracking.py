@@ -1,9 +1,11 @@
 """MLflow logging for rank 0: params, tags, per-step metrics, artifacts.
 
-The default store is an embedded sqlite database in the run directory. With a tracking
-server (``logging.tracking_uri``) that cannot be reached, or that stops answering, the run
-goes on: it warns once and writes everything, from the first metric on, to the local store
-instead. Every metric is also appended to ``metrics.jsonl`` in the run directory.
+The training loop never waits for MLflow: :class:`Tracker` appends every metric to
+``metrics.jsonl`` in the run directory (flushed, before returning) and hands it to a background
+thread that talks to the tracking store. The default store is an embedded sqlite database in
+the run directory. When a tracking server (``logging.tracking_uri``) cannot be reached, stops
+answering, or answers too slowly, the thread warns once, starts the run again in the local
+store and replays everything logged so far into it, so the local store holds every metric.
 """
 
 from __future__ import annotations
@@ -11,11 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+_BATCH = 100  # metric events sent in one request at most
 
 
 def _local_uri(run_dir: Path) -> str:
@@ -34,7 +40,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class Tracker:
-    """Logs one run; falls back to the local sqlite store when the server fails."""
+    """Logs one run from a background thread; falls back to the local sqlite store on failure.
+
+    Args:
+        run_dir: where ``metrics.jsonl`` and the fall-back store live.
+        tracking_uri: an MLflow tracking URI; ``None`` for the local store.
+        finish_timeout_s: how long :meth:`finish` waits for the thread to deliver the rest.
+    """
 
     def __init__(
         self,
@@ -44,22 +56,72 @@ class Tracker:
         run_name: str | None,
         params: dict[str, str],
         tags: dict[str, str],
+        finish_timeout_s: float = 60.0,
     ) -> None:
         self.run_dir = run_dir
         self.uri = tracking_uri or _local_uri(run_dir)
         self.experiment, self.run_name = experiment, run_name
         self.params, self.tags = params, tags
-        self.history: list[tuple[int, dict[str, float]]] = []
+        self.finish_timeout_s = finish_timeout_s
         self.fallback = False
+        self.client, self.run_id = None, None
         self._jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in finish()
-        if tracking_uri and tracking_uri.startswith("http"):
-            # Fail fast rather than retrying for minutes inside a training step.
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._delivered: list[tuple[str, Any]] = []  # every event taken so far, replayed on fall-back
+        self._finished = False
+        if self.uri.startswith("http"):
+            # One try per request, and a bound on each: the fall-back is the retry.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-        self.client, self.run_id = None, None
+        self._thread = threading.Thread(target=self._work, name="mlflow-tracker", daemon=True)
+        self._thread.start()
+
+    # -- called by the training loop: never blocks on MLflow ------------------------------
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._jsonl.flush()
+        self._queue.put(("metrics", (step, dict(metrics))))
+
+    def log_artifact(self, path: Path) -> None:
+        self._queue.put(("artifact", str(path)))
+
+    def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        """End the run with ``status`` (and a ``failure_reason`` tag); wait a bounded time for
+        the thread to deliver what is queued."""
+        if self._finished:
+            return
+        self._finished = True
+        self._jsonl.close()
+        self._queue.put(("finish", (status, reason)))
+        self._thread.join(self.finish_timeout_s)
+        if self._thread.is_alive():
+            log.warning(
+                "MLflow at %s did not take the run's last events within %g s; every metric is in %s",
+                self.uri,
+                self.finish_timeout_s,
+                self._jsonl.name,
+            )
+
+    # -- the background thread ------------------------------------------------------------
+
+    def _work(self) -> None:
         self._guard(self._start)
+        while True:
+            events = [self._queue.get()]
+            while events[-1][0] == "metrics" and len(events) < _BATCH:
+                try:
+                    events.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._delivered.extend(events)
+            if self.client is not None:
+                self._guard(self._apply, events)
+            if events[-1][0] == "finish":
+                return
 
     def _start(self) -> None:
+        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)
@@ -69,59 +131,53 @@ class Tracker:
             exp_id = self.client.create_experiment(self.experiment, artifact_location=artifacts)
         else:
             exp_id = exp.experiment_id
-        run = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags)
-        self.run_id = run.info.run_id
+        self.run_id = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags).info.run_id
         items = list(self.params.items())
-        from mlflow.entities import Param
-
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=[Param(k, v[:6000]) for k, v in items[i : i + 100]])
-        for step, metrics in self.history:  # replay after a fall-back
-            self._send(step, metrics)
+
+    def _apply(self, events: list[tuple[str, Any]]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, step) for _, (step, m) in _of(events, "metrics") for k, v in m.items()]
+        for i in range(0, len(metrics), 1000):  # MLflow's limit per batch
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+        for _, path in _of(events, "artifact"):
+            self.client.log_artifact(self.run_id, path)
+        for _, (status, reason) in _of(events, "finish"):
+            if reason:
+                self.client.set_tag(self.run_id, "failure_reason", reason[:5000])
+            self.client.set_terminated(self.run_id, status=status)
 
     def _guard(self, fn, *args) -> None:
+        """Run ``fn``; on the first failure switch to the local store and replay everything."""
         try:
             fn(*args)
+            return
         except Exception as exc:
             if self.fallback:
                 log.error("MLflow local store failed too (%s); metrics stay in %s", exc, self._jsonl.name)
                 self.client = None
                 return
-            self.fallback = True
             log.warning(
-                "MLflow at %s is unreachable (%s); logging to the local store %s instead",
+                "MLflow at %s is unreachable or too slow (%s); logging to the local store %s instead",
                 self.uri,
                 type(exc).__name__,
                 _local_uri(self.run_dir),
             )
-            self.uri = _local_uri(self.run_dir)
-            try:
-                self._start()
-            except Exception as exc2:
-                log.error("MLflow local store failed too (%s); metrics stay in %s", exc2, self._jsonl.name)
-                self.client = None
+        self.fallback = True
+        self.uri = _local_uri(self.run_dir)
+        try:
+            self._start()
+            self._apply(self._delivered)
+        except Exception as exc:
+            log.error("MLflow local store failed too (%s); metrics stay in %s", exc, self._jsonl.name)
+            self.client = None
 
-    def _send(self, step: int, metrics: dict[str, float]) -> None:
-        from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self.history.append((step, metrics))
-        self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._jsonl.flush()
-        if self.client is not None:
-            self._guard(self._send, step, metrics)
-
-    def log_artifact(self, path: Path) -> None:
-        if self.client is not None:
-            self._guard(lambda: self.client.log_artifact(self.run_id, str(path)))
-
-    def finish(self, status: str = "FINISHED") -> None:
-        self._jsonl.close()
-        if self.client is not None:
-            self._guard(lambda: self.client.set_terminated(self.run_id, status=status))
+def _of(events: list[tuple[str, Any]], kind: str) -> list[tuple[str, Any]]:
+    return [e for e in events if e[0] == kind]
 
 
 class NullTracker:
@@ -133,4 +189,4 @@ class NullTracker:
 
     def log_artifact(self, path: Path) -> None: ...
 
-    def finish(self, status: str = "FINISHED") -> None: ...
+    def finish(self, status: str = "FINISHED", reason: str | None = None) -> None: ...

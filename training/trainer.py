@@ -6,6 +6,7 @@ import logging
 import math
 import subprocess
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,19 @@ from tqdm import tqdm
 
 from processor import TransformerProcessor
 from processor.distributed import count_communication
+from processor.distributed.consistency import agree_on_values
+from processor.distributed.watchdog import Heartbeat
 from processor.grids import get_grid, grid_points
 from processor.memory import track_peak_rss
-from training.checkpoint import LATEST, CheckpointError, load_checkpoint, save_checkpoint
+from training.checkpoint import (
+    LATEST,
+    CheckpointError,
+    load_training_checkpoint,
+    remove_partials,
+    save_checkpoint,
+)
 from training.data import DatasetError, ZarrDataset
+from training.faults import maybe_die
 from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
 from training.tracking import NullTracker, Tracker, flatten
@@ -102,28 +112,70 @@ def _git_commit() -> str:
 
 def _compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> None:
     for key in ("model", "strategy"):
-        if saved[key] != cfg[key]:
-            raise CheckpointError(f"checkpoint was written with {key} = {saved[key]}, this run has {cfg[key]}")
+        if saved.get(key) != cfg[key]:
+            raise CheckpointError(f"checkpoint was written with {key} = {saved.get(key)}, this run has {cfg[key]}")
     for key in ("grid", "variables"):
-        if saved["data"][key] != cfg["data"][key]:
-            raise CheckpointError(
-                f"checkpoint was written with data.{key} = {saved['data'][key]}, this run has {cfg['data'][key]}"
-            )
+        found = (saved.get("data") or {}).get(key)
+        if found != cfg["data"][key]:
+            raise CheckpointError(f"checkpoint was written with data.{key} = {found}, this run has {cfg['data'][key]}")
 
 
 def check_resumable(cfg: dict[str, Any]) -> None:
     """If this run will resume, the checkpoint must be readable and of the same model."""
     latest = Path(cfg["run_dir"]) / "checkpoints" / LATEST
     if cfg["trainer"]["resume"] and latest.exists():
-        _compatible(yaml.safe_load(load_checkpoint(latest)["config"]), cfg)
+        _compatible(load_training_checkpoint(latest)[1], cfg)
+
+
+def check_ranks_agree(cfg: dict[str, Any], dataset: ZarrDataset, dims: ParallelDims) -> None:
+    """Every rank must run the same resolved configuration on the same dataset: one all_gather
+    of a hash, and the same ``ValueError`` on every rank, naming ranks and keys, if not."""
+    if dims.world == 1:
+        return
+    values: dict[str, object] = {
+        **flatten(cfg),
+        "dataset.shape": (dataset.n_times, dataset.n_points),
+        "dataset.variables": dataset.variables,
+        "dataset.dates": f"{dataset.date(0)}..{dataset.date(dataset.n_times - 1)}",
+    }
+    agree_on_values(values, what="configuration or dataset")
+
+
+def _restore(path: Path, cfg: dict[str, Any], dims: ParallelDims, model, optimiser, schedule) -> int:
+    """Load the checkpoint at ``path`` into the training state; return its step."""
+    state, saved_cfg = load_training_checkpoint(path)
+    _compatible(saved_cfg, cfg)
+    try:
+        model.load_state_dict(state["model"])
+        optimiser.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
+    if len(state["rng"]) == dims.world:
+        torch.set_rng_state(state["rng"][dims.rank])
+    return int(state["step"])
 
 
 def train(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Train on this rank; rank 0 logs and checkpoints. Returns the loss history and run id."""
+    """Train on this rank; rank 0 logs and checkpoints. Returns the loss history and run id.
+
+    On several ranks a heartbeat runs alongside: when a collective fails because another rank
+    died, hung or raised, this rank raises :class:`~processor.distributed.watchdog.PeerFailureError`
+    naming it, within ``trainer.timeout_s`` (plus three heartbeats).
+    """
+    dims = ParallelDims.build(cfg["trainer"]["ranks_per_model"])
+    heartbeat: AbstractContextManager = nullcontext()
+    if dims.world > 1:
+        heartbeat = Heartbeat.for_default_group(cfg["trainer"]["heartbeat_s"])
+    with heartbeat:
+        return _train(cfg, dims)
+
+
+def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     t_cfg, run_dir = cfg["trainer"], Path(cfg["run_dir"])
-    dims = ParallelDims.build(t_cfg["ranks_per_model"])
     torch.set_num_threads(t_cfg["threads_per_rank"])
     dataset = open_dataset(cfg)
+    check_ranks_agree(cfg, dataset, dims)
     hidden = get_grid(cfg["model"]["hidden_grid"])
     grids = ShardedGrids.build(
         dataset.latitudes,
@@ -151,14 +203,10 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     ckpt_dir = run_dir / "checkpoints"
     start = 0
     if t_cfg["resume"] and (ckpt_dir / LATEST).exists():
-        state = load_checkpoint(ckpt_dir / LATEST)
-        _compatible(yaml.safe_load(state["config"]), cfg)
-        model.load_state_dict(state["model"])
-        optimiser.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["scheduler"])
-        if len(state["rng"]) == dims.world:
-            torch.set_rng_state(state["rng"][dims.rank])
-        start = int(state["step"])
+        start = _restore(ckpt_dir / LATEST, cfg, dims, model, optimiser, schedule)
+    if dims.rank == 0:
+        for partial in remove_partials(ckpt_dir):
+            log.warning("removed %s, left by a checkpoint write that was interrupted", partial)
 
     tracker: Tracker | NullTracker = NullTracker()
     if dims.rank == 0 and cfg["logging"]["mlflow"]:
@@ -200,7 +248,15 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
         model.train()
         return dims.sum_over_world([total])[0] / dims.dp
 
+    last_checkpoint = start
+
     def checkpoint(step: int) -> None:
+        nonlocal last_checkpoint
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise FloatingPointError(
+                f"parameters are not finite after step {step}; not overwriting the last good checkpoint "
+                f"(step {last_checkpoint}) in {ckpt_dir}"
+            )
         rng = [torch.get_rng_state()]
         if dims.world > 1:
             rng = [torch.empty_like(rng[0]) for _ in range(dims.world)]
@@ -217,62 +273,71 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
                     "config": yaml.safe_dump(cfg),
                 },
             )
+        last_checkpoint = step
 
     history: list[tuple[int, dict[str, float]]] = []
     last_val = float("nan")
     bar = tqdm(total=t_cfg["steps"], initial=start, desc="train", disable=dims.rank != 0, dynamic_ncols=True)
     model.train()
-    for step in range(start, t_cfg["steps"]):
-        times = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], n_train, t_cfg["seed"])
-        t0 = time.perf_counter()
-        with track_peak_rss() as mem, count_communication() as comm:
-            loss = loss_on(times)
-            loss.backward()
-            dims.reduce_gradients(model)
-            if t_cfg["grad_clip"] > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg["grad_clip"])
-            optimiser.step()
-            optimiser.zero_grad(set_to_none=True)
-        lr = schedule.get_last_lr()[0]
-        schedule.step()
-        elapsed = time.perf_counter() - t0
-        train_loss, peak, sent = dims.sum_over_world([loss.item(), mem.increase / 2**30, comm.total_bytes])
-        train_loss /= dims.dp
-        if not math.isfinite(train_loss):
-            tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})
-            tracker.finish("FAILED")
-            raise FloatingPointError(f"loss is {train_loss} at step {step}; last good checkpoint in {ckpt_dir}")
-        metrics = {
-            "train/loss": train_loss,
-            "lr": lr,
-            "step_time_s": elapsed,
-            "points_per_s": dims.dp * t_cfg["batch_size"] * dataset.n_points / elapsed,
-            "peak_mem_gib_mean_rank": peak / dims.world,
-            "comm_bytes_per_rank": sent / dims.world,
-        }
-        if (step + 1) % t_cfg["val_interval"] == 0 or step + 1 == t_cfg["steps"]:
-            metrics["val/loss"] = validate()
-        history.append((step, metrics))
-        if step % cfg["logging"]["log_interval"] == 0 or "val/loss" in metrics:
-            tracker.log_metrics(step, metrics)
-        last_val = metrics.get("val/loss", last_val)
-        bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{last_val:.4f}")
-        bar.update()
-        stopping = t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]
-        if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or stopping:
-            checkpoint(step + 1)
-        if stopping:
-            break
-    bar.close()
+    try:
+        for step in range(start, t_cfg["steps"]):
+            times = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], n_train, t_cfg["seed"])
+            t0 = time.perf_counter()
+            with track_peak_rss() as mem, count_communication() as comm:
+                loss = loss_on(times)
+                loss.backward()
+                maybe_die(t_cfg, dims.rank, step, run_dir)
+                dims.reduce_gradients(model)
+                if t_cfg["grad_clip"] > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg["grad_clip"])
+                optimiser.step()
+                optimiser.zero_grad(set_to_none=True)
+            lr = schedule.get_last_lr()[0]
+            schedule.step()
+            elapsed = time.perf_counter() - t0
+            train_loss, peak, sent = dims.sum_over_world([loss.item(), mem.increase / 2**30, comm.total_bytes])
+            train_loss /= dims.dp
+            if not math.isfinite(train_loss):  # equal on every rank: all stop together
+                tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})
+                raise FloatingPointError(
+                    f"loss is {train_loss} at step {step}: stopping. The last good checkpoint "
+                    f"(step {last_checkpoint}) is in {ckpt_dir}"
+                )
+            metrics = {
+                "train/loss": train_loss,
+                "lr": lr,
+                "step_time_s": elapsed,
+                "points_per_s": dims.dp * t_cfg["batch_size"] * dataset.n_points / elapsed,
+                "peak_mem_gib_mean_rank": peak / dims.world,
+                "comm_bytes_per_rank": sent / dims.world,
+            }
+            if (step + 1) % t_cfg["val_interval"] == 0 or step + 1 == t_cfg["steps"]:
+                metrics["val/loss"] = validate()
+            history.append((step, metrics))
+            if step % cfg["logging"]["log_interval"] == 0 or "val/loss" in metrics:
+                tracker.log_metrics(step, metrics)
+            last_val = metrics.get("val/loss", last_val)
+            bar.set_postfix(loss=f"{train_loss:.4f}", val=f"{last_val:.4f}")
+            bar.update()
+            stopping = t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]
+            if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or stopping:
+                checkpoint(step + 1)
+            if stopping:
+                break
+        bar.close()
 
-    if history and dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
-        part = _forecast_part(model, dataset, grids, val_times, dims)
-        parts = [part]
-        if dims.mp > 1:
-            parts = [None] * dims.mp
-            torch.distributed.all_gather_object(parts, part, group=dims.mp_group)
-        if dims.rank == 0:
-            _final_artifacts(tracker, history, run_dir, dataset, np.concatenate(parts, axis=1))
+        if history and dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
+            part = _forecast_part(model, dataset, grids, val_times, dims)
+            parts = [part]
+            if dims.mp > 1:
+                parts = [None] * dims.mp
+                torch.distributed.all_gather_object(parts, part, group=dims.mp_group)
+            if dims.rank == 0:
+                _final_artifacts(tracker, history, run_dir, dataset, np.concatenate(parts, axis=1))
+    except BaseException as exc:
+        bar.close()
+        tracker.finish("FAILED", reason=f"{type(exc).__name__}: {exc}")
+        raise
     tracker.finish()
     return {"history": history, "run_id": tracker.run_id, "start_step": start}
 

@@ -1,4 +1,4 @@
-"""Agree on the shard layout across ranks, or fail on every rank together.
+"""Agree on the shard layout (or any set of values) across ranks, or fail on every rank together.
 
 A rank that raised on its own would leave the others waiting in the next collective until
 the timeout. So each rank first reports what it sees (its problem, if any; batch, local
@@ -9,7 +9,7 @@ rank then runs the same checks on the same table and raises the same ``ValueErro
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import IntEnum
 
 import torch
@@ -102,3 +102,31 @@ def agree_on_layout(
     if any(s == 0 for s in sizes):
         raise ValueError(f"every rank needs at least one point; points per rank are {list(sizes)}")
     return ShardLayout(sizes, rank)
+
+
+def agree_on_values(values: Mapping[str, object], group: dist.ProcessGroup | None = None, what: str = "values") -> None:
+    """Return if ``values`` are equal on every rank of ``group``; else raise the same ``ValueError``
+    on every rank, naming the ranks that differ from rank 0 and the keys that differ.
+
+    One ``all_gather`` of a fingerprint; only when the fingerprints differ are the values
+    themselves gathered, to name the keys.
+    """
+    items = {str(k): v if isinstance(v, str) else repr(v) for k, v in sorted(values.items())}
+    world = dist.get_world_size(group)
+    mine = torch.tensor([fingerprint(list(items.items()))], dtype=torch.int64)
+    prints = torch.empty(world, dtype=torch.int64)
+    dist.all_gather_single(prints, mine, group=group)
+    if len(set(prints.tolist())) == 1:
+        return
+    every: list[dict[str, str]] = [{} for _ in range(world)]
+    dist.all_gather_object(every, items, group=group)
+    odd = [r for r in range(world) if every[r] != every[0]]
+    keys = sorted({k for d in every for k in d if len({e.get(k) for e in every}) > 1})
+    details = []
+    for key in keys[:8]:
+        by_value: dict[str, list[int]] = {}
+        for r, d in enumerate(every):
+            by_value.setdefault(d.get(key, "<missing>"), []).append(r)
+        details.append(f"{key}: " + ", ".join(f"{v} on ranks {rs}" for v, rs in by_value.items()))
+    more = f" (and {len(keys) - 8} more keys)" if len(keys) > 8 else ""
+    raise ValueError(f"{what} differ between rank 0 and ranks {odd}: " + "; ".join(details) + more)

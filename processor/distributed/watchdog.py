@@ -17,6 +17,7 @@ of :func:`processor.distributed.local.run_local`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from types import TracebackType
@@ -56,6 +57,8 @@ class Heartbeat:
 
     def __init__(self, store: dist.Store, rank: int, world: int, interval_s: float = 1.0) -> None:
         self.store, self.rank, self.world, self.interval_s = store, rank, world, interval_s
+        # torchrun's restarts may share a store: keep each attempt's keys apart.
+        self._prefix = f"{_PREFIX}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{rank}", daemon=True)
 
@@ -66,7 +69,7 @@ class Heartbeat:
         return cls(store, dist.get_rank(), dist.get_world_size(), interval_s)
 
     def _key(self, kind: str, rank: int) -> str:
-        return f"{_PREFIX}{kind}/{rank}"
+        return f"{self._prefix}{kind}/{rank}"
 
     def _beat(self) -> None:
         while True:

@@ -13,27 +13,29 @@ def small_dataset(tmp_path_factory) -> Path:
     return generate_rossby_haurwitz(tmp_path_factory.mktemp("data") / "rh_o16.zarr", "o16", steps=40, seed=3)
 
 
+def small_overrides(run_dir: Path, dataset: Path) -> list[str]:
+    """The overrides that shrink the default config to seconds: o16 data, o8 hidden grid, 2 layers
+    of 32 channels (also usable on a ``python -m training`` command line)."""
+    return [
+        f"run_dir={run_dir}",
+        f"data.path={dataset}",
+        "data.grid=o16",
+        "data.generate=false",
+        "model.hidden_grid=o8",
+        "model.num_layers=2",
+        "model.num_channels=32",
+        "model.num_heads=4",
+        "model.window_size=40",
+        "trainer.steps=6",
+        "trainer.val_interval=3",
+        "trainer.val_batches=2",
+        "trainer.checkpoint_interval=3",
+        "trainer.warmup_steps=2",
+        "trainer.timeout_s=120",
+    ]
+
+
 def small_config(run_dir: Path, dataset: Path, *overrides: str):
-    """The default config shrunk to seconds: o16 data, o8 hidden grid, 2 layers of 32 channels."""
+    """The default config shrunk to seconds (see :func:`small_overrides`)."""
     with initialize_config_module(config_module="configs", version_base="1.3"):
-        return compose(
-            config_name="config",
-            overrides=[
-                f"run_dir={run_dir}",
-                f"data.path={dataset}",
-                "data.grid=o16",
-                "data.generate=false",
-                "model.hidden_grid=o8",
-                "model.num_layers=2",
-                "model.num_channels=32",
-                "model.num_heads=4",
-                "model.window_size=40",
-                "trainer.steps=6",
-                "trainer.val_interval=3",
-                "trainer.val_batches=2",
-                "trainer.checkpoint_interval=3",
-                "trainer.warmup_steps=2",
-                "trainer.timeout_s=120",
-                *overrides,
-            ],
-        )
+        return compose(config_name="config", overrides=[*small_overrides(run_dir, dataset), *overrides])

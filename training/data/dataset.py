@@ -56,20 +56,48 @@ class ZarrDataset:
 
     def state(self, t: int, points: slice = slice(None)) -> np.ndarray:
         """Normalised ``(points, variables)`` at time index ``t`` (optionally a block of points)."""
-        raw = np.asarray(self._data[t, :, 0, points], dtype=np.float32)[self._index]
+        try:
+            raw = np.asarray(self._data[t, :, 0, points], dtype=np.float32)[self._index]
+        except Exception as exc:  # a corrupt or missing chunk: say where, not deep in zarr
+            raise DatasetError(f"cannot read date index {t} of {self.path}: {type(exc).__name__}: {exc}") from exc
         return ((raw - self.mean[:, None]) / self.stdev[:, None]).T.copy()
 
     def denormalise(self, x: np.ndarray) -> np.ndarray:
         """``(..., variables)`` normalised -> physical units."""
         return x * self.stdev + self.mean
 
-    def check_finite(self) -> None:
-        """Raise naming the variable, date and point of the first NaN or inf."""
-        for t in range(self.n_times):
-            block = np.asarray(self._data[t, :, 0, :])[self._index]
-            bad = np.argwhere(~np.isfinite(block))
-            if len(bad):
-                v, p = bad[0]
-                raise DatasetError(
-                    f"non-finite value in {self.path}: variable {self.variables[v]!r}, date index {t}, point {p}"
-                )
+    def date(self, t: int) -> str:
+        """The date at time index ``t`` as ISO text (stores keep datetime64 or epoch seconds)."""
+        d = self.dates[t]
+        return str(d if np.issubdtype(self.dates.dtype, np.datetime64) else np.datetime64(int(d), "s"))
+
+    def check_finite(self, block_bytes: int = 16 * 2**20) -> None:
+        """Raise ``DatasetError`` naming the variable, date and point of the first NaN or inf.
+
+        Reads the store in blocks of whole chunks of at most about ``block_bytes`` (time first,
+        then points when one date alone is larger), so memory stays bounded for any store.
+        """
+        n_time, n_var, _, n_points = self._data.shape
+        chunk_t, _, _, chunk_p = self._data.chunks
+        row_bytes = n_var * self._data.dtype.itemsize  # one point of one date
+        points_per_block = max(chunk_p, block_bytes // row_bytes // chunk_p * chunk_p)
+        points_per_block = min(points_per_block, n_points)
+        dates_per_block = max(chunk_t, block_bytes // (row_bytes * points_per_block) // chunk_t * chunk_t)
+        for t0 in range(0, n_time, dates_per_block):
+            for p0 in range(0, n_points, points_per_block):
+                window = (slice(t0, t0 + dates_per_block), slice(None), 0, slice(p0, p0 + points_per_block))
+                try:
+                    block = np.asarray(self._data[window])[:, self._index]  # (dates, variables, points)
+                except Exception as exc:
+                    raise DatasetError(
+                        f"cannot read dates {t0}..{min(t0 + dates_per_block, n_time) - 1} of {self.path}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                finite = np.isfinite(block)
+                if not finite.all():
+                    t, v, p = np.argwhere(~finite)[0]
+                    raise DatasetError(
+                        f"non-finite value {block[t, v, p]} in {self.path}: variable {self.variables[v]!r}, "
+                        f"date {self.date(t0 + t)} (index {t0 + t}), point {p0 + p} "
+                        f"({int((~finite).sum())} non-finite values in dates {t0}..{t0 + len(block) - 1})"
+                    )
