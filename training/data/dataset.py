@@ -39,7 +39,9 @@ class ZarrDataset:
             raise DatasetError(
                 f"{self.path}: 'data' must be (time, variable, ensemble, points), got {self._data.shape}"
             )
-        n_time, n_var, _, n_points = self._data.shape
+        n_time, n_var, n_members, n_points = self._data.shape
+        if n_members < 1:
+            raise DatasetError(f"{self.path}: 'data' has no ensemble member (shape {self._data.shape})")
         if len(names) != n_var or len(mean) != n_var or len(stdev) != n_var:
             raise DatasetError(f"{self.path}: {n_var} variables in 'data' but {len(names)} names / statistics")
         if len(self.latitudes) != n_points or len(self.longitudes) != n_points:
@@ -84,20 +86,30 @@ class ZarrDataset:
         points_per_block = min(points_per_block, n_points)
         dates_per_block = max(chunk_t, block_bytes // (row_bytes * points_per_block) // chunk_t * chunk_t)
         for t0 in range(0, n_time, dates_per_block):
+            dates = range(t0, min(t0 + dates_per_block, n_time))
             for p0 in range(0, n_points, points_per_block):
-                window = (slice(t0, t0 + dates_per_block), slice(None), 0, slice(p0, p0 + points_per_block))
-                try:
-                    block = np.asarray(self._data[window])[:, self._index]  # (dates, variables, points)
-                except Exception as exc:
-                    raise DatasetError(
-                        f"cannot read dates {t0}..{min(t0 + dates_per_block, n_time) - 1} of {self.path}: "
-                        f"{type(exc).__name__}: {exc}"
-                    ) from exc
+                points = slice(p0, p0 + points_per_block)
+                block = self._read_block(dates, points)[:, self._index]  # (dates, variables, points)
                 finite = np.isfinite(block)
                 if not finite.all():
                     t, v, p = np.argwhere(~finite)[0]
                     raise DatasetError(
                         f"non-finite value {block[t, v, p]} in {self.path}: variable {self.variables[v]!r}, "
                         f"date {self.date(t0 + t)} (index {t0 + t}), point {p0 + p} "
-                        f"({int((~finite).sum())} non-finite values in dates {t0}..{t0 + len(block) - 1})"
+                        f"({int((~finite).sum())} non-finite values in date indices {dates.start}..{dates.stop - 1})"
                     )
+
+    def _read_block(self, dates: range, points: slice) -> np.ndarray:
+        """Raw ``(dates, all variables, points)`` of ensemble member 0; a ``DatasetError`` naming the
+        first unreadable date (a corrupt or truncated chunk) otherwise."""
+        try:
+            return np.asarray(self._data[dates.start : dates.stop, :, 0, points])
+        except Exception:
+            for t in dates:  # narrow it down to one date
+                try:
+                    self._data[t, :, 0, points]
+                except Exception as exc:
+                    raise DatasetError(
+                        f"cannot read date {self.date(t)} (index {t}) of {self.path}: {type(exc).__name__}: {exc}"
+                    ) from exc
+            raise

@@ -1,0 +1,71 @@
+"""Malformed or damaged Zarr stores give a DatasetError naming the store (and date), not a
+traceback from deep inside zarr or numcodecs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import zarr
+
+from tests.training.conftest import small_config
+from training.app import prepare
+from training.data import DatasetError, ZarrDataset
+
+
+@pytest.fixture
+def store(tmp_path, small_dataset):
+    """A private copy of the small dataset to damage."""
+    return shutil.copytree(small_dataset, tmp_path / "store.zarr")
+
+
+def _corrupt_chunk(store):
+    (store / "data" / "5.0.0.0").write_bytes(b"not a blosc chunk" * 10)
+
+
+def _bad_metadata(store):
+    (store / "data" / ".zarray").write_text("{not json")
+
+
+def _no_variables(store):
+    attrs = json.loads((store / ".zattrs").read_text())
+    del attrs["variables"]
+    (store / ".zattrs").write_text(json.dumps(attrs))
+
+
+def _no_members(store):
+    root = zarr.open_group(str(store), mode="a")
+    shape = root["data"].shape
+    del root["data"]
+    root.create_array("data", shape=(shape[0], shape[1], 0, shape[3]), dtype="float32")
+
+
+def _plain_file(store):
+    shutil.rmtree(store)
+    store.write_text("hello")
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (_corrupt_chunk, r"cannot read date 2020-01-02T06:00:00 \(index 5\) of .*store.zarr: RuntimeError"),
+        (_bad_metadata, "is not an anemoi-style Zarr dataset: JSONDecodeError"),
+        (_no_variables, "is not an anemoi-style Zarr dataset: KeyError"),
+        (_no_members, "has no ensemble member"),
+        (_plain_file, "is not an anemoi-style Zarr dataset"),
+    ],
+)
+def test_damaged_store_fails_in_prepare(tmp_path, store, damage, message):
+    damage(store)
+    with pytest.raises(DatasetError, match=message):
+        prepare(small_config(tmp_path / "run", store))
+
+
+def test_a_corrupt_chunk_read_during_training_names_the_date(store):
+    """With the up-front check off, a damaged chunk still fails clearly when a step reads it."""
+    _corrupt_chunk(store)
+    ds = ZarrDataset(store)
+    assert ds.state(4).shape == (1600, len(ds.variables))
+    with pytest.raises(DatasetError, match="cannot read date index 5 of"):
+        ds.state(5)
