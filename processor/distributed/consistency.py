@@ -89,6 +89,8 @@ def agree_on_layout(
     batches = [row[1] for row in rows]
     if len(set(batches)) > 1:
         raise ValueError(f"batch size differs across ranks: {batches}")
+    if batches[0] == 0:  # shard_heads' all-to-all cannot split an empty batch
+        raise ValueError("the batch is empty (batch size 0 on every rank)")
     configs = [row[4] for row in rows]
     if len(set(configs)) > 1:
         odd = [r for r, c in enumerate(configs) if c != configs[0]]
