@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from tests.training.conftest import small_config
 from training.app import run
 from training.checkpoint import load_checkpoint
-from training.data import DatasetError
+from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
 from training.trainer import sample_times
 
@@ -72,3 +72,20 @@ def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_tells_mlflow(tmp_path
     assert f"loss is nan at step {step}" in mlrun.data.tags["failure_reason"]
     assert [m.step for m in client.get_metric_history(mlrun.info.run_id, "train/nonfinite_loss")] == [step]
     assert len(client.get_metric_history(mlrun.info.run_id, "train/loss")) == step
+
+
+def test_the_scan_is_chunked_and_finds_the_exact_place(tmp_path, small_dataset):
+    """A store chunked by 4 dates x 400 points, read in blocks of one chunk: the block arithmetic
+    must still name the right date and point (here in the last block of both axes)."""
+    store = shutil.copytree(small_dataset, tmp_path / "store.zarr")
+    root = zarr.open_group(str(store), mode="a")
+    data = root["data"][:]
+    del root["data"]
+    root.create_array("data", shape=data.shape, chunks=(4, data.shape[1], 1, 400), dtype="float32")[:] = data
+    _poison(store, 37, 1, 1234, np.inf)
+    place = r"variable 'zeta', date 2020-01-10T06:00:00 \(index 37\), point 1234 \(1 non-finite values in date indices"
+    dataset = ZarrDataset(store)
+    with pytest.raises(DatasetError, match=place + " 0..39"):
+        dataset.check_finite()  # one block: the whole store
+    with pytest.raises(DatasetError, match=place + " 36..39"):
+        dataset.check_finite(block_bytes=1)  # one chunk per block
