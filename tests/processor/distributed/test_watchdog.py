@@ -50,6 +50,7 @@ def _lines(message: str) -> dict[int, str]:
         (3, "hang", 1, "", "PeerFailureError: rank 1 is stuck"),
         (2, "raise", 1, "ValueError: bad batch", "PeerFailureError: rank 1 stopped with ValueError: bad batch"),
     ],
+    ids=["4-ranks-kill-1", "2-ranks-kill-0", "3-ranks-hang-1", "2-ranks-raise-1"],
 )
 def test_every_other_rank_names_the_rank_to_blame(ranks, fault, victim, victim_line, survivor_line):
     with pytest.raises(RuntimeError) as info:
