@@ -61,7 +61,7 @@ class BenchmarkConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast)
 
     retain_freed_memory: bool = True  # CPU: keep freed memory in the process (no page faults per step)
-    compare_local_copy: bool = False  # also time each step with the halo exchange replaced by a local copy
+    compare_local_copy: bool = False  # shard_sequence: also time each step with the halo exchange as a local copy
     profile: bool = False  # rank 0 profiles one more step: time split by kernel
     warmup: int = 1
     steps: int = 3

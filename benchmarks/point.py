@@ -100,7 +100,8 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
         saved = saved_activation_bytes(points, len(reports), m, cfg["batch_size"], cfg["strategy"])
         row["analytic_saved_bytes_per_rank"] = saved
         row["peak_over_saved"] = row["peak_increase_bytes_max"] / saved
-    if cfg["compare_local_copy"]:
+    if cfg["compare_local_copy"] and cfg["strategy"] == "shard_sequence" and cfg["ranks"] > 1:
+        # Only the halo exchange has a local-copy mode; elsewhere the two timings are the same step.
         local = [max(r["local_copy_times_s"][i] for r in reports) for i in range(cfg["steps"])]
         row["step_time_local_copy_s"] = statistics.median(local)
         row["comm_overhead"] = median / row["step_time_local_copy_s"] - 1
