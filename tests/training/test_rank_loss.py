@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -56,10 +57,18 @@ def test_torchrun_restart_resumes_bit_for_bit(tmp_path, small_dataset):
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-5000:]
+    # Its own session, so that a hang is ended with every worker, not only the launcher.
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True, **pipes)
+    try:
+        _, stderr = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, stderr[-5000:]
     assert (faulty / MARKER).exists()  # the fault did happen, on the first attempt
-    assert re.search(r"exitcode: -9\) local_rank: 1", done.stderr), done.stderr[-3000:]  # torchrun saw it die
+    assert re.search(r"exitcode: -9\) local_rank: 1", stderr), stderr[-3000:]  # torchrun saw it die
 
     resumed = load_checkpoint(faulty / "checkpoints" / "latest.pt")
     reference = load_checkpoint(tmp_path / "straight" / "checkpoints" / "latest.pt")
