@@ -9,6 +9,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 
 from processor.grids import grid_points
+from training.config import MODEL_RANGES
 
 TARGETS = ("processor", "train_step")
 STRATEGIES = ("none", "shard_heads", "shard_sequence")
@@ -85,12 +86,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("steps", lambda v: v >= 1, ">= 1"),
     ("num_variables", lambda v: v >= 1, ">= 1"),
     ("timeout_s", lambda v: v > 0, "> 0"),
-    ("model.num_layers", lambda v: v >= 1, ">= 1"),
-    ("model.num_channels", lambda v: v >= 1, ">= 1"),
-    ("model.num_heads", lambda v: v >= 1, ">= 1"),
-    ("model.window_size", lambda v: v is None or v >= 0, ">= 0 or null"),
-    ("model.mlp_hidden_ratio", lambda v: v > 0, "> 0"),
-    ("model.num_chunks", lambda v: v >= 0, ">= 0"),
+    *MODEL_RANGES,
     ("probe.budget_gib", lambda v: v > 0, "> 0"),
     ("probe.family", lambda v: v in ("o", "f"), "o|f"),
     ("probe.step", lambda v: v >= 1, ">= 1"),

@@ -70,6 +70,8 @@ class SweepOutputs(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         directory = Path(config.hydra.sweep.dir)
+        if not (directory / "results.jsonl").exists():  # e.g. the scale probe, which writes its own
+            return
         files = write_outputs(directory)
         tracker = tracker_for(config)
         if tracker is not None:

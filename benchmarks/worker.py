@@ -22,19 +22,7 @@ from processor.memory import current_rss, peak_rss, retain_freed_memory
 
 
 def _processor(cfg: dict[str, Any], world: int) -> TransformerProcessor:
-    m = cfg["model"]
-    return TransformerProcessor(
-        num_layers=m["num_layers"],
-        num_channels=m["num_channels"],
-        num_heads=m["num_heads"],
-        window_size=m["window_size"],
-        mlp_hidden_ratio=m["mlp_hidden_ratio"],
-        num_chunks=m["num_chunks"],
-        qk_norm=m["qk_norm"],
-        activation=m["activation"],
-        strategy=cfg["strategy"] if world > 1 else "none",
-        attention_block_size=m["attention_block_size"],
-    )
+    return TransformerProcessor.from_settings(cfg["model"], cfg["strategy"] if world > 1 else "none")
 
 
 def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Callable[[], None], dict[str, Any]]:

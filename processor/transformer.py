@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -86,6 +88,13 @@ class TransformerProcessor(nn.Module):
             )
             for _ in range(num_layers)
         )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], strategy: str) -> TransformerProcessor:
+        """Build from a mapping that holds these arguments among others (e.g. a config's ``model``
+        section); keys that are not arguments are ignored."""
+        names = set(inspect.signature(cls.__init__).parameters) - {"self", "strategy"}
+        return cls(**{k: v for k, v in settings.items() if k in names}, strategy=strategy)
 
     def forward(
         self, x: Tensor, group: dist.ProcessGroup | None = None, shard_sizes: Sequence[int] | None = None

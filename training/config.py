@@ -63,6 +63,9 @@ class TrainerConfig:
     threads_per_rank: int = 1
     timeout_s: float = 300.0  # bounds every collective; a lost or stuck rank fails the run by then
     heartbeat_s: float = 1.0  # a rank silent for 3 heartbeats is named as lost
+    # CPU: keep freed memory in the process. Faster steps (no page faults), but the heap can
+    # fragment: turn off when memory, not time, is what limits the grid.
+    retain_freed_memory: bool = True
     seed: int = 0
     fault_at_step: int | None = None  # test hook: fault_rank SIGKILLs itself in this step, once
     fault_rank: int = 1
@@ -92,13 +95,18 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
 
 
-_RANGES: list[tuple[str, Any, str]] = [
+# The processor's keys, shared with the benchmark schema.
+MODEL_RANGES: list[tuple[str, Any, str]] = [
     ("model.num_layers", lambda v: v >= 1, ">= 1"),
     ("model.num_channels", lambda v: v >= 1, ">= 1"),
     ("model.num_heads", lambda v: v >= 1, ">= 1"),
     ("model.window_size", lambda v: v is None or v >= 0, ">= 0 or null"),
     ("model.mlp_hidden_ratio", lambda v: v > 0, "> 0"),
     ("model.num_chunks", lambda v: v >= 0, ">= 0"),
+]
+
+_RANGES: list[tuple[str, Any, str]] = [
+    *MODEL_RANGES,
     ("model.dropout_p", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("model.encoder_neighbours", lambda v: v >= 1, ">= 1"),
     ("model.decoder_neighbours", lambda v: v >= 1, ">= 1"),

@@ -20,7 +20,7 @@ from processor.distributed import count_communication
 from processor.distributed.consistency import agree_on_values
 from processor.distributed.watchdog import Heartbeat
 from processor.grids import get_grid, grid_points
-from processor.memory import track_peak_rss
+from processor.memory import peak_rss, retain_freed_memory
 from training.checkpoint import (
     LATEST,
     CheckpointError,
@@ -52,20 +52,8 @@ def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
 
 
 def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
-    m = cfg["model"]
-    processor = TransformerProcessor(
-        num_layers=m["num_layers"],
-        num_channels=m["num_channels"],
-        num_heads=m["num_heads"],
-        window_size=m["window_size"],
-        mlp_hidden_ratio=m["mlp_hidden_ratio"],
-        num_chunks=m["num_chunks"],
-        dropout_p=m["dropout_p"],
-        qk_norm=m["qk_norm"],
-        activation=m["activation"],
-        strategy=cfg["strategy"]["name"],
-    )
-    return Forecaster(num_variables, m["num_channels"], processor)
+    processor = TransformerProcessor.from_settings(cfg["model"], cfg["strategy"]["name"])
+    return Forecaster(num_variables, cfg["model"]["num_channels"], processor)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -174,6 +162,8 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
 def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     t_cfg, run_dir = cfg["trainer"], Path(cfg["run_dir"])
     torch.set_num_threads(t_cfg["threads_per_rank"])
+    if t_cfg["retain_freed_memory"]:
+        retain_freed_memory()
     dataset = open_dataset(cfg)
     check_ranks_agree(cfg, dataset, dims)
     hidden = get_grid(cfg["model"]["hidden_grid"])
@@ -283,7 +273,7 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
         for step in range(start, t_cfg["steps"]):
             times = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], n_train, t_cfg["seed"])
             t0 = time.perf_counter()
-            with track_peak_rss() as mem, count_communication() as comm:
+            with count_communication() as comm:
                 loss = loss_on(times)
                 loss.backward()
                 maybe_die(t_cfg, dims.rank, step, run_dir)
@@ -295,7 +285,7 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
             lr = schedule.get_last_lr()[0]
             schedule.step()
             elapsed = time.perf_counter() - t0
-            train_loss, peak, sent = dims.sum_over_world([loss.item(), mem.increase / 2**30, comm.total_bytes])
+            train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, comm.total_bytes])
             train_loss /= dims.dp
             if not math.isfinite(train_loss):  # equal on every rank: all stop together
                 tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})
@@ -308,7 +298,7 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
                 "lr": lr,
                 "step_time_s": elapsed,
                 "points_per_s": dims.dp * t_cfg["batch_size"] * dataset.n_points / elapsed,
-                "peak_mem_gib_mean_rank": peak / dims.world,
+                "peak_rss_gib_mean_rank": peak / dims.world,  # resident high-water mark so far
                 "comm_bytes_per_rank": sent / dims.world,
             }
             if (step + 1) % t_cfg["val_interval"] == 0 or step + 1 == t_cfg["steps"]:
