@@ -24,7 +24,6 @@ POINT_KEYS = [
     "num_chunks",
     "batch_size",
     "precision",
-    "comm",
     "device",
     "threads_per_rank",
 ]

@@ -17,7 +17,8 @@ from omegaconf import DictConfig
 
 from benchmarks.plots import sweep_plots
 from benchmarks.results import load_rows, markdown_table, write_csv
-from benchmarks.tracking import SweepTracker, local_store
+from benchmarks.tracking import SweepTracker
+from training.tracking import local_store_uri
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def tracker_for(cfg: DictConfig) -> SweepTracker | None:
         return None
     root = Path(cfg.results_root)
     root.mkdir(parents=True, exist_ok=True)
-    uri = cfg.logging.tracking_uri or local_store(root)
+    uri = cfg.logging.tracking_uri or local_store_uri(root)
     return SweepTracker(uri, cfg.logging.experiment, root / "mlartifacts")
 
 

@@ -11,13 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.tracking import log_params, open_experiment
+
 log = logging.getLogger(__name__)
-
-PARENT_TAG = "mlflow.parentRunId"
-
-
-def local_store(root: Path) -> str:
-    return f"sqlite:///{(root / 'mlflow.db').resolve()}"
 
 
 class SweepTracker:
@@ -30,12 +26,8 @@ class SweepTracker:
             from mlflow.tracking import MlflowClient
 
             self.client = MlflowClient(tracking_uri=uri)
-            exp = self.client.get_experiment_by_name(experiment)
-            if exp is None:
-                location = artifact_root.resolve().as_uri() if uri.startswith("sqlite") else None
-                self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
-            else:
-                self.experiment_id = exp.experiment_id
+            local = uri.startswith("sqlite")
+            self.experiment_id = open_experiment(self.client, experiment, artifact_root if local else None)
         except Exception as exc:  # an unreachable store must not stop the sweep
             self._fail(uri, exc)
 
@@ -50,12 +42,8 @@ class SweepTracker:
         if self.client is None:
             return None
         try:
-            from mlflow.entities import Param
-
             run = self.client.create_run(self.experiment_id, run_name=name, tags=tags or {})
-            items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-            for i in range(0, len(items), 100):
-                self.client.log_batch(run.info.run_id, params=items[i : i + 100])
+            log_params(self.client, run.info.run_id, params)
             return run.info.run_id
         except Exception as exc:
             self._fail("starting a run", exc)

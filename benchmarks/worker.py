@@ -102,18 +102,21 @@ def _to_device(grids, device: torch.device):
     return move(grids)
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def gemm_flop_rate(device: torch.device, size: int = 2048, repeats: int = 3) -> float:
     """FLOP/s of a ``size``-cubed fp32 matmul on this rank's threads (best of ``repeats``)."""
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b
     best = float("inf")
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         t0 = time.perf_counter()
         a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * size**3 / best
 
@@ -140,8 +143,7 @@ def _timed(step: Callable[[], None], group, device: torch.device) -> float:
         dist.barrier(group)
     t0 = time.perf_counter()
     step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    _sync(device)
     return time.perf_counter() - t0
 
 

@@ -24,8 +24,29 @@ log = logging.getLogger(__name__)
 _BATCH = 100  # metric events sent in one request at most
 
 
-def _local_uri(run_dir: Path) -> str:
-    return f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
+def local_store_uri(directory: Path) -> str:
+    """The embedded sqlite store kept in ``directory``."""
+    return f"sqlite:///{(directory / 'mlflow.db').resolve()}"
+
+
+def open_experiment(client, name: str, artifact_dir: Path | None) -> str:
+    """The id of experiment ``name``, created if missing. A new experiment keeps its artifacts in
+    ``artifact_dir`` (sqlite stores would otherwise put them in ``./mlruns`` of the current
+    directory); ``None`` leaves the choice to a tracking server."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = artifact_dir.resolve().as_uri() if artifact_dir is not None else None
+    return client.create_experiment(name, artifact_location=location)
+
+
+def log_params(client, run_id: str, params: dict[str, Any]) -> None:
+    """Log ``params`` in batches of 100 (MLflow's limit), values cut to MLflow's 6000 characters."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -59,7 +80,7 @@ class Tracker:
         finish_timeout_s: float = 60.0,
     ) -> None:
         self.run_dir = run_dir
-        self.uri = tracking_uri or _local_uri(run_dir)
+        self.uri = tracking_uri or local_store_uri(run_dir)
         self.experiment, self.run_name = experiment, run_name
         self.params, self.tags = params, tags
         self.finish_timeout_s = finish_timeout_s
@@ -121,20 +142,12 @@ class Tracker:
                 return
 
     def _start(self) -> None:
-        from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)
-        exp = self.client.get_experiment_by_name(self.experiment)
-        if exp is None:
-            artifacts = (self.run_dir / "mlartifacts").resolve().as_uri()
-            exp_id = self.client.create_experiment(self.experiment, artifact_location=artifacts)
-        else:
-            exp_id = exp.experiment_id
+        exp_id = open_experiment(self.client, self.experiment, self.run_dir / "mlartifacts")
         self.run_id = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags).info.run_id
-        items = list(self.params.items())
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=[Param(k, v[:6000]) for k, v in items[i : i + 100]])
+        log_params(self.client, self.run_id, self.params)
 
     def _apply(self, events: list[tuple[str, Any]]) -> None:
         from mlflow.entities import Metric
@@ -164,10 +177,10 @@ class Tracker:
                 "MLflow at %s is unreachable or too slow (%s); logging to the local store %s instead",
                 self.uri,
                 type(exc).__name__,
-                _local_uri(self.run_dir),
+                local_store_uri(self.run_dir),
             )
         self.fallback = True
-        self.uri = _local_uri(self.run_dir)
+        self.uri = local_store_uri(self.run_dir)
         try:
             self._start()
             self._apply(self._delivered)
