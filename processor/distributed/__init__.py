@@ -4,12 +4,13 @@ from processor.distributed.collectives import all_to_all
 from processor.distributed.comm_stats import CommCounter, count_communication
 from processor.distributed.consistency import agree_on_layout
 from processor.distributed.gradients import all_reduce_gradients, sum_model_parallel_gradients
-from processor.distributed.halo import HaloConfig, HaloPlan, halo_extent, halo_pad
+from processor.distributed.halo import HaloConfig, HaloExchange, HaloPlan, halo_extent, halo_pad, start_halo_exchange
 from processor.distributed.shards import ShardLayout, shard_offsets, shard_sizes
 
 __all__ = [
     "CommCounter",
     "HaloConfig",
+    "HaloExchange",
     "HaloPlan",
     "ShardLayout",
     "agree_on_layout",
@@ -20,5 +21,6 @@ __all__ = [
     "halo_pad",
     "shard_offsets",
     "shard_sizes",
+    "start_halo_exchange",
     "sum_model_parallel_gradients",
 ]

@@ -8,6 +8,8 @@ the first and last ranks have no halo on their outer side.
 
 The exchange is point-to-point (``batch_isend_irecv``), one message per (sender, receiver)
 pair. Its backward sends each halo row's gradient home, where it is added to the owner's.
+:func:`start_halo_exchange` posts it and returns at once, :meth:`HaloExchange.finish` waits,
+so a caller overlaps it with work that needs no halo; :func:`halo_pad` does both in one go.
 """
 
 from __future__ import annotations
@@ -104,21 +106,32 @@ def exchange_as_local_copy() -> Iterator[None]:
         _local_copy[0] = False
 
 
-def _exchange(outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup) -> None:
-    """Post all sends and receives at once and wait for them (tensors must be contiguous)."""
+@dataclass
+class _Posted:
+    """Point-to-point work in flight, the tensors it sends and the buffers it receives into."""
+
+    works: list
+    outgoing: list[Tensor]
+    incoming: list[Tensor]
+
+    def wait(self) -> list[Tensor]:
+        for work in self.works:
+            work.wait()
+        return self.incoming
+
+
+def _post(outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup) -> _Posted:
+    """Post all sends and receives at once and return without waiting (tensors must be contiguous)."""
     if _local_copy[0]:
-        for _, t in outgoing:
-            t.clone()
-        for _, t in incoming:
-            t.zero_()
-        return
+        sent = [t.clone() for _, t in outgoing]
+        return _Posted([], sent, [t.zero_() for _, t in incoming])
     ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group) for p, t in outgoing]
     ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group) for p, t in incoming]
     if not ops:
-        return
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+        return _Posted([], [], [])
+    works = dist.batch_isend_irecv(ops)
     record_sent("halo", sum(t.numel() * t.element_size() for _, t in outgoing))
+    return _Posted(works, [t for _, t in outgoing], [t for _, t in incoming])
 
 
 def _rows(x: Tensor, dim: int, start: int, stop: int) -> Tensor:
@@ -131,31 +144,124 @@ def _buffer_like(x: Tensor, dim: int, rows: int) -> Tensor:
     return x.new_empty(shape)
 
 
-class _HaloPad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, plan: HaloPlan, dim: int, group) -> Tensor:  # type: ignore[override]
-        ctx.plan, ctx.dim, ctx.group, ctx.local = plan, dim, group, x.shape[dim]
-        outgoing = [(t.peer, _rows(x, dim, t.start, t.stop).contiguous()) for t in plan.sends]
-        incoming = [(t.peer, _buffer_like(x, dim, t.stop - t.start)) for t in plan.recvs]
-        _exchange(outgoing, incoming, group)
-        shape = list(x.shape)
-        shape[dim] += plan.left + plan.right
-        padded = x.new_empty(shape)
-        _rows(padded, dim, plan.left, plan.left + x.shape[dim]).copy_(x)
-        for t, (_, buf) in zip(plan.recvs, incoming):
-            _rows(padded, dim, t.start, t.stop).copy_(buf)
-        return padded
+@dataclass
+class _InFlight:
+    """What the two halves of one exchange hand each other: the forward's posted exchange, then
+    the backward's (posted by :class:`_FinishHalo`'s backward, awaited by :class:`_StartHalo`'s)."""
+
+    plan: HaloPlan
+    dim: int
+    group: dist.ProcessGroup | None
+    local_shape: tuple[int, ...]
+    forward: _Posted | None = None
+    backward: _Posted | None = None
+
+    def halo_rows(self, left: Tensor, right: Tensor, t: Transfer) -> Tensor:
+        """The rows of the left or right halo that transfer ``t`` (padded indices) covers."""
+        if t.start < self.plan.left:
+            return _rows(left, self.dim, t.start, t.stop)
+        first = self.plan.left + self.local_shape[self.dim]
+        return _rows(right, self.dim, t.start - first, t.stop - first)
+
+
+class _StartHalo(torch.autograd.Function):
+    """Forward: post the sends of this rank's boundary rows and the receives of its halo.
+    Backward: wait for the gradients of the rows it sent and add them to the local gradient."""
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        plan, dim = ctx.plan, ctx.dim
-        grad_local = _rows(grad, dim, plan.left, plan.left + ctx.local).clone()
-        outgoing = [(t.peer, _rows(grad, dim, t.start, t.stop).contiguous()) for t in plan.recvs]
-        incoming = [(t.peer, _buffer_like(grad, dim, t.stop - t.start)) for t in plan.sends]
-        _exchange(outgoing, incoming, ctx.group)
-        for t, (_, buf) in zip(plan.sends, incoming):
-            _rows(grad_local, dim, t.start, t.stop).add_(buf)
-        return grad_local, None, None, None
+    def forward(ctx, x: Tensor, flight: _InFlight) -> Tensor:  # type: ignore[override]
+        plan, dim = flight.plan, flight.dim
+        ctx.flight = flight
+        outgoing = [(t.peer, _rows(x, dim, t.start, t.stop).contiguous()) for t in plan.sends]
+        incoming = [(t.peer, _buffer_like(x, dim, t.stop - t.start)) for t in plan.recvs]
+        flight.forward = _post(outgoing, incoming, flight.group)
+        return x.new_empty(0)  # a token: puts _FinishHalo after this node in the graph
+
+    @staticmethod
+    def backward(ctx, token: Tensor):  # type: ignore[override]
+        flight = ctx.flight
+        if flight.backward is None:
+            raise RuntimeError("halo exchange: the gradient of its finish was never sent")
+        received = flight.backward.wait()
+        flight.backward = None
+        grad = token.new_zeros(flight.local_shape)
+        for t, buf in zip(flight.plan.sends, received):
+            _rows(grad, flight.dim, t.start, t.stop).add_(buf)
+        return grad, None
+
+
+class _FinishHalo(torch.autograd.Function):
+    """Forward: wait for the halo and return its ``(left, right)`` rows.
+    Backward: post the halo rows' gradients to their owners and return without waiting."""
+
+    @staticmethod
+    def forward(ctx, token: Tensor, flight: _InFlight) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        if flight.forward is None:
+            raise RuntimeError("halo exchange: finish() was called twice")
+        received = flight.forward.wait()
+        flight.forward = None
+        ctx.flight = flight
+        plan = flight.plan
+        left = [buf for t, buf in zip(plan.recvs, received) if t.start < plan.left]
+        right = [buf for t, buf in zip(plan.recvs, received) if t.start >= plan.left]
+        return _join(left, flight, token), _join(right, flight, token)
+
+    @staticmethod
+    def backward(ctx, grad_left: Tensor, grad_right: Tensor):  # type: ignore[override]
+        flight = ctx.flight
+        plan = flight.plan
+        outgoing = [(t.peer, flight.halo_rows(grad_left, grad_right, t).contiguous()) for t in plan.recvs]
+        incoming = [(t.peer, _buffer_like(grad_left, flight.dim, t.stop - t.start)) for t in plan.sends]
+        flight.backward = _post(outgoing, incoming, flight.group)
+        return grad_left.new_empty(0), None
+
+
+def _join(pieces: list[Tensor], flight: _InFlight, token: Tensor) -> Tensor:
+    if len(pieces) == 1:
+        return pieces[0]
+    if pieces:
+        return torch.cat(pieces, flight.dim)
+    shape = list(flight.local_shape)
+    shape[flight.dim] = 0
+    return token.new_empty(shape)
+
+
+@dataclass
+class HaloExchange:
+    """A halo exchange in flight, from :func:`start_halo_exchange`; :meth:`finish` waits for it.
+
+    Work placed between the two overlaps the exchange, in forward and in backward: the
+    backward of ``finish`` posts the halo rows' gradients to their owners and the backward of
+    ``start`` waits for them, and autograd runs what was computed in between (later nodes
+    first) while they travel.
+    """
+
+    plan: HaloPlan
+    _token: Tensor
+    _flight: _InFlight
+
+    def finish(self) -> tuple[Tensor, Tensor]:
+        """Wait for the halo: ``(left, right)`` rows, e.g. ``(batch, left, channels)`` and
+        ``(batch, right, channels)``, globally just before and just after this rank's block."""
+        return _FinishHalo.apply(self._token, self._flight)
+
+
+def start_halo_exchange(x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup) -> HaloExchange:
+    """Post the exchange of ``x``'s halo with the other ranks and return without waiting.
+
+    Args:
+        x: local block, e.g. ``(batch, local_points, channels)`` with ``config.dim == 1``.
+        layout: the split of points over ``group``; ``x.shape[dim]`` must be this rank's size.
+    """
+    dim = config.dim % x.dim()
+    if x.shape[dim] != layout.local_size:
+        raise ValueError(
+            f"halo exchange: local tensor has {x.shape[dim]} points on dim {config.dim}, "
+            f"the layout gives this rank {layout.local_size}"
+        )
+    plan = HaloPlan.build(layout, config.width)
+    flight = _InFlight(plan, dim, group, tuple(x.shape))
+    return HaloExchange(plan, _StartHalo.apply(x, flight), flight)
 
 
 def halo_pad(x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup) -> Tensor:
@@ -168,10 +274,5 @@ def halo_pad(x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.Pro
         ``(batch, left + local_points + right, channels)``, where ``left = min(W, start)`` and
         ``right = min(W, N - stop)``: rows ``[start - left, stop + right)`` of the global tensor.
     """
-    if x.shape[config.dim] != layout.local_size:
-        raise ValueError(
-            f"halo_pad: local tensor has {x.shape[config.dim]} points on dim {config.dim}, "
-            f"the layout gives this rank {layout.local_size}"
-        )
-    plan = HaloPlan.build(layout, config.width)
-    return _HaloPad.apply(x, plan, config.dim % x.dim(), group)
+    left, right = start_halo_exchange(x, config, layout, group).finish()
+    return torch.cat([left, x, right], dim=config.dim % x.dim())

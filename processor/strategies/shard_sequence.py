@@ -1,15 +1,22 @@
 """``shard_sequence``: keep the local points, borrow a halo of W rows from the neighbours.
 
-Per layer the normed input ``h`` is halo-padded (W rows from each side, gathered across
-several ranks if a neighbour's shard is shorter than W), keys and values are projected for
-the padded rows and queries for the local rows only, so no attention is computed for halo
-rows. Exchanging ``h`` (C per row) rather than k and v (2C per row) halves the bytes sent
-at the price of projecting 2W extra rows of k and v.
+Per layer the normed input ``h`` of the halo rows (W from each side, gathered across several
+ranks if a neighbour's shard is shorter than W) is exchanged, not k and v: C values per row
+instead of 2C, at the price of projecting 2W extra rows of k and v. Queries are projected for
+the local rows only, so no attention is computed for halo rows.
+
+The exchange is overlapped with attention: it is posted first, then the *interior* queries,
+whose window holds local rows only, attend while it travels; the *edge* queries (W rows at
+each end with a neighbour) attend once the halo is in. Backward runs the same overlap in
+reverse (see :class:`processor.distributed.halo.HaloExchange`).
 """
 
 from __future__ import annotations
 
-from processor.distributed.halo import HaloConfig, halo_extent, halo_pad
+import torch
+from torch import Tensor
+
+from processor.distributed.halo import HaloConfig, start_halo_exchange
 from processor.strategies.base import ShardContext
 
 
@@ -23,9 +30,44 @@ class ShardSequence:
         if ctx.world_size == 1:
             q, k, v = attn.qkv_heads(h)
             return attn.merge_heads(attn.attend(q, k, v))
-        window = attn.window_size
-        padded = halo_pad(h, HaloConfig(width=window, dim=1), ctx.layout, ctx.group)
-        left, _ = halo_extent(ctx.layout, window)
+        exchange = start_halo_exchange(h, HaloConfig(width=attn.window_size, dim=1), ctx.layout, ctx.group)
+        left, right = exchange.plan.left, exchange.plan.right
+        n = h.shape[1]
+        reach = ctx.layout.total if attn.window_size is None else attn.window_size
+        # Local queries [first, stop) see local keys only; those before and after need the halo.
+        first = min(reach, n) if left else 0
+        stop = max(n - reach, first) if right else n
         q = attn.q_heads(h)
-        k, v = attn.kv_heads(padded)
-        return attn.merge_heads(attn.attend(q, k, v, q_offset=left))
+        k, v = attn.kv_heads(h)
+        interior = attn.attend(q[:, :, first:stop], k, v, q_offset=first) if stop > first else None
+
+        halo_left, halo_right = exchange.finish()
+        k_left, v_left = attn.kv_heads(halo_left)
+        k_right, v_right = attn.kv_heads(halo_right)
+        # Keys in padded order: the left halo, the local rows, the right halo.
+        keys, values = (k_left, k, k_right), (v_left, v, v_right)
+        parts = []
+        if first > 0:  # queries [0, first) at padded rows [left, left + first)
+            hi = min(left + first + reach, left + n + right)
+            parts.append(attn.attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), q_offset=left))
+        if interior is not None:
+            parts.append(interior)
+        if stop < n:  # queries [stop, n) at padded rows [left + stop, left + n)
+            lo = max(left + stop - reach, 0)
+            hi = left + n + right
+            parts.append(
+                attn.attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), q_offset=left + stop - lo)
+            )
+        return attn.merge_heads(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+
+
+def _span(pieces: tuple[Tensor, ...], lo: int, hi: int) -> Tensor:
+    """Rows ``[lo, hi)`` of the concatenation of ``pieces`` along dim 2, copying only those rows."""
+    out, offset = [], 0
+    for piece in pieces:
+        rows = piece.shape[2]
+        a, b = max(lo - offset, 0), min(hi - offset, rows)
+        if a < b:
+            out.append(piece[:, :, a:b])
+        offset += rows
+    return out[0] if len(out) == 1 else torch.cat(out, dim=2)

@@ -84,3 +84,51 @@ def test_halo_pad_and_its_gradient(rank_pool, sizes, width, batch):
     assert sum(p["bytes"] for p in parts) == 2 * 4 * 3 * batch * received_rows
     assert received_rows == sum(min(w, off) + min(w, n - off - s) for off, s in zip(shard_offsets(sizes), sizes))
     np.testing.assert_allclose(np.concatenate([p["dx"] for p in parts], axis=1), expected_dx, rtol=1e-6)
+
+
+def overlap_order_case(group, sizes: list[int], width: int) -> list[str]:
+    """Log when the exchange is posted and awaited, and when work placed in between runs."""
+    import torch.distributed as dist
+
+    import processor.distributed.halo as halo
+
+    events: list[str] = []
+    post, wait = halo._post, halo._Posted.wait
+
+    def logged_post(*args):
+        events.append("post")
+        return post(*args)
+
+    def logged_wait(self):
+        events.append("wait")
+        return wait(self)
+
+    class Interior(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            events.append("interior")
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            events.append("interior backward")
+            return 2 * grad
+
+    halo._post, halo._Posted.wait = logged_post, logged_wait
+    try:
+        layout = ShardLayout(tuple(sizes), dist.get_rank(group))
+        x = torch.randn(1, layout.local_size, 3, requires_grad=True)
+        exchange = halo.start_halo_exchange(x, HaloConfig(width=width, dim=1), layout, group)
+        inner = Interior.apply(x)
+        left, right = exchange.finish()
+        (inner.sum() + (left.square().sum() + right.square().sum())).backward()
+    finally:
+        halo._post, halo._Posted.wait = post, wait
+    return events
+
+
+def test_exchange_overlaps_the_work_between_start_and_finish(rank_pool):
+    """Forward: posted before the interior work, awaited after it. Backward: the halo gradients
+    are posted before the interior work's backward and awaited after it."""
+    for events in rank_pool.run_ok(overlap_order_case, 3, [4, 5, 4], 2):
+        assert events == ["post", "interior", "wait", "post", "interior backward", "wait"]
