@@ -6,12 +6,13 @@ attend from its own rows into a halo-padded key block without computing the halo
 queries.
 
 Queries are cut into blocks of ``block_size`` rows; block ``b`` attends to a key band of
-``block_size + 2 * window`` rows, an overlapping strided *view* of the keys (no copy), under
-one ``(block, band)`` mask shared by every block. All interior blocks go through one 4-D
-``scaled_dot_product_attention`` call, so the fused CPU/GPU kernels do the work and nothing
-of size ``N x N`` is ever built; the few queries at either end, whose band would run off the
-keys, get one small masked call each. Nothing is padded or copied on the way in, so autograd
-saves only q, k, v, the output and its log-sum-exp.
+``block_size + 2 * ceil(W / block_size) * block_size`` rows under one ``(block, band)`` mask
+shared by every block, and all interior blocks go through one fused call on strided views of
+the keys, so nothing of size ``N x N`` is ever built. On CPU in full precision that call and
+its backward are :mod:`processor.attention.banded`; elsewhere (GPU without flash-attn, bf16,
+dropout) it is one ``scaled_dot_product_attention`` call on the same views. The few queries
+at either end, whose band would run off the keys, get one small masked call each. Autograd
+saves only q, k, v, the output and its log-sum-exp. Outputs are point-major in memory.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from processor.attention.banded import banded_flash_attention, cat_points, point_major
 
 try:  # the flash-attn package has a native sliding window on CUDA (fp16/bf16)
     from flash_attn import flash_attn_func
@@ -73,38 +76,57 @@ def _band_attention(
 def _blocked(
     q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, block: int, dropout_p: float, scale: float | None
 ) -> Tensor:
-    """Interior blocks (whose whole key band exists) in one SDPA call on views of q, k, v under
-    one small ``(block, band)`` mask; the few edge queries at each end by :func:`_band_attention`."""
-    # Head-major rows (a copy when q, k, v are views of the packed projection) keep the fused
-    # kernel's reads sequential; autograd then saves these instead of the projection output.
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    b, h, n_q, d = q.shape
-    n_k = k.shape[2]
-    band = block + 2 * window
-    # Block i holds queries [i * block, (i + 1) * block) and keys from q_offset - window + i * block.
-    first = max(0, -(q_offset - window) + block - 1) // block
-    last = min(n_q // block, (n_k - band - (q_offset - window)) // block + 1)  # exclusive
+    """Interior blocks (whose whole key band exists) in one fused call on views of q, k, v;
+    the few edge queries at each end by :func:`_band_attention`. Point-major output."""
+    q, k, v = point_major(q), point_major(k), point_major(v)
+    n_q, n_k = q.shape[2], k.shape[2]
+    # Block i holds queries [i * block, (i + 1) * block) and keys from q_offset - reach + i * block.
+    reach = -(-window // block) * block
+    band = block + 2 * reach
+    first = max(0, -(q_offset - reach) + block - 1) // block
+    last = min(n_q // block, (n_k - band - (q_offset - reach)) // block + 1)  # exclusive
     if last - first < 1:
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale)
     start, stop = first * block, last * block
-    key_lo = q_offset - window + start
-    key_hi = key_lo + (last - first - 1) * block + band
-    # (b * h, blocks, band, d): overlapping windows of the keys, a view when b == 1.
-    k_blocks = k[:, :, key_lo:key_hi].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
-    v_blocks = v[:, :, key_lo:key_hi].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
-    q_blocks = q[:, :, start:stop].unflatten(2, (last - first, block)).flatten(0, 1)
-    offset = torch.arange(band, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
-    in_band = (offset >= 0) & (offset <= 2 * window)  # (block, band), the same for every block
-    inner = F.scaled_dot_product_attention(
-        q_blocks, k_blocks, v_blocks, attn_mask=in_band, dropout_p=dropout_p, scale=scale
-    ).reshape(b, h, stop - start, d)
+    if _fused_band_backward(q, dropout_p):
+        inner = banded_flash_attention(q[:, :, start:stop], k, v, window, block, q_offset + start, scale)
+    else:
+        inner = _blocks_on_views(q[:, :, start:stop], k, v, window, q_offset + start, block, dropout_p, scale)
     parts = []
     if start > 0:
         parts.append(_band_attention(q[:, :, :start], k, v, window, q_offset, dropout_p, scale))
     parts.append(inner)
     if stop < n_q:
         parts.append(_band_attention(q[:, :, stop:], k, v, window, q_offset + stop, dropout_p, scale))
-    return torch.cat(parts, dim=2) if len(parts) > 1 else inner
+    return cat_points(parts)
+
+
+def _fused_band_backward(q: Tensor, dropout_p: float) -> bool:
+    """CPU, full precision, no dropout: :mod:`processor.attention.banded` (its backward adds
+    per-shift gradients, which bf16 would round, and cannot replay dropout)."""
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and dropout_p == 0.0
+
+
+def _blocks_on_views(
+    q: Tensor, k: Tensor, v: Tensor, window: int, key_lo: int, block: int, dropout_p: float, scale: float | None
+) -> Tensor:
+    """Every block of ``q`` against its ``block + 2 * reach`` keys from ``key_lo - reach``, in one
+    SDPA call on overlapping views of k and v under one ``(block, band)`` mask (autograd folds
+    the band gradients back)."""
+    b, h, n_q, d = q.shape
+    blocks, reach = n_q // block, -(-window // block) * block
+    band = block + 2 * reach
+    lo = key_lo - reach
+    # (b * h, blocks, band, d): overlapping windows of the keys, a view when b == 1.
+    k_blocks = k[:, :, lo : lo + (blocks - 1) * block + band].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
+    v_blocks = v[:, :, lo : lo + (blocks - 1) * block + band].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
+    q_blocks = q.unflatten(2, (blocks, block)).flatten(0, 1)
+    offset = torch.arange(band, device=q.device)[None, :] - reach - torch.arange(block, device=q.device)[:, None]
+    in_band = offset.abs() <= window  # (block, band), the same for every block
+    out = F.scaled_dot_product_attention(
+        q_blocks, k_blocks, v_blocks, attn_mask=in_band, dropout_p=dropout_p, scale=scale
+    )
+    return out.reshape(b, h, n_q, d)
 
 
 def _flash_window(

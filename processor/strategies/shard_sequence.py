@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from processor.attention.banded import cat_points
 from processor.distributed.halo import HaloConfig, start_halo_exchange
 from processor.strategies.base import ShardContext
 
@@ -58,7 +59,7 @@ class ShardSequence:
             parts.append(
                 attn.attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), q_offset=left + stop - lo)
             )
-        return attn.merge_heads(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+        return attn.merge_heads(cat_points(parts))
 
 
 def _span(pieces: tuple[Tensor, ...], lo: int, hi: int) -> Tensor:

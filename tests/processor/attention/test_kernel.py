@@ -110,3 +110,17 @@ def test_peak_memory_scales_with_window_not_square():
     peak = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
     n_w_heads_floats = 40320 * 512 * 8 * 4
     assert peak < 2 * n_w_heads_floats, f"peak {peak / 1e9:.2f} GB, N*W*heads*4 B = {n_w_heads_floats / 1e9:.2f} GB"
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(
+    "n,window,block,left,right,batch", [(200, 17, 8, 0, 0, 2), (150, 30, 16, 25, 40, 1), (90, 9, 4, 9, 0, 1)]
+)
+def test_both_interior_paths_match_dense(monkeypatch, fused, n, window, block, left, right, batch):
+    """The CPU banded kernel and the SDPA-on-views path that GPUs without flash-attn, bf16 and
+    dropout take (forced here on CPU) agree with dense attention, gradients included."""
+    from processor.attention import kernel
+
+    monkeypatch.setattr(kernel, "_fused_band_backward", lambda q, dropout_p: fused)
+    q, k, v = _qkv(batch, 2, n, left + n + right, 4, 0)
+    _assert_same_as_dense(q, k, v, window, q_offset=left, block_size=block)
