@@ -18,6 +18,8 @@ backward: q, k, v, the output and its log-sum-exp.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -65,75 +67,154 @@ def _additive_masks(block: int, reach: int, window: int, like: Tensor) -> tuple[
     return mask, per_shift
 
 
+@dataclass(frozen=True)
+class _Edge:
+    """Queries ``[q_lo, q_hi)`` against keys ``[k_lo, k_hi)`` under an exact band mask."""
+
+    q_lo: int
+    q_hi: int
+    k_lo: int
+    k_hi: int
+    mask: Tensor
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Interior queries ``[start, stop)`` in blocks, the edge queries around them."""
+
+    start: int
+    stop: int
+    block: int
+    reach: int
+    key_lo: int  # key position of query ``start``
+    scale: float | None
+    band_mask: Tensor
+    shift_masks: list[Tensor | None]
+    edges: list[_Edge]
+
+    @property
+    def blocks(self) -> int:
+        return (self.stop - self.start) // self.block
+
+
+def _edge(q_lo: int, q_hi: int, q_offset: int, window: int, n_k: int, like: Tensor) -> _Edge:
+    k_lo, k_hi = max(0, q_offset + q_lo - window), min(n_k, q_offset + q_hi + window)
+    rows = torch.arange(q_lo, q_hi, device=like.device)[:, None] + q_offset
+    cols = torch.arange(k_lo, k_hi, device=like.device)[None, :]
+    allowed = (rows - cols).abs() <= window
+    return _Edge(
+        q_lo, q_hi, k_lo, k_hi, torch.zeros_like(allowed, dtype=like.dtype).masked_fill(~allowed, float("-inf"))
+    )
+
+
 class _BandedFlash(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, window: int, block: int, key_lo: int, scale: float | None):  # type: ignore[override]
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, plan: _Plan):  # type: ignore[override]
         batch, heads, n_q, dim = q.shape
-        blocks, reach = n_q // block, -(-window // block)
-        mask, per_shift = _additive_masks(block, reach, window, q)
-        band, first_key = (2 * reach + 1) * block, key_lo - reach * block
-        outs, lses = [], []
+        out = point_major(q.new_empty(q.shape))
+        blocks, block, band = plan.blocks, plan.block, (2 * plan.reach + 1) * plan.block
+        first_key = plan.key_lo - plan.reach * block
+        lses = []
         for b in range(batch):
-            out, lse = _forward_op(
-                _blocks(q[b], 0, blocks, block, block),
+            o, lse = _forward_op(
+                _blocks(q[b], plan.start, blocks, block, block),
                 _blocks(k[b], first_key, blocks, block, band),
                 _blocks(v[b], first_key, blocks, block, band),
-                attn_mask=mask,
-                scale=scale,
+                attn_mask=plan.band_mask,
+                scale=plan.scale,
             )
-            outs.append(out)
+            _blocks(out[b], plan.start, blocks, block, block).copy_(o)
             lses.append(lse)
-        ctx.save_for_backward(q, k, v, *outs, *lses)
-        ctx.plan = (block, reach, key_lo, scale, per_shift)
-        # (blocks, heads, block, dim) views of (blocks, block, heads, dim) memory -> point-major.
-        rows = [o.transpose(1, 2).reshape(n_q, heads, dim) for o in outs]
-        return (rows[0].unsqueeze(0) if batch == 1 else torch.stack(rows)).transpose(1, 2)
+        for e in plan.edges:
+            o, lse = _forward_op(
+                q[:, :, e.q_lo : e.q_hi],
+                k[:, :, e.k_lo : e.k_hi],
+                v[:, :, e.k_lo : e.k_hi],
+                attn_mask=e.mask,
+                scale=plan.scale,
+            )
+            out[:, :, e.q_lo : e.q_hi].copy_(o)
+            lses.append(lse)
+        ctx.save_for_backward(q, k, v, out, *lses)
+        ctx.plan = plan
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        block, reach, key_lo, scale, per_shift = ctx.plan
-        q, k, v, *rest = ctx.saved_tensors
-        batch, heads, n_q, dim = q.shape
-        outs, lses = rest[:batch], rest[batch:]
-        blocks = n_q // block
+        plan = ctx.plan
+        q, k, v, out, *lses = ctx.saved_tensors
+        batch = q.shape[0]
+        blocks, block = plan.blocks, plan.block
         grad_q, grad_k, grad_v = (point_major(torch.zeros_like(t)) for t in (q, k, v))
+
+        def rows(x: Tensor, first: int) -> Tensor:
+            return _blocks(x, first, blocks, block, block)
+
         for b in range(batch):
-            q_b, grad_b = _blocks(q[b], 0, blocks, block, block), _blocks(grad[b], 0, blocks, block, block)
-            for s, mask in enumerate(per_shift):
-                lo = key_lo + (s - reach) * block
+            for s, mask in enumerate(plan.shift_masks):
+                lo = plan.key_lo + (s - plan.reach) * block
                 dq, dk, dv = _backward_op(
-                    grad_b,
-                    q_b,
-                    _blocks(k[b], lo, blocks, block, block),
-                    _blocks(v[b], lo, blocks, block, block),
-                    outs[b],
+                    rows(grad[b], plan.start),
+                    rows(q[b], plan.start),
+                    rows(k[b], lo),
+                    rows(v[b], lo),
+                    rows(out[b], plan.start),
                     lses[b],
                     0.0,
                     False,
                     attn_mask=mask,
-                    scale=scale,
+                    scale=plan.scale,
                 )
-                _blocks(grad_q[b], 0, blocks, block, block).add_(dq)
-                _blocks(grad_k[b], lo, blocks, block, block).add_(dk)
-                _blocks(grad_v[b], lo, blocks, block, block).add_(dv)
-        return grad_q, grad_k, grad_v, None, None, None, None
+                rows(grad_q[b], plan.start).add_(dq)
+                rows(grad_k[b], lo).add_(dk)
+                rows(grad_v[b], lo).add_(dv)
+        for e, lse in zip(plan.edges, lses[batch:]):
+            queries, keys = slice(e.q_lo, e.q_hi), slice(e.k_lo, e.k_hi)
+            dq, dk, dv = _backward_op(
+                grad[:, :, queries],
+                q[:, :, queries],
+                k[:, :, keys],
+                v[:, :, keys],
+                out[:, :, queries],
+                lse,
+                0.0,
+                False,
+                attn_mask=e.mask,
+                scale=plan.scale,
+            )
+            grad_q[:, :, queries].add_(dq)
+            grad_k[:, :, keys].add_(dk)
+            grad_v[:, :, keys].add_(dv)
+        return grad_q, grad_k, grad_v, None
+
+
+def interior_blocks(n_q: int, n_k: int, window: int, q_offset: int, block: int) -> tuple[int, int]:
+    """Queries ``[start, stop)``: the whole blocks whose keys (``ceil(W / block)`` key blocks on
+    each side) all exist; ``start == stop`` when there are none."""
+    reach = -(-window // block) * block
+    first = max(0, -(q_offset - reach) + block - 1) // block
+    last = max(first, min(n_q // block, (n_k - 2 * reach - block - (q_offset - reach)) // block + 1))
+    return first * block, last * block
 
 
 def banded_flash_attention(
-    q: Tensor, k: Tensor, v: Tensor, window: int, block: int, key_lo: int, scale: float | None = None
+    q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, block: int, scale: float | None = None
 ) -> Tensor:
-    """Query row ``i`` (block ``i // block``) attends to key rows ``j`` with ``|key_lo + i - j| <= window``.
+    """Query ``i`` attends to keys ``j`` with ``|q_offset + i - j| <= window``; CPU, no dropout.
 
     Args:
-        q: ``(batch, heads, blocks * block, head_dim)``.
-        k, v: ``(batch, heads, n_k, head_dim)``; every block's keys must exist:
-            ``key_lo >= r * block`` and ``key_lo + (blocks + r) * block <= n_k``, ``r = ceil(window / block)``.
+        q: ``(batch, heads, n_q, head_dim)``.
+        k, v: ``(batch, heads, n_k, head_dim)``, with at least one whole interior block
+            (:func:`interior_blocks`).
     Returns:
-        ``(batch, heads, blocks * block, head_dim)``, point-major in memory.
+        ``(batch, heads, n_q, head_dim)``, point-major in memory.
     """
+    n_q, n_k = q.shape[2], k.shape[2]
+    start, stop = interior_blocks(n_q, n_k, window, q_offset, block)
+    if start == stop:
+        raise ValueError(f"banded attention: no whole block of {block} queries has all its keys among {n_k}")
     reach = -(-window // block)
-    if q.shape[2] % block or key_lo < reach * block or key_lo + q.shape[2] + reach * block > k.shape[2]:
-        raise ValueError(
-            f"banded attention: {q.shape[2]} queries from key {key_lo} in blocks of {block} overrun {k.shape[2]} keys"
-        )
-    return _BandedFlash.apply(point_major(q), point_major(k), point_major(v), window, block, key_lo, scale)
+    band_mask, shift_masks = _additive_masks(block, reach, window, q)
+    edges = [_edge(lo, hi, q_offset, window, n_k, q) for lo, hi in ((0, start), (stop, n_q)) if hi > lo]
+    plan = _Plan(start, stop, block, reach, q_offset + start, scale, band_mask, shift_masks, edges)
+    return _BandedFlash.apply(point_major(q), point_major(k), point_major(v), plan)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from processor.attention.banded import banded_flash_attention, cat_points, point_major
+from processor.attention.banded import banded_flash_attention, cat_points, interior_blocks, point_major
 
 try:  # the flash-attn package has a native sliding window on CUDA (fp16/bf16)
     from flash_attn import flash_attn_func
@@ -80,22 +80,15 @@ def _blocked(
     the few edge queries at each end by :func:`_band_attention`. Point-major output."""
     q, k, v = point_major(q), point_major(k), point_major(v)
     n_q, n_k = q.shape[2], k.shape[2]
-    # Block i holds queries [i * block, (i + 1) * block) and keys from q_offset - reach + i * block.
-    reach = -(-window // block) * block
-    band = block + 2 * reach
-    first = max(0, -(q_offset - reach) + block - 1) // block
-    last = min(n_q // block, (n_k - band - (q_offset - reach)) // block + 1)  # exclusive
-    if last - first < 1:
+    start, stop = interior_blocks(n_q, n_k, window, q_offset, block)
+    if start == stop:
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale)
-    start, stop = first * block, last * block
     if _fused_band_backward(q, dropout_p):
-        inner = banded_flash_attention(q[:, :, start:stop], k, v, window, block, q_offset + start, scale)
-    else:
-        inner = _blocks_on_views(q[:, :, start:stop], k, v, window, q_offset + start, block, dropout_p, scale)
+        return banded_flash_attention(q, k, v, window, q_offset, block, scale)
     parts = []
     if start > 0:
         parts.append(_band_attention(q[:, :, :start], k, v, window, q_offset, dropout_p, scale))
-    parts.append(inner)
+    parts.append(_blocks_on_views(q[:, :, start:stop], k, v, window, q_offset + start, block, dropout_p, scale))
     if stop < n_q:
         parts.append(_band_attention(q[:, :, stop:], k, v, window, q_offset + stop, dropout_p, scale))
     return cat_points(parts)
