@@ -61,7 +61,7 @@ class BenchmarkConfig:
     batch_size: int = 1
     precision: str = "fp32"  # fp32 | bf16 (autocast)
 
-    retain_freed_memory: bool = True  # CPU: keep freed memory in the process (no page faults per step)
+    retain_freed_memory: bool = True  # CPU: keep freed memory (fast steps); false: return it at once (lean peaks)
     compare_local_copy: bool = False  # shard_sequence: also time each step with the halo exchange as a local copy
     profile: bool = False  # rank 0 profiles one more step: time split by kernel
     warmup: int = 1

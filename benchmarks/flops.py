@@ -32,17 +32,17 @@ def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, stra
     """Bytes autograd must keep per rank between forward and backward (fp32, no checkpointing).
 
     Per point and layer: the block input (LayerNorm 1 backward), the normed input (q, k, v
-    projection), q, k and v (attention backward), the attention output in head layout (the
-    fused kernel's backward) and in point layout (output projection), the residual (LayerNorm 2),
-    its normed value (MLP input), the hidden pre-activation (activation backward) and
-    post-activation (second MLP matmul): ``9 C + 2 hidden`` values, plus per-head log-sum-exp
-    and the two LayerNorms' mean and rstd. ``shard_sequence`` adds k and v of the 2W halo rows;
-    with checkpointing only the chunk inputs and one chunk's activations are kept.
+    projection), q, k and v (attention backward), the attention output (one point-major tensor:
+    the fused kernel's backward and the output projection both read it), the residual
+    (LayerNorm 2), its normed value (MLP input), the hidden pre-activation (activation
+    backward) and post-activation (second MLP matmul): ``8 C + 2 hidden`` values, plus per-head
+    log-sum-exp and the two LayerNorms' mean and rstd. ``shard_sequence`` adds k and v of the
+    2W halo rows; with checkpointing only the chunk inputs and one chunk's activations are kept.
     """
     c, h = model["num_channels"], model["num_heads"]
     hidden = int(model["mlp_hidden_ratio"] * c)
     local = -(-n // ranks)
-    per_point = 9 * c + 2 * hidden + h + 4
+    per_point = 8 * c + 2 * hidden + h + 4
     halo_rows = 0 if ranks == 1 or strategy != "shard_sequence" else 2 * min(model["window_size"] or n, n)
     per_layer = local * per_point + halo_rows * 2 * c
     layers = model["num_layers"]

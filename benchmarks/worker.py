@@ -18,7 +18,7 @@ from processor import TransformerProcessor
 from processor.distributed import count_communication, shard_sizes, sum_model_parallel_gradients
 from processor.distributed.halo import exchange_as_local_copy
 from processor.grids import get_grid, grid_points
-from processor.memory import current_rss, peak_rss, retain_freed_memory
+from processor.memory import current_rss, peak_rss, set_freed_memory_policy
 
 
 def _processor(cfg: dict[str, Any], world: int) -> TransformerProcessor:
@@ -156,8 +156,8 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
     else:
         device = torch.device("cpu")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["precision"] == "bf16")
-    if device.type == "cpu" and cfg["retain_freed_memory"]:
-        retain_freed_memory()
+    if device.type == "cpu":
+        set_freed_memory_policy(cfg["retain_freed_memory"])
     memory = _Memory(device)
     torch.manual_seed(cfg["seed"])
     build = _processor_step if cfg["target"] == "processor" else _train_step

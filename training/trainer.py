@@ -20,7 +20,7 @@ from processor.distributed import count_communication
 from processor.distributed.consistency import agree_on_values
 from processor.distributed.watchdog import Heartbeat
 from processor.grids import get_grid, grid_points
-from processor.memory import peak_rss, retain_freed_memory
+from processor.memory import peak_rss, set_freed_memory_policy
 from training.checkpoint import (
     LATEST,
     CheckpointError,
@@ -162,8 +162,7 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
 def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     t_cfg, run_dir = cfg["trainer"], Path(cfg["run_dir"])
     torch.set_num_threads(t_cfg["threads_per_rank"])
-    if t_cfg["retain_freed_memory"]:
-        retain_freed_memory()
+    set_freed_memory_policy(t_cfg["retain_freed_memory"])
     dataset = open_dataset(cfg)
     check_ranks_agree(cfg, dataset, dims)
     hidden = get_grid(cfg["model"]["hidden_grid"])
