@@ -34,15 +34,17 @@ def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, stra
     Per point and layer: the block input (LayerNorm 1 backward), the normed input (q, k, v
     projection), q, k and v (attention backward), the attention output (one point-major tensor:
     the fused kernel's backward and the output projection both read it), the residual
-    (LayerNorm 2), its normed value (MLP input), the hidden pre-activation (activation
-    backward) and post-activation (second MLP matmul): ``8 C + 2 hidden`` values, plus per-head
-    log-sum-exp and the two LayerNorms' mean and rstd. ``shard_sequence`` adds k and v of the
-    2W halo rows; with checkpointing only the chunk inputs and one chunk's activations are kept.
+    (LayerNorm 2), its normed value (MLP input) and the hidden pre-activation: ``8 C + hidden``
+    values (the GELU MLP recomputes its post-activation in backward; other activations keep it:
+    ``8 C + 2 hidden``), plus per-head log-sum-exp and the two LayerNorms' mean and rstd.
+    ``shard_sequence`` adds k and v of the 2W halo rows; with checkpointing only the chunk
+    inputs and one chunk's activations are kept.
     """
     c, h = model["num_channels"], model["num_heads"]
     hidden = int(model["mlp_hidden_ratio"] * c)
     local = -(-n // ranks)
-    per_point = 8 * c + 2 * hidden + h + 4
+    hidden_kept = hidden if model.get("activation", "gelu") in ("gelu", "gelu_tanh") else 2 * hidden
+    per_point = 8 * c + hidden_kept + h + 4
     halo_rows = 0 if ranks == 1 or strategy != "shard_sequence" else 2 * min(model["window_size"] or n, n)
     per_layer = local * per_point + halo_rows * 2 * c
     layers = model["num_layers"]

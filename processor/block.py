@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from processor.attention.module import SelfAttention
@@ -28,6 +30,61 @@ class MLP(nn.Sequential):
 
     def __init__(self, num_channels: int, hidden: int, activation: str) -> None:
         super().__init__(nn.Linear(num_channels, hidden), make_activation(activation), nn.Linear(hidden, num_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        first, act, second = self
+        if isinstance(act, nn.GELU) and torch.is_grad_enabled():
+            return _GeluMLP.apply(x, first.weight, first.bias, second.weight, second.bias, act.approximate)
+        return super().forward(x)
+
+
+class _GeluMLP(torch.autograd.Function):
+    """``linear -> GELU -> linear`` that keeps only the input and the pre-activation for backward.
+
+    Autograd would also keep the post-activation (``hidden`` values per point, as many as the
+    pre-activation) and hold three hidden-sized tensors at once in backward. Here forward and
+    backward go through the points in a few chunks; backward recomputes the GELU per chunk (one
+    elementwise pass) and runs its backward in place, so the temporaries are a chunk's worth
+    of hidden values, not all of them.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, approximate: str) -> Tensor:  # type: ignore[override]
+        pre = F.linear(x, w1, b1)
+        ctx.save_for_backward(x, w1, w2, pre)
+        ctx.approximate = approximate
+        pre_rows = pre.reshape(-1, pre.shape[-1])
+        out = x.new_empty(pre_rows.shape[0], w2.shape[0])
+        chunk = -(-pre_rows.shape[0] // _MLP_CHUNKS)
+        for lo in range(0, pre_rows.shape[0], chunk):
+            rows = slice(lo, lo + chunk)
+            torch.addmm(b2, F.gelu(pre_rows[rows], approximate=approximate), w2.t(), out=out[rows])
+        return out.view(*x.shape[:-1], w2.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, w1, w2, pre = ctx.saved_tensors
+        x_rows, pre_rows = x.reshape(-1, x.shape[-1]), pre.reshape(-1, pre.shape[-1])
+        grad_rows = grad.reshape(-1, grad.shape[-1])
+        grad_x = torch.empty_like(x_rows)
+        grad_w1, grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
+        grad_b1 = pre_rows.new_zeros(pre_rows.shape[-1])
+        chunk = -(-x_rows.shape[0] // _MLP_CHUNKS)
+        for lo in range(0, x_rows.shape[0], chunk):
+            rows = slice(lo, lo + chunk)
+            g = grad_rows[rows]
+            grad_w2.addmm_(g.t(), F.gelu(pre_rows[rows], approximate=ctx.approximate))
+            hidden = g @ w2
+            torch.ops.aten.gelu_backward.grad_input(
+                hidden, pre_rows[rows], approximate=ctx.approximate, grad_input=hidden
+            )
+            grad_w1.addmm_(hidden.t(), x_rows[rows])
+            grad_b1 += hidden.sum(0)
+            torch.mm(hidden, w1, out=grad_x[rows])
+        return grad_x.view_as(x), grad_w1, grad_b1, grad_w2, grad_rows.sum(0), None
+
+
+_MLP_CHUNKS = 4
 
 
 class TransformerBlock(nn.Module):

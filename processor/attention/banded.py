@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+_BACKWARD_PARTS = 4
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
@@ -125,6 +126,7 @@ class _BandedFlash(torch.autograd.Function):
             )
             _blocks(out[b], plan.start, blocks, block, block).copy_(o)
             lses.append(lse)
+            del o
         for e in plan.edges:
             o, lse = _forward_op(
                 q[:, :, e.q_lo : e.q_hi],
@@ -147,27 +149,35 @@ class _BandedFlash(torch.autograd.Function):
         blocks, block = plan.blocks, plan.block
         grad_q, grad_k, grad_v = (point_major(torch.zeros_like(t)) for t in (q, k, v))
 
-        def rows(x: Tensor, first: int) -> Tensor:
-            return _blocks(x, first, blocks, block, block)
-
+        # A quarter of the blocks per call: each call's dq, dk, dv are then a quarter of q's size.
+        per_call = -(-blocks // _BACKWARD_PARTS)
         for b in range(batch):
-            for s, mask in enumerate(plan.shift_masks):
-                lo = plan.key_lo + (s - plan.reach) * block
-                dq, dk, dv = _backward_op(
-                    rows(grad[b], plan.start),
-                    rows(q[b], plan.start),
-                    rows(k[b], lo),
-                    rows(v[b], lo),
-                    rows(out[b], plan.start),
-                    lses[b],
-                    0.0,
-                    False,
-                    attn_mask=mask,
-                    scale=plan.scale,
-                )
-                rows(grad_q[b], plan.start).add_(dq)
-                rows(grad_k[b], lo).add_(dk)
-                rows(grad_v[b], lo).add_(dv)
+            for first in range(0, blocks, per_call):
+                count = min(per_call, blocks - first)
+                q_row = plan.start + first * block
+
+                def rows(x: Tensor, row: int, count: int = count) -> Tensor:
+                    return _blocks(x, row, count, block, block)
+
+                lse = lses[b][first : first + count]
+                for s, mask in enumerate(plan.shift_masks):
+                    k_row = q_row + plan.key_lo - plan.start + (s - plan.reach) * block
+                    dq, dk, dv = _backward_op(
+                        rows(grad[b], q_row),
+                        rows(q[b], q_row),
+                        rows(k[b], k_row),
+                        rows(v[b], k_row),
+                        rows(out[b], q_row),
+                        lse,
+                        0.0,
+                        False,
+                        attn_mask=mask,
+                        scale=plan.scale,
+                    )
+                    rows(grad_q[b], q_row).add_(dq)
+                    rows(grad_k[b], k_row).add_(dk)
+                    rows(grad_v[b], k_row).add_(dv)
+                    del dq, dk, dv  # before the next call allocates its own
         for e, lse in zip(plan.edges, lses[batch:]):
             queries, keys = slice(e.q_lo, e.q_hi), slice(e.k_lo, e.k_hi)
             dq, dk, dv = _backward_op(
