@@ -30,6 +30,8 @@ def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Callable
     sizes = shard_sizes(n, world)
     model = _processor(cfg, world).to(device)
     x = torch.randn(cfg["batch_size"], sizes[rank], cfg["model"]["num_channels"], device=device, requires_grad=True)
+    # The gradient the decoder would send back: a fixed tensor, so no loss temporaries count.
+    cotangent = torch.randn_like(x)
     params = list(model.parameters())
 
     def step() -> None:
@@ -37,7 +39,7 @@ def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Callable
         x.grad = None
         with autocast:
             y = model(x, group=group)
-        y.float().square().mean().backward()
+        y.backward(cotangent.to(y.dtype))
         sum_model_parallel_gradients(params, group)
 
     return step, {"points": n, "shard_sizes": sizes}
@@ -137,6 +139,25 @@ class _Memory:
             return torch.cuda.max_memory_allocated(self.device)
         return peak_rss()
 
+    def step_peak(self, step: Callable[[], None]) -> int | None:
+        """Peak of one more ``step`` above the memory just before it: the activations, their
+        gradients and temporaries, with the model and inputs already in place. None on CPU when
+        freed memory is retained (the resident size then never falls between steps)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            step()
+            return torch.cuda.max_memory_allocated(self.device) - before
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets the kernel's resident high-water mark (VmHWM)
+        except OSError:
+            return None
+        before = current_rss()
+        step()
+        return peak_rss() - before
+
 
 def _timed(step: Callable[[], None], group, device: torch.device) -> float:
     if group is not None:
@@ -178,6 +199,8 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
             if cfg["compare_local_copy"]:
                 local_copy_times.append(local_copy)
     peak = memory.peak()
+    retained = device.type == "cpu" and cfg["retain_freed_memory"]
+    step_peak = None if retained else memory.step_peak(step)
     report = {
         **info,
         "rank": rank,
@@ -185,6 +208,7 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
         "local_copy_times_s": local_copy_times,
         "peak_bytes": peak,
         "peak_increase_bytes": peak - memory.base,
+        "step_peak_bytes": step_peak,
         "bytes_sent": sent,
         "gemm_flop_per_s": gemm_flop_rate(device),
     }

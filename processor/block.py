@@ -33,7 +33,7 @@ class MLP(nn.Sequential):
 
     def forward(self, x: Tensor) -> Tensor:
         first, act, second = self
-        if isinstance(act, nn.GELU) and torch.is_grad_enabled():
+        if isinstance(act, nn.GELU) and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
             return _GeluMLP.apply(x, first.weight, first.bias, second.weight, second.bias, act.approximate)
         return super().forward(x)
 
