@@ -8,7 +8,10 @@ non-overlapping key blocks ``i + s`` with the *whole* band's output and log-sum-
 kernel's softmax gradient needs only those (``P = exp(S - lse)``, ``D = rowsum(dO * O)``), so
 each call is the exact share of that shift and its key gradient lands on distinct rows.
 Autograd through the overlapping views would instead zero-fill and fold a band-sized
-gradient (2.5x the keys at ``block = W / 2``).
+gradient (2.5x the keys at ``block = W / 2``). Backward goes through the blocks in a few
+chunks so that each call's gradients stay a fraction of q's size. The queries at either end,
+whose band would run off the keys, get one exact masked call each in the same function, so
+the output is one buffer, saved once.
 
 Tensors are point-major in memory (``(batch, points, heads, head_dim)``, presented as
 ``(batch, heads, points, head_dim)`` views): the layout the fused kernels work in and the
