@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from processor.attention.masks import additive, band_mask, reach_blocks
+
 _BACKWARD_PARTS = 4
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
@@ -56,14 +58,8 @@ def _blocks(x: Tensor, first_row: int, blocks: int, block: int, rows: int) -> Te
 def _additive_masks(block: int, reach: int, window: int, like: Tensor) -> tuple[Tensor, list[Tensor | None]]:
     """The ``(block, band)`` additive band mask and its ``(block, block)`` slice per shift
     (None where a shift's keys are all in reach)."""
-    band = (2 * reach + 1) * block
-    offset = (
-        torch.arange(band, device=like.device)[None, :]
-        - reach * block
-        - torch.arange(block, device=like.device)[:, None]
-    )
-    allowed = offset.abs() <= window
-    mask = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device).masked_fill(~allowed, float("-inf"))
+    allowed = band_mask(block, (2 * reach + 1) * block, window, reach * block, device=like.device)
+    mask = additive(allowed, like.dtype)
     per_shift: list[Tensor | None] = []
     for s in range(2 * reach + 1):
         cols = slice(s * block, (s + 1) * block)
@@ -103,18 +99,14 @@ class _Plan:
 
 def _edge(q_lo: int, q_hi: int, q_offset: int, window: int, n_k: int, like: Tensor) -> _Edge:
     k_lo, k_hi = max(0, q_offset + q_lo - window), min(n_k, q_offset + q_hi + window)
-    rows = torch.arange(q_lo, q_hi, device=like.device)[:, None] + q_offset
-    cols = torch.arange(k_lo, k_hi, device=like.device)[None, :]
-    allowed = (rows - cols).abs() <= window
-    return _Edge(
-        q_lo, q_hi, k_lo, k_hi, torch.zeros_like(allowed, dtype=like.dtype).masked_fill(~allowed, float("-inf"))
-    )
+    allowed = band_mask(q_hi - q_lo, k_hi - k_lo, window, q_offset + q_lo - k_lo, device=like.device)
+    return _Edge(q_lo, q_hi, k_lo, k_hi, additive(allowed, like.dtype))
 
 
 class _BandedFlash(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, plan: _Plan):  # type: ignore[override]
-        batch, heads, n_q, dim = q.shape
+        batch = q.shape[0]
         out = point_major(q.new_empty(q.shape))
         blocks, block, band = plan.blocks, plan.block, (2 * plan.reach + 1) * plan.block
         first_key = plan.key_lo - plan.reach * block
@@ -164,7 +156,7 @@ class _BandedFlash(torch.autograd.Function):
 
                 lse = lses[b][first : first + count]
                 for s, mask in enumerate(plan.shift_masks):
-                    k_row = q_row + plan.key_lo - plan.start + (s - plan.reach) * block
+                    k_row = plan.key_lo + (first + s - plan.reach) * block
                     dq, dk, dv = _backward_op(
                         rows(grad[b], q_row),
                         rows(q[b], q_row),
@@ -204,7 +196,7 @@ class _BandedFlash(torch.autograd.Function):
 def interior_blocks(n_q: int, n_k: int, window: int, q_offset: int, block: int) -> tuple[int, int]:
     """Queries ``[start, stop)``: the whole blocks whose keys (``ceil(W / block)`` key blocks on
     each side) all exist; ``start == stop`` when there are none."""
-    reach = -(-window // block) * block
+    reach = reach_blocks(window, block) * block
     first = max(0, -(q_offset - reach) + block - 1) // block
     last = max(first, min(n_q // block, (n_k - 2 * reach - block - (q_offset - reach)) // block + 1))
     return first * block, last * block
@@ -226,8 +218,8 @@ def banded_flash_attention(
     start, stop = interior_blocks(n_q, n_k, window, q_offset, block)
     if start == stop:
         raise ValueError(f"banded attention: no whole block of {block} queries has all its keys among {n_k}")
-    reach = -(-window // block)
-    band_mask, shift_masks = _additive_masks(block, reach, window, q)
+    reach = reach_blocks(window, block)
+    full_mask, shift_masks = _additive_masks(block, reach, window, q)
     edges = [_edge(lo, hi, q_offset, window, n_k, q) for lo, hi in ((0, start), (stop, n_q)) if hi > lo]
-    plan = _Plan(start, stop, block, reach, q_offset + start, scale, band_mask, shift_masks, edges)
+    plan = _Plan(start, stop, block, reach, q_offset + start, scale, full_mask, shift_masks, edges)
     return _BandedFlash.apply(point_major(q), point_major(k), point_major(v), plan)

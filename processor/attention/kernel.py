@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from processor.attention.banded import banded_flash_attention, cat_points, interior_blocks, point_major
+from processor.attention.banded import banded_flash_attention, cat_points, interior_blocks
+from processor.attention.masks import band_mask, reach_blocks
 
 try:  # the flash-attn package has a native sliding window on CUDA (fp16/bf16)
     from flash_attn import flash_attn_func
@@ -54,13 +55,6 @@ def _sees_every_key(n_q: int, n_k: int, window: int | None, q_offset: int) -> bo
     return window is None or (q_offset + n_q - 1 - window <= 0 and q_offset + window >= n_k - 1)
 
 
-def band_mask(n_q: int, n_k: int, window: int, q_offset: int = 0, device=None) -> Tensor:
-    """``(n_q, n_k)`` bool mask, True where ``|q_offset + i - j| <= window``."""
-    rows = torch.arange(n_q, device=device)[:, None] + q_offset
-    cols = torch.arange(n_k, device=device)[None, :]
-    return (rows - cols).abs() <= window
-
-
 def _band_attention(
     q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, dropout_p: float, scale: float | None
 ) -> Tensor:
@@ -78,13 +72,15 @@ def _blocked(
 ) -> Tensor:
     """Interior blocks (whose whole key band exists) in one fused call on views of q, k, v;
     the few edge queries at each end by :func:`_band_attention`. Point-major output."""
-    q, k, v = point_major(q), point_major(k), point_major(v)
     n_q, n_k = q.shape[2], k.shape[2]
     start, stop = interior_blocks(n_q, n_k, window, q_offset, block)
     if start == stop:
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale)
     if _fused_band_backward(q, dropout_p):
         return banded_flash_attention(q, k, v, window, q_offset, block, scale)
+    # Head-major rows (a copy when q, k, v are views of the packed projection) keep the fused
+    # kernel's reads sequential; autograd then saves these instead of the projection output.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     parts = []
     if start > 0:
         parts.append(_band_attention(q[:, :, :start], k, v, window, q_offset, dropout_p, scale))
@@ -107,15 +103,14 @@ def _blocks_on_views(
     SDPA call on overlapping views of k and v under one ``(block, band)`` mask (autograd folds
     the band gradients back)."""
     b, h, n_q, d = q.shape
-    blocks, reach = n_q // block, -(-window // block) * block
+    blocks, reach = n_q // block, reach_blocks(window, block) * block
     band = block + 2 * reach
     lo = key_lo - reach
     # (b * h, blocks, band, d): overlapping windows of the keys, a view when b == 1.
     k_blocks = k[:, :, lo : lo + (blocks - 1) * block + band].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
     v_blocks = v[:, :, lo : lo + (blocks - 1) * block + band].unfold(2, band, block).transpose(-1, -2).flatten(0, 1)
     q_blocks = q.unflatten(2, (blocks, block)).flatten(0, 1)
-    offset = torch.arange(band, device=q.device)[None, :] - reach - torch.arange(block, device=q.device)[:, None]
-    in_band = offset.abs() <= window  # (block, band), the same for every block
+    in_band = band_mask(block, band, window, reach, device=q.device)  # the same for every block
     out = F.scaled_dot_product_attention(
         q_blocks, k_blocks, v_blocks, attn_mask=in_band, dropout_p=dropout_p, scale=scale
     )

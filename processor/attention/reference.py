@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from processor.attention.kernel import band_mask
+from processor.attention.masks import band_mask
 
 
 def dense_window_attention(q: Tensor, k: Tensor, v: Tensor, window: int | None, q_offset: int = 0) -> Tensor:
