@@ -8,24 +8,17 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from processor import ConfigError
 from processor.grids import grid_points
-from training.config import MODEL_RANGES
+from training.config import processor_config, processor_schema
 
 TARGETS = ("processor", "train_step")
-STRATEGIES = ("none", "shard_heads", "shard_sequence")
 
-
-@dataclass
-class BenchModelConfig:
-    num_layers: int = 2
-    num_channels: int = 64
-    num_heads: int = 4
-    window_size: int | None = 128
-    mlp_hidden_ratio: float = 4.0
-    num_chunks: int = 0  # activation checkpointing chunks (0: off)
-    qk_norm: bool = False
-    activation: str = "gelu"
-    attention_block_size: int | None = None  # None: the kernel's default
+# The processor's settings (every ProcessorConfig field but the strategy, a key of its own).
+BenchModelConfig = processor_schema(
+    "BenchModelConfig",
+    dict(num_layers=2, num_channels=64, num_heads=4, window_size=128, mlp_hidden_ratio=4.0, num_chunks=0),
+)
 
 
 @dataclass
@@ -76,7 +69,6 @@ class BenchmarkConfig:
 
 _RANGES: list[tuple[str, Any, str]] = [
     ("target", lambda v: v in TARGETS, "|".join(TARGETS)),
-    ("strategy", lambda v: v in STRATEGIES, "|".join(STRATEGIES)),
     ("ranks", lambda v: v >= 1, ">= 1"),
     ("device", lambda v: v in ("cpu", "cuda"), "cpu|cuda"),
     ("threads_per_rank", lambda v: v >= 1, ">= 1"),
@@ -86,7 +78,6 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("steps", lambda v: v >= 1, ">= 1"),
     ("num_variables", lambda v: v >= 1, ">= 1"),
     ("timeout_s", lambda v: v > 0, "> 0"),
-    *MODEL_RANGES,
     ("probe.budget_gib", lambda v: v > 0, "> 0"),
     ("probe.family", lambda v: v in ("o", "f"), "o|f"),
     ("probe.step", lambda v: v >= 1, ">= 1"),
@@ -111,20 +102,17 @@ def check_point(cfg: Any) -> None:
         for name in (cfg.grid, cfg.data_grid or cfg.grid):
             if not name.startswith(("o", "f")):
                 raise ValueError(f"target=train_step needs grid coordinates: use an oN or fN grid, not {name}")
-    if cfg.model.num_channels % cfg.model.num_heads:
-        raise ValueError(
-            f"model.num_channels = {cfg.model.num_channels} is not divisible by model.num_heads = {cfg.model.num_heads}"
-        )
+    processor_config(cfg.model, cfg.strategy, key_prefix="model.", strategy_key="strategy")
 
 
 def skip_reason(cfg: Any) -> str | None:
     """Why a point of a cross-product sweep is not run (``None``: it is run)."""
-    if cfg.strategy == "none" and cfg.ranks > 1:
-        return "strategy none runs on one rank"
     if cfg.strategy != "none" and cfg.ranks == 1:
         return "one rank is the strategy none baseline"
-    if cfg.strategy == "shard_heads" and cfg.ranks > cfg.model.num_heads:
-        return f"shard_heads needs a head per rank ({cfg.model.num_heads} heads, {cfg.ranks} ranks)"
+    try:
+        processor_config(cfg.model, cfg.strategy, strategy_key="strategy").check_world_size(cfg.ranks)
+    except ConfigError as exc:
+        return exc.message
     return None
 
 

@@ -20,7 +20,7 @@ def _on_world(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def run_ranks(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """Measure on ``cfg["ranks"]`` freshly spawned local ranks (gloo on CPU, NCCL on GPUs)."""
-    from processor.distributed.local import run_local
+    from processor.runtime import run_local
 
     backend = "nccl" if cfg["device"] == "cuda" else "gloo"
     return run_local(

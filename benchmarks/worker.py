@@ -7,6 +7,7 @@ the step's time.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,40 +15,48 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.local_copy import LocalCopyTransport
 from processor import TransformerProcessor
-from processor.distributed import count_communication, shard_sizes, sum_model_parallel_gradients
-from processor.distributed.halo import exchange_as_local_copy
+from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_sizes
 from processor.grids import get_grid, grid_points
-from processor.memory import current_rss, peak_rss, set_freed_memory_policy
+from processor.runtime import current_rss, peak_rss, set_freed_memory_policy
+from training.config import processor_config
+
+# A step on this rank, given the transport its communication goes through.
+Step = Callable[[Transport], None]
 
 
 def _processor(cfg: dict[str, Any], world: int) -> TransformerProcessor:
-    return TransformerProcessor.from_settings(cfg["model"], cfg["strategy"] if world > 1 else "none")
+    return TransformerProcessor(processor_config(cfg["model"], cfg["strategy"] if world > 1 else "none"))
 
 
-def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Callable[[], None], dict[str, Any]]:
+def _parallelize(model: torch.nn.Module, group: dist.ProcessGroup | None) -> torch.nn.Module:
+    """As training does: backward sums the parameter gradients over the group."""
+    return model if group is None else parallelize_gradients(model, mp_group=group)
+
+
+def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
     n = grid_points(cfg["grid"])
     sizes = shard_sizes(n, world)
-    model = _processor(cfg, world).to(device)
+    model = _parallelize(_processor(cfg, world).to(device), group)
     x = torch.randn(cfg["batch_size"], sizes[rank], cfg["model"]["num_channels"], device=device, requires_grad=True)
     # The gradient the decoder would send back: a fixed tensor, so no loss temporaries count.
     cotangent = torch.randn_like(x)
-    params = list(model.parameters())
 
-    def step() -> None:
+    def step(transport: Transport) -> None:
         model.zero_grad(set_to_none=True)
         x.grad = None
         with autocast:
-            y = model(x, group=group)
+            y = model(x, group=group, transport=transport)
         y.backward(cotangent.to(y.dtype))
-        sum_model_parallel_gradients(params, group)
 
     return step, {"points": n, "shard_sizes": sizes}
 
 
-def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Callable[[], None], dict[str, Any]]:
-    from training.config import ModelConfig
+def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
+    from training.config import ModelConfig, TrainerConfig
     from training.model import Forecaster, ShardedGrids
+    from training.step import TrainStep, build_optimiser
 
     hidden = get_grid(cfg["grid"])
     data = get_grid(cfg["data_grid"] or cfg["grid"])
@@ -63,21 +72,17 @@ def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Callable[[],
     )
     v, b = cfg["num_variables"], cfg["batch_size"]
     model = Forecaster(v, cfg["model"]["num_channels"], _processor(cfg, world)).to(device)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    trainer = dataclasses.asdict(TrainerConfig())  # the training run's optimiser and clipping
+    optimiser, schedule = build_optimiser(model, trainer)
     n_data = len(data.latitudes)
+    parallel = _parallelize(model, group)
+    train_step = TrainStep(parallel, optimiser, schedule, trainer["grad_clip"], autocast, b * n_data * v)
     x = torch.randn(b, grids.data_layout.local_size, v, device=device)
     y = torch.randn(b, grids.data_layout.local_size, v, device=device)
     grids = _to_device(grids, device)
-    params = list(model.parameters())
 
-    def step() -> None:
-        with autocast:
-            pred = model(x, grids, group)
-        ((pred.float() - y).pow(2).sum() / (b * n_data * v)).backward()
-        sum_model_parallel_gradients(params, group)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimiser.step()
-        optimiser.zero_grad(set_to_none=True)
+    def step(transport: Transport) -> None:
+        train_step(x, y, grids, group, transport)
 
     info = {
         "points": len(hidden.latitudes),
@@ -159,11 +164,11 @@ class _Memory:
         return peak_rss() - before
 
 
-def _timed(step: Callable[[], None], group, device: torch.device) -> float:
+def _timed(step: Step, transport: Transport, group, device: torch.device) -> float:
     if group is not None:
         dist.barrier(group)
     t0 = time.perf_counter()
-    step()
+    step(transport)
     _sync(device)
     return time.perf_counter() - t0
 
@@ -188,19 +193,18 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
     local_copy_times: list[float] = []
     sent: dict[str, int] = {}
     for i in range(cfg["warmup"] + cfg["steps"]):
-        with count_communication() as comm:
-            elapsed = _timed(step, group, device)
+        counter = CommCounter()
+        elapsed = _timed(step, Transport(counter), group, device)
         if cfg["compare_local_copy"]:
-            with exchange_as_local_copy():
-                local_copy = _timed(step, group, device)
+            local_copy = _timed(step, LocalCopyTransport(), group, device)
         if i >= cfg["warmup"]:
             times.append(elapsed)
-            sent = dict(comm.bytes_sent)
+            sent = dict(counter.bytes_sent)
             if cfg["compare_local_copy"]:
                 local_copy_times.append(local_copy)
     peak = memory.peak()
     retained = device.type == "cpu" and cfg["retain_freed_memory"]
-    step_peak = None if retained else memory.step_peak(step)
+    step_peak = None if retained else memory.step_peak(lambda: step(Transport()))
     report = {
         **info,
         "rank": rank,
@@ -215,7 +219,7 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
     if cfg["profile"]:
         from benchmarks.profile_split import profile_split
 
-        split = profile_split(step, group, device, cfg["model"])
+        split = profile_split(lambda: step(Transport()), group, device, cfg["model"])
         if rank == 0:
             report["profile_split_s"] = split
     return report

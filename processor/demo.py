@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from processor import TransformerProcessor
-from processor.distributed import count_communication, shard_offsets, shard_sizes, sum_model_parallel_gradients
-from processor.distributed.local import run_local
+from processor import ProcessorConfig, TransformerProcessor
+from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_offsets, shard_sizes
 from processor.grids import get_grid
+from processor.runtime import run_local
 
 MODEL = dict(num_layers=2, num_channels=64, num_heads=8, window_size=256, mlp_hidden_ratio=2, num_chunks=1)
 
@@ -31,21 +31,22 @@ def _run(strategy: str, points: int) -> dict:
     group = dist.group.WORLD if dist.is_initialized() else None
     ranks, rank = (dist.get_world_size(), dist.get_rank()) if group else (1, 0)
     torch.manual_seed(0)
-    model = TransformerProcessor(**MODEL, strategy=strategy)
+    model = TransformerProcessor(ProcessorConfig(**MODEL, strategy=strategy))
+    if group is not None:
+        model = parallelize_gradients(model, mp_group=group)  # backward sums the gradients over the ranks
     sizes = shard_sizes(points, ranks)
     start = shard_offsets(sizes)[rank]
     x = _inputs(points)[:, start : start + sizes[rank]].clone().requires_grad_()
     t0 = time.perf_counter()
-    with count_communication() as comm:
-        y = model(x, group=group)
-        # Each rank adds its points to the global mean; summed over ranks it is the one-rank loss.
-        y.square().sum().div(points * MODEL["num_channels"]).backward()
-        sum_model_parallel_gradients(model.parameters(), group)
+    counter = CommCounter()
+    y = model(x, group=group, transport=Transport(counter))
+    # Each rank adds its points to the global mean; summed over ranks it is the one-rank loss.
+    y.square().sum().div(points * MODEL["num_channels"]).backward()
     return {
         "seconds": time.perf_counter() - t0,
         "y": y.detach().numpy(),
         "grad": np.concatenate([p.grad.numpy().ravel() for p in model.parameters()]),
-        "bytes": comm.total_bytes,
+        "bytes": counter.total_bytes,
     }
 
 

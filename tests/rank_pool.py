@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from processor.distributed.local import free_port
+from processor.runtime import free_port
 
 
 @dataclass

@@ -65,7 +65,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     t = resolved["trainer"]
     if t["nprocs"] == 1:
         return _rank_main(resolved)
-    from processor.distributed.local import run_local
+    from processor.runtime import run_local
 
     return run_local(
         _rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]

@@ -3,27 +3,57 @@ value of the wrong type fails at start naming the key; :func:`check_config` adds
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from processor import ConfigError, ProcessorConfig
 
-@dataclass
-class ModelConfig:
-    hidden_grid: str = "o16"  # the processor's grid
-    num_layers: int = 4
-    num_channels: int = 64
-    num_heads: int = 4
-    window_size: int | None = 64
-    mlp_hidden_ratio: float = 2.0
-    num_chunks: int = 0
-    dropout_p: float = 0.0
-    qk_norm: bool = True
-    activation: str = "gelu"
-    encoder_neighbours: int = 4  # data points feeding each hidden point
-    decoder_neighbours: int = 3  # hidden points feeding each data point
+FORECASTER_KEYS = ("hidden_grid", "encoder_neighbours", "decoder_neighbours")
+
+
+def processor_schema(name: str, defaults: dict[str, Any], extra: list[tuple[str, type, Any]] = ()) -> type:
+    """A Hydra schema (a dataclass) whose fields are :class:`processor.ProcessorConfig`'s, the
+    strategy aside (it is a key of its own), with ``defaults``, after the ``extra`` fields.
+    Derived, not copied: a setting added to the processor appears here."""
+    specs: list[tuple[str, Any, Any]] = [(key, kind, field(default=value)) for key, kind, value in extra]
+    for f in dataclasses.fields(ProcessorConfig):
+        if f.name != "strategy":
+            default = defaults.get(f.name, MISSING if f.default is dataclasses.MISSING else f.default)
+            specs.append((f.name, f.type, field(default=default)))
+    return dataclasses.make_dataclass(name, specs)
+
+
+# The processor's settings, then the forecaster's own (FORECASTER_KEYS).
+ModelConfig = processor_schema(
+    "ModelConfig",
+    dict(num_layers=4, num_channels=64, num_heads=4, window_size=64, mlp_hidden_ratio=2.0, num_chunks=0, qk_norm=True),
+    extra=[
+        ("hidden_grid", str, "o16"),  # the processor's grid
+        ("encoder_neighbours", int, 4),  # data points feeding each hidden point
+        ("decoder_neighbours", int, 3),  # hidden points feeding each data point
+    ],
+)
+
+
+def processor_config(
+    model: Any, strategy: str, key_prefix: str = "model.", strategy_key: str = "strategy.name"
+) -> ProcessorConfig:
+    """The processor's configuration from a ``model`` section (its keys, and the forecaster's
+    :data:`FORECASTER_KEYS`) and the strategy's name.
+
+    Raises:
+        ValueError: naming the config key (``key_prefix`` + field, or ``strategy_key``).
+    """
+    settings = {k: v for k, v in dict(model).items() if k not in FORECASTER_KEYS}
+    try:
+        return ProcessorConfig.from_mapping(settings, strategy=strategy)
+    except ConfigError as exc:
+        key = strategy_key if exc.key == "strategy" else key_prefix + exc.key
+        raise ValueError(f"config key {key}: {exc.message}") from None
 
 
 @dataclass
@@ -95,22 +125,10 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
 
 
-# The processor's keys, shared with the benchmark schema.
-MODEL_RANGES: list[tuple[str, Any, str]] = [
-    ("model.num_layers", lambda v: v >= 1, ">= 1"),
-    ("model.num_channels", lambda v: v >= 1, ">= 1"),
-    ("model.num_heads", lambda v: v >= 1, ">= 1"),
-    ("model.window_size", lambda v: v is None or v >= 0, ">= 0 or null"),
-    ("model.mlp_hidden_ratio", lambda v: v > 0, "> 0"),
-    ("model.num_chunks", lambda v: v >= 0, ">= 0"),
-]
-
+# The app's own keys; the processor's are checked by ProcessorConfig.
 _RANGES: list[tuple[str, Any, str]] = [
-    *MODEL_RANGES,
-    ("model.dropout_p", lambda v: 0 <= v < 1, "in [0, 1)"),
     ("model.encoder_neighbours", lambda v: v >= 1, ">= 1"),
     ("model.decoder_neighbours", lambda v: v >= 1, ">= 1"),
-    ("strategy.name", lambda v: v in ("none", "shard_heads", "shard_sequence"), "none|shard_heads|shard_sequence"),
     ("data.val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
     ("data.generate_steps", lambda v: v >= 8, ">= 8"),
     ("trainer.steps", lambda v: v >= 1, ">= 1"),
@@ -147,17 +165,13 @@ def check_config(cfg: Any, world_size: int | None = None) -> None:
         raise ValueError(
             f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
         )
-    if cfg.strategy.name == "none" and cfg.trainer.ranks_per_model != 1:
-        raise ValueError("strategy=none runs one rank per model: set trainer.ranks_per_model=1")
-    if cfg.model.num_channels % cfg.model.num_heads:
+    processor = processor_config(cfg.model, cfg.strategy.name)
+    try:
+        processor.check_world_size(cfg.trainer.ranks_per_model)
+    except ConfigError as exc:
         raise ValueError(
-            f"model.num_channels = {cfg.model.num_channels} is not divisible by model.num_heads = {cfg.model.num_heads}"
-        )
-    if cfg.strategy.name == "shard_heads" and cfg.trainer.ranks_per_model > cfg.model.num_heads:
-        raise ValueError(
-            f"strategy=shard_heads needs model.num_heads ({cfg.model.num_heads}) >= "
-            f"trainer.ranks_per_model ({cfg.trainer.ranks_per_model})"
-        )
+            f"strategy={cfg.strategy.name} with trainer.ranks_per_model = {cfg.trainer.ranks_per_model}: {exc.message}"
+        ) from None
 
 
 register_configs()  # importing the schema makes it available to Hydra's compose API too

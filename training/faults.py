@@ -1,7 +1,7 @@
 """A fault-injection hook for tests of what survives a lost rank (documented in docs/reliability.md).
 
 With ``trainer.fault_at_step = s``, rank ``trainer.fault_rank`` SIGKILLs itself in the middle of
-step ``s`` (after its backward pass, before the gradient all-reduce), the way a rank dies when
+step ``s`` (after its backward pass, before the optimiser step), the way a rank dies when
 its node fails. A marker file in the run directory makes it happen once per run directory, so
 a run restarted by ``torchrun --max-restarts`` goes past step ``s``.
 """

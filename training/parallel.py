@@ -1,7 +1,8 @@
-"""Data-parallel x model-parallel process groups, named and passed explicitly.
+"""Data-parallel x model-parallel ranks on a device mesh with named axes, passed explicitly.
 
 World ranks are laid out model-parallel-fastest: ranks ``[d * mp, (d + 1) * mp)`` form
-model replica ``d``; ranks with the same ``mp_rank`` form a data-parallel group.
+model replica ``d`` (the mesh's ``mp`` axis); ranks with the same ``mp_rank`` form a
+data-parallel group (its ``dp`` axis).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from processor.distributed import all_reduce_gradients, sum_model_parallel_gradients
+from processor.distributed import parallelize_gradients
 
 
 @dataclass(frozen=True)
@@ -20,8 +22,7 @@ class ParallelDims:
     world: int
     mp: int
     rank: int
-    mp_group: dist.ProcessGroup | None
-    dp_group: dist.ProcessGroup | None
+    mesh: DeviceMesh | None  # axes ("dp", "mp"); None on one rank
 
     @property
     def dp(self) -> int:
@@ -35,33 +36,27 @@ class ParallelDims:
     def dp_rank(self) -> int:
         return self.rank // self.mp
 
+    @property
+    def mp_group(self) -> dist.ProcessGroup | None:
+        """The model-parallel group (None with one rank per model)."""
+        return None if self.mesh is None or self.mp == 1 else self.mesh["mp"].get_group()
+
     @classmethod
-    def build(cls, ranks_per_model: int) -> ParallelDims:
-        """Create the groups (every rank must call this, in the same order)."""
+    def build(cls, ranks_per_model: int, device_type: str = "cpu") -> ParallelDims:
+        """Build the mesh (every rank must call this)."""
         if not dist.is_initialized():
             if ranks_per_model != 1:
                 raise ValueError(f"ranks_per_model = {ranks_per_model} needs a process group; none is initialised")
-            return cls(1, 1, 0, None, None)
+            return cls(1, 1, 0, None)
         world, rank = dist.get_world_size(), dist.get_rank()
         if world % ranks_per_model:
             raise ValueError(f"ranks_per_model = {ranks_per_model} does not divide the world size {world}")
-        mp_group = dp_group = None
-        for d in range(world // ranks_per_model):
-            g = dist.new_group(list(range(d * ranks_per_model, (d + 1) * ranks_per_model)))
-            if d == rank // ranks_per_model:
-                mp_group = g
-        for m in range(ranks_per_model):
-            g = dist.new_group(list(range(m, world, ranks_per_model)))
-            if m == rank % ranks_per_model:
-                dp_group = g
-        return cls(world, ranks_per_model, rank, mp_group if ranks_per_model > 1 else None, dp_group)
+        mesh = init_device_mesh(device_type, (world // ranks_per_model, ranks_per_model), mesh_dim_names=("dp", "mp"))
+        return cls(world, ranks_per_model, rank, mesh)
 
-    def reduce_gradients(self, model: nn.Module) -> None:
-        """Sum over the model-parallel group (each rank has its points' part), then average over
-        the data-parallel replicas. No scaling by the model-parallel size anywhere."""
-        params = [p for p in model.parameters() if p.requires_grad]
-        sum_model_parallel_gradients(params, self.mp_group)
-        all_reduce_gradients(params, self.dp_group, divide_by=self.dp)
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        """``model`` with gradients summed over ``mp`` and averaged over ``dp`` in backward."""
+        return model if self.mesh is None else parallelize_gradients(model, self.mesh)
 
     def sum_over_world(self, values: list[float]) -> list[float]:
         """Sum a few numbers over every rank (for logging losses)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import subprocess
@@ -16,11 +17,9 @@ import yaml
 from tqdm import tqdm
 
 from processor import TransformerProcessor
-from processor.distributed import count_communication
-from processor.distributed.consistency import agree_on_values
-from processor.distributed.watchdog import Heartbeat
+from processor.distributed import CommCounter, Transport, agree_on_values
 from processor.grids import get_grid, grid_points
-from processor.memory import peak_rss, set_freed_memory_policy
+from processor.runtime import Heartbeat, peak_rss, set_freed_memory_policy
 from training.checkpoint import (
     LATEST,
     CheckpointError,
@@ -28,10 +27,12 @@ from training.checkpoint import (
     remove_partials,
     save_checkpoint,
 )
+from training.config import processor_config
 from training.data import DatasetError, ZarrDataset
 from training.faults import maybe_die
 from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
+from training.step import TrainStep, build_optimiser
 from training.tracking import NullTracker, Tracker, flatten
 
 log = logging.getLogger(__name__)
@@ -52,16 +53,8 @@ def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
 
 
 def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
-    processor = TransformerProcessor.from_settings(cfg["model"], cfg["strategy"]["name"])
+    processor = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"]["name"]))
     return Forecaster(num_variables, cfg["model"]["num_channels"], processor)
-
-
-def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warm-up to 1, then cosine decay to ``min_ratio``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def sample_times(step: int, replica: int, replicas: int, batch: int, n: int, seed: int) -> list[int]:
@@ -148,13 +141,14 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     """Train on this rank; rank 0 logs and checkpoints. Returns the loss history and run id.
 
     On several ranks a heartbeat runs alongside: when a collective fails because another rank
-    died, hung or raised, this rank raises :class:`~processor.distributed.watchdog.PeerFailureError`
+    died, hung or raised, this rank raises :class:`~processor.runtime.PeerFailureError`
     naming it, within ``trainer.timeout_s`` (plus three heartbeats).
     """
     dims = ParallelDims.build(cfg["trainer"]["ranks_per_model"])
     heartbeat: AbstractContextManager = nullcontext()
     if dims.world > 1:
-        heartbeat = Heartbeat.for_default_group(cfg["trainer"]["heartbeat_s"])
+        t_cfg = cfg["trainer"]
+        heartbeat = Heartbeat.from_env(dims.rank, dims.world, t_cfg["heartbeat_s"], t_cfg["timeout_s"])
     with heartbeat:
         return _train(cfg, dims)
 
@@ -177,10 +171,7 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     )
     torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank
     model = build_model(cfg, len(dataset.variables))
-    optimiser = torch.optim.AdamW(model.parameters(), lr=t_cfg["lr"], weight_decay=t_cfg["weight_decay"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: lr_factor(s, t_cfg["warmup_steps"], t_cfg["steps"], t_cfg["min_lr_ratio"])
-    )
+    optimiser, schedule = build_optimiser(model, t_cfg)
     torch.manual_seed(t_cfg["seed"] + 1 + dims.rank)  # dropout streams differ per rank
 
     n_val = max(2, int(dataset.n_times * cfg["data"]["val_fraction"]))
@@ -221,20 +212,16 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
         tracker.log_artifact(config_file)
 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=t_cfg["precision"] == "bf16")
-
-    def loss_on(times: list[int]) -> torch.Tensor:
-        x, y = batches(times)
-        with autocast:
-            pred = model(x, grids, dims.mp_group)
-        # This rank's share of its replica's mean squared error: summed over the model-parallel
-        # group it is the replica's loss.
-        return (pred.float() - y).pow(2).sum() / n_per_replica
+    train_step = TrainStep(dims.parallelize(model), optimiser, schedule, t_cfg["grad_clip"], autocast, n_per_replica)
+    counter = CommCounter()
+    transport = Transport(counter)
 
     def validate() -> float:
         model.eval()
         with torch.no_grad():
-            total = sum(loss_on([t]).item() for t in val_times) / len(val_times) * t_cfg["batch_size"]
+            losses = [train_step.loss(*batches([t]), grids, dims.mp_group, transport).item() for t in val_times]
         model.train()
+        total = sum(losses) / len(val_times) * t_cfg["batch_size"]
         return dims.sum_over_world([total])[0] / dims.dp
 
     last_checkpoint = start
@@ -272,19 +259,13 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
         for step in range(start, t_cfg["steps"]):
             times = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], n_train, t_cfg["seed"])
             t0 = time.perf_counter()
-            with count_communication() as comm:
-                loss = loss_on(times)
-                loss.backward()
-                maybe_die(t_cfg, dims.rank, step, run_dir)
-                dims.reduce_gradients(model)
-                if t_cfg["grad_clip"] > 0:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), t_cfg["grad_clip"])
-                optimiser.step()
-                optimiser.zero_grad(set_to_none=True)
             lr = schedule.get_last_lr()[0]
-            schedule.step()
+            counter.reset()
+            x, y = batches(times)
+            fault = functools.partial(maybe_die, t_cfg, dims.rank, step, run_dir)
+            loss = train_step(x, y, grids, dims.mp_group, transport, after_backward=fault)
             elapsed = time.perf_counter() - t0
-            train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, comm.total_bytes])
+            train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, counter.total_bytes])
             train_loss /= dims.dp
             if not math.isfinite(train_loss):  # equal on every rank: all stop together
                 tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})

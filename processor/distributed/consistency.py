@@ -58,7 +58,7 @@ def agree_on_layout(
     x: Tensor,
     group: dist.ProcessGroup,
     channels: int,
-    config: Sequence[object],
+    config: Mapping[str, object],
     shard_sizes: Sequence[int] | None = None,
 ) -> ShardLayout:
     """Gather every rank's view of the input and return the common layout of points.
@@ -66,7 +66,8 @@ def agree_on_layout(
     Args:
         x: this rank's ``(batch, local_points, channels)`` block.
         channels: the channel count the model expects.
-        config: values that must be equal on every rank (model hyper-parameters, strategy).
+        config: settings that must be equal on every rank (all of the processor's); when they
+            differ the error names the settings and the ranks.
         shard_sizes: optional expected points per rank; checked against the actual blocks.
     Raises:
         ValueError: on every rank, when any rank's input or configuration disagrees.
@@ -75,7 +76,8 @@ def agree_on_layout(
     problem = _local_problem(x, channels, world, rank, shard_sizes)
     shape = list(x.shape) if x.dim() == 3 else [-1, -1, -1]
     sizes_print = -1 if shard_sizes is None else fingerprint(shard_sizes)
-    mine = torch.tensor([int(problem), *shape, fingerprint(config), sizes_print], dtype=torch.int64)
+    config_print = fingerprint(sorted((str(k), str(v)) for k, v in config.items()))
+    mine = torch.tensor([int(problem), *shape, config_print, sizes_print], dtype=torch.int64)
     table = torch.empty(world * mine.numel(), dtype=torch.int64)
     dist.all_gather_single(table, mine, group=group)
     rows = table.view(world, -1).tolist()
@@ -91,12 +93,9 @@ def agree_on_layout(
         raise ValueError(f"batch size differs across ranks: {batches}")
     if batches[0] == 0:  # shard_heads' all-to-all cannot split an empty batch
         raise ValueError("the batch is empty (batch size 0 on every rank)")
-    configs = [row[4] for row in rows]
-    if len(set(configs)) > 1:
-        odd = [r for r, c in enumerate(configs) if c != configs[0]]
-        raise ValueError(
-            f"processor configuration differs between rank 0 and ranks {odd} (strategy, window, heads, ...)"
-        )
+    if len({row[4] for row in rows}) > 1:  # every rank takes this branch: it raises, naming the settings
+        agree_on_values(config, group, what="processor settings")
+        raise ValueError("processor settings differ across ranks")  # not reached: the line above names them
     given = {row[5] for row in rows}
     if len(given) > 1:
         raise ValueError("shard_sizes passed to forward differ across ranks")

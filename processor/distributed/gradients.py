@@ -1,48 +1,135 @@
-"""Summing parameter gradients over the model-parallel group.
+"""Parameter gradients of a model-parallel model: summed over its ranks, averaged over replicas.
 
 Every rank holds all parameters (they are replicated; only points are split). After
 backward, a rank's parameter gradients are the contributions of its own points, so the
 gradient of the whole model is their **sum** over the model-parallel group; the
-collectives' backward passes have already routed every cross-rank term to its rank.
+collectives' backward passes have already routed every cross-rank term to its rank. With
+data parallelism on top, replicas are **averaged** as usual.
 
-With data parallelism on top, average over the data-parallel group as usual (DDP on the
-data-parallel group does it) and *sum* over the model-parallel group with this function.
-DDP over the whole world instead would average over ``dp * mp`` ranks: multiply by the
-model-parallel size to undo that.
+Two ways to get there, one operation:
+
+- :func:`parallelize_gradients` wraps the model in ``DistributedDataParallel`` with a
+  communication hook that does it during backward (overlapped, bucketed): after
+  ``loss.backward()`` the gradients are right, nothing else to call.
+- :func:`sum_model_parallel_gradients` does it explicitly after backward.
+
+Plain DDP over the whole world would *average* over ``dp * mp`` ranks: the model-parallel
+sum would come out divided by ``mp``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
 
 
-def all_reduce_gradients(
-    parameters: Iterable[nn.Parameter], group: dist.ProcessGroup | None, divide_by: int = 1
+def _size(group: dist.ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def sum_model_parallel_gradients(
+    parameters: Iterable[nn.Parameter], mp_group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None
 ) -> None:
-    """In place: ``p.grad = (sum over the group's ranks of p.grad) / divide_by``, in one flat
-    all-reduce.
+    """In place, after backward: each ``p.grad`` summed over ``mp_group``, then averaged over
+    ``dp_group`` (data-parallel replicas; ``None``: one replica), one flat all-reduce each.
 
-    Parameters whose ``grad`` is None count as zero (and get a gradient) so that every
-    rank reduces buffers of the same layout.
+    Parameters whose ``grad`` is None count as zero (and get a gradient), so that every rank
+    reduces buffers of the same layout.
     """
     params = [p for p in parameters if p.requires_grad]
-    if group is None or dist.get_world_size(group) == 1 or not params:
+    if not params or _size(mp_group) * _size(dp_group) == 1:
         return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    if divide_by != 1:
-        flat /= divide_by
+    if _size(mp_group) > 1:
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=mp_group)
+    if _size(dp_group) > 1:
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)
+        flat /= _size(dp_group)
     for p, g in zip(params, flat.split([p.numel() for p in params])):
         p.grad.copy_(g.view_as(p))
 
 
-def sum_model_parallel_gradients(parameters: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
-    """In place: ``p.grad = sum over the model-parallel group's ranks of p.grad``."""
-    all_reduce_gradients(parameters, group)
+@dataclass(frozen=True)
+class _Reduction:
+    """The communication hook's state: sum over ``mp_group``, then average over ``dp_group``."""
+
+    mp_group: dist.ProcessGroup
+    dp_group: dist.ProcessGroup | None
+
+
+def _sum_over_model_average_over_replicas(state: _Reduction, bucket):  # noqa: ANN001 - DDP checks the annotation
+    """DDP's communication hook: ``bucket`` (a ``dist.GradBucket``) of gradients -> a future of
+    the reduced bucket. Unannotated: DDP rejects a string annotation."""
+    buffer = bucket.buffer()
+    replicas = _size(state.dp_group)
+    if replicas > 1:
+        buffer.div_(replicas)
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.mp_group)
+        work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.dp_group, async_op=True)
+    else:
+        work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.mp_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def parallelize_gradients(
+    model: nn.Module,
+    mesh: DeviceMesh | None = None,
+    *,
+    mp_group: dist.ProcessGroup | None = None,
+    dp_group: dist.ProcessGroup | None = None,
+) -> nn.Module:
+    """``model`` wrapped so that backward leaves one-rank gradients on every rank: summed over
+    the model-parallel ranks, averaged over data-parallel replicas.
+
+    Args:
+        mesh: a device mesh with axes ``("dp", "mp")`` or ``("mp",)`` (every rank of it calls).
+            The sums then run on groups of their own, created here, so that they never
+            interleave with the processor's exchanges on ``mesh["mp"]`` (NCCL needs that).
+        mp_group, dp_group: or, instead of a mesh, this rank's model-parallel group and its
+            data-parallel group (None: one replica). The sums then share ``mp_group`` with the
+            exchanges: fine on gloo, whose point-to-point and collective traffic use separate
+            slots; on NCCL pass a mesh.
+    Returns:
+        ``model`` itself when there is nothing to reduce, else a ``DistributedDataParallel``
+        around it (its ``module`` is ``model``: save ``model.state_dict()``).
+    """
+    if mesh is not None:
+        if mp_group is not None or dp_group is not None:
+            raise ValueError("parallelize_gradients takes a device mesh or groups, not both")
+        mp_group, dp_group = _gradient_groups(mesh)
+    if _size(mp_group) == 1:
+        # Nothing model-parallel: plain data parallelism (averaging), if any.
+        return model if dp_group is None else DistributedDataParallel(model, process_group=dp_group)
+    wrapped = DistributedDataParallel(model, process_group=mp_group)
+    wrapped.register_comm_hook(_Reduction(mp_group, dp_group), _sum_over_model_average_over_replicas)
+    return wrapped
+
+
+def _gradient_groups(mesh: DeviceMesh) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """This rank's (model-parallel, data-parallel) groups for the gradient sums: the former new,
+    one per replica, created by every rank in the same order."""
+    names = mesh.mesh_dim_names or ()
+    if set(names) - {"dp", "mp"} or "mp" not in names:
+        raise ValueError(f'the mesh must have axes ("dp", "mp") or ("mp",), got {names}')
+    ranks = mesh.mesh if "dp" in names else mesh.mesh.unsqueeze(0)
+    if names[0] == "mp" and len(names) == 2:
+        ranks = ranks.t()
+    dp_group = mesh["dp"].get_group() if "dp" in names and mesh["dp"].size() > 1 else None
+    if ranks.shape[1] == 1:
+        return None, dp_group
+    me = dist.get_rank()
+    mine = None
+    for replica in ranks.tolist():
+        group = dist.new_group(replica)
+        if me in replica:
+            mine = group
+    return mine, dp_group

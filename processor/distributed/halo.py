@@ -14,16 +14,14 @@ so a caller overlaps it with work that needs no halo; :func:`halo_pad` does both
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from processor.distributed.comm_stats import record_sent
 from processor.distributed.shards import ShardLayout
+from processor.distributed.transport import Posted, Transport
 
 
 @dataclass(frozen=True)
@@ -91,49 +89,6 @@ class HaloPlan:
         return cls(left, right, tuple(sends), tuple(recvs))
 
 
-_local_copy = [False]  # process-wide: autograd runs backward on another thread
-
-
-@contextmanager
-def exchange_as_local_copy() -> Iterator[None]:
-    """Benchmark mode: inside the block every halo exchange copies the bytes it would send into
-    a local buffer and zero-fills what it would receive, sending nothing. Results are wrong;
-    the step time against a real exchange is what the communication costs after overlap."""
-    _local_copy[0] = True
-    try:
-        yield
-    finally:
-        _local_copy[0] = False
-
-
-@dataclass
-class _Posted:
-    """Point-to-point work in flight, the tensors it sends and the buffers it receives into."""
-
-    works: list
-    outgoing: list[Tensor]
-    incoming: list[Tensor]
-
-    def wait(self) -> list[Tensor]:
-        for work in self.works:
-            work.wait()
-        return self.incoming
-
-
-def _post(outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup) -> _Posted:
-    """Post all sends and receives at once and return without waiting (tensors must be contiguous)."""
-    if _local_copy[0]:
-        sent = [t.clone() for _, t in outgoing]
-        return _Posted([], sent, [t.zero_() for _, t in incoming])
-    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group) for p, t in outgoing]
-    ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group) for p, t in incoming]
-    if not ops:
-        return _Posted([], [], [])
-    works = dist.batch_isend_irecv(ops)
-    record_sent("halo", sum(t.numel() * t.element_size() for _, t in outgoing))
-    return _Posted(works, [t for _, t in outgoing], [t for _, t in incoming])
-
-
 def _rows(x: Tensor, dim: int, start: int, stop: int) -> Tensor:
     return x.narrow(dim, start, stop - start)
 
@@ -151,10 +106,11 @@ class _InFlight:
 
     plan: HaloPlan
     dim: int
-    group: dist.ProcessGroup | None
+    group: dist.ProcessGroup
+    transport: Transport
     local_shape: tuple[int, ...]
-    forward: _Posted | None = None
-    backward: _Posted | None = None
+    forward: Posted | None = None
+    backward: Posted | None = None
 
     def halo_rows(self, left: Tensor, right: Tensor, t: Transfer) -> Tensor:
         """The rows of the left or right halo that transfer ``t`` (padded indices) covers."""
@@ -174,7 +130,7 @@ class _StartHalo(torch.autograd.Function):
         ctx.flight = flight
         outgoing = [(t.peer, _rows(x, dim, t.start, t.stop).contiguous()) for t in plan.sends]
         incoming = [(t.peer, _buffer_like(x, dim, t.stop - t.start)) for t in plan.recvs]
-        flight.forward = _post(outgoing, incoming, flight.group)
+        flight.forward = flight.transport.post(outgoing, incoming, flight.group)
         return x.new_empty(0)  # a token: puts _FinishHalo after this node in the graph
 
     @staticmethod
@@ -212,7 +168,7 @@ class _FinishHalo(torch.autograd.Function):
         plan = flight.plan
         outgoing = [(t.peer, flight.halo_rows(grad_left, grad_right, t).contiguous()) for t in plan.recvs]
         incoming = [(t.peer, _buffer_like(grad_left, flight.dim, t.stop - t.start)) for t in plan.sends]
-        flight.backward = _post(outgoing, incoming, flight.group)
+        flight.backward = flight.transport.post(outgoing, incoming, flight.group)
         return grad_left.new_empty(0), None
 
 
@@ -246,12 +202,15 @@ class HaloExchange:
         return _FinishHalo.apply(self._token, self._flight)
 
 
-def start_halo_exchange(x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup) -> HaloExchange:
+def start_halo_exchange(
+    x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup, transport: Transport | None = None
+) -> HaloExchange:
     """Post the exchange of ``x``'s halo with the other ranks and return without waiting.
 
     Args:
         x: local block, e.g. ``(batch, local_points, channels)`` with ``config.dim == 1``.
         layout: the split of points over ``group``; ``x.shape[dim]`` must be this rank's size.
+        transport: what sends the bytes (default: torch.distributed on ``group``, uncounted).
     """
     dim = config.dim % x.dim()
     if x.shape[dim] != layout.local_size:
@@ -260,19 +219,22 @@ def start_halo_exchange(x: Tensor, config: HaloConfig, layout: ShardLayout, grou
             f"the layout gives this rank {layout.local_size}"
         )
     plan = HaloPlan.build(layout, config.width)
-    flight = _InFlight(plan, dim, group, tuple(x.shape))
+    flight = _InFlight(plan, dim, group, transport or Transport(), tuple(x.shape))
     return HaloExchange(plan, _StartHalo.apply(x, flight), flight)
 
 
-def halo_pad(x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup) -> Tensor:
+def halo_pad(
+    x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup, transport: Transport | None = None
+) -> Tensor:
     """Pad this rank's block of points with its halo from the other ranks.
 
     Args:
         x: local block, e.g. ``(batch, local_points, channels)`` with ``config.dim == 1``.
         layout: the split of points over ``group``; ``x.shape[dim]`` must be this rank's size.
+        transport: what sends the bytes (default: torch.distributed on ``group``, uncounted).
     Returns:
         ``(batch, left + local_points + right, channels)``, where ``left = min(W, start)`` and
         ``right = min(W, N - stop)``: rows ``[start - left, stop + right)`` of the global tensor.
     """
-    left, right = start_halo_exchange(x, config, layout, group).finish()
+    left, right = start_halo_exchange(x, config, layout, group, transport).finish()
     return torch.cat([left, x, right], dim=config.dim % x.dim())

@@ -1,18 +1,38 @@
-"""Model-parallel strategies, chosen by name: ``none``, ``shard_heads``, ``shard_sequence``."""
+"""Model-parallel strategies: the contract (:class:`Strategy`) and the built-in ones by name.
 
-from processor.strategies.base import ShardContext, Strategy
-from processor.strategies.none import SingleRank
+A strategy is chosen by name (``none``, ``shard_heads``, ``shard_sequence``) or given as an
+instance of your own :class:`Strategy` subclass; see :mod:`processor.strategies.base` for
+what a strategy is handed and must return.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from processor.strategies.base import HeadAttention, ShardContext, SingleRank, Strategy
 from processor.strategies.shard_heads import ShardHeads
 from processor.strategies.shard_sequence import ShardSequence
 
-STRATEGIES: dict[str, type] = {s.name: s for s in (SingleRank, ShardHeads, ShardSequence)}
+BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardHeads, ShardSequence)})
 
 
-def get_strategy(name: str) -> Strategy:
-    """The strategy called ``name``; ``ValueError`` listing the known ones otherwise."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
-    return STRATEGIES[name]()
+def resolve_strategy(strategy: str | Strategy) -> Strategy:
+    """``strategy`` itself if it is a :class:`Strategy`, else the built-in one of that name;
+    ``ValueError`` listing the built-in names otherwise."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if not isinstance(strategy, str) or strategy not in BUILT_IN:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {sorted(BUILT_IN)} or pass a Strategy instance")
+    return BUILT_IN[strategy]()
 
 
-__all__ = ["STRATEGIES", "ShardContext", "Strategy", "get_strategy"]
+__all__ = [
+    "BUILT_IN",
+    "HeadAttention",
+    "ShardContext",
+    "ShardHeads",
+    "ShardSequence",
+    "SingleRank",
+    "Strategy",
+    "resolve_strategy",
+]

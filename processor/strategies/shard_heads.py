@@ -9,35 +9,35 @@ from __future__ import annotations
 
 import torch
 from einops import rearrange
+from torch import Tensor
 
 from processor.distributed.collectives import all_to_all
 from processor.distributed.shards import shard_sizes
-from processor.strategies.base import ShardContext
+from processor.strategies.base import HeadAttention, ShardContext, Strategy
 
 
-class ShardHeads:
+class ShardHeads(Strategy):
     name = "shard_heads"
 
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
         if world_size > num_heads:
             raise ValueError(
-                f"strategy 'shard_heads' needs at least one head per rank: {num_heads} heads on {world_size} ranks"
+                f"strategy 'shard_heads' needs num_heads >= ranks (a head per rank): {num_heads} heads on "
+                f"{world_size} ranks; use more heads, fewer ranks, or shard_sequence"
             )
 
-    def attend(self, attn, h, ctx: ShardContext):
-        if ctx.world_size == 1:
-            q, k, v = attn.qkv_heads(h)
-            return attn.merge_heads(attn.attend(q, k, v))
+    def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         rank, points = ctx.layout.rank, list(ctx.layout.sizes)
         heads = shard_sizes(attn.num_heads, ctx.world_size)
         b, n, _ = h.shape
         d, mine = attn.head_dim, heads[rank]
 
+        def exchange(x: Tensor, send: list[int], recv: list[int]) -> Tensor:
+            return all_to_all(x, send, recv, ctx.group, ctx.transport)
+
         qkv = attn.qkv_packed(h)  # (b, n, 3, heads, d)
         send = rearrange(qkv, "b n t h d -> h t b n d").reshape(-1)  # chunk r = heads of rank r
-        received = all_to_all(
-            send, [hr * 3 * b * n * d for hr in heads], [mine * 3 * b * ns * d for ns in points], ctx.group
-        )
+        received = exchange(send, [hr * 3 * b * n * d for hr in heads], [mine * 3 * b * ns * d for ns in points])
         chunks = received.split([mine * 3 * b * ns * d for ns in points])
         qkv_all = torch.cat(
             [rearrange(c, "(h t b n d) -> t b h n d", h=mine, t=3, b=b, d=d) for c in chunks], dim=3
@@ -45,7 +45,7 @@ class ShardHeads:
         out = attn.attend(qkv_all[0], qkv_all[1], qkv_all[2])
 
         send = rearrange(out, "b h n d -> n b h d").reshape(-1)  # chunk s = points of rank s
-        received = all_to_all(send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads], ctx.group)
+        received = exchange(send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads])
         chunks = received.split([n * b * hr * d for hr in heads])
         merged = torch.cat([rearrange(c, "(n b h d) -> b n h d", n=n, b=b, d=d) for c in chunks], dim=2)
-        return merged.reshape(b, n, attn.num_channels)
+        return merged.reshape(b, n, attn.num_heads * d)

@@ -16,35 +16,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from processor.attention.banded import cat_points
 from processor.distributed.halo import HaloConfig, start_halo_exchange
-from processor.strategies.base import ShardContext
+from processor.strategies.base import HeadAttention, ShardContext, Strategy
 
 
-class ShardSequence:
+class ShardSequence(Strategy):
+    """Any window works on any number of ranks: a halo wider than a neighbour's shard is
+    gathered from as many ranks as it spans."""
+
     name = "shard_sequence"
 
-    def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
-        """Any window works on any number of ranks: wide halos span several ranks."""
-
-    def attend(self, attn, h, ctx: ShardContext):
-        if ctx.world_size == 1:
-            q, k, v = attn.qkv_heads(h)
-            return attn.merge_heads(attn.attend(q, k, v))
-        exchange = start_halo_exchange(h, HaloConfig(width=attn.window_size, dim=1), ctx.layout, ctx.group)
+    def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
+        window = attn.window_size
+        exchange = start_halo_exchange(h, HaloConfig(width=window, dim=1), ctx.layout, ctx.group, ctx.transport)
         left, right = exchange.plan.left, exchange.plan.right
         n = h.shape[1]
-        reach = ctx.layout.total if attn.window_size is None else attn.window_size
+        reach = ctx.layout.total if window is None else window
         # Local queries [first, stop) see local keys only; those before and after need the halo.
         first = min(reach, n) if left else 0
         stop = max(n - reach, first) if right else n
-        q = attn.q_heads(h)
-        k, v = attn.kv_heads(h)
+        q = attn.queries(h)
+        k, v = attn.keys_values(h)
         interior = attn.attend(q[:, :, first:stop], k, v, q_offset=first) if stop > first else None
 
         halo_left, halo_right = exchange.finish()
-        k_left, v_left = attn.kv_heads(halo_left)
-        k_right, v_right = attn.kv_heads(halo_right)
+        k_left, v_left = attn.keys_values(halo_left)
+        k_right, v_right = attn.keys_values(halo_right)
         # Keys in padded order: the left halo, the local rows, the right halo.
         keys, values = (k_left, k, k_right), (v_left, v, v_right)
         parts = []
@@ -59,7 +56,7 @@ class ShardSequence:
             parts.append(
                 attn.attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), q_offset=left + stop - lo)
             )
-        return attn.merge_heads(cat_points(parts))
+        return attn.merge_heads(parts)
 
 
 def _span(pieces: tuple[Tensor, ...], lo: int, hi: int) -> Tensor:

@@ -63,7 +63,8 @@ def test_a_small_sweep_writes_all_outputs(tmp_path):
     "override,message",
     [
         ("ranks=0", "ranks = 0 is out of range"),
-        ("strategy=ring", "strategy = 'ring' is out of range"),
+        ("strategy=ring", "config key strategy: unknown strategy 'ring'"),
+        ("model.num_heads=3", "config key model.num_heads: num_channels (64) is not divisible by num_heads (3)"),
         ("grid=x12", "x12"),
         ("target=train_step grid=n320", "needs grid coordinates"),
         ("model.depth=3", "depth"),

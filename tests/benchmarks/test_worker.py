@@ -79,11 +79,11 @@ def test_local_copy_exchange_moves_no_bytes(rank_pool):
 def _halo_under_local_copy(group):
     import torch
 
-    from processor.distributed import HaloConfig, ShardLayout, count_communication, halo_pad
-    from processor.distributed.halo import exchange_as_local_copy
+    from benchmarks.local_copy import LocalCopyTransport
+    from processor.distributed import CommCounter, HaloConfig, ShardLayout, halo_pad
 
     layout = ShardLayout((5, 5), group.rank())
-    with exchange_as_local_copy(), count_communication() as comm:
-        padded = halo_pad(torch.ones(1, 5, 3), HaloConfig(width=2, dim=1), layout, group)
+    counter = CommCounter()
+    padded = halo_pad(torch.ones(1, 5, 3), HaloConfig(width=2, dim=1), layout, group, LocalCopyTransport(counter))
     assert padded.shape == (1, 7, 3)
-    return comm.total_bytes
+    return counter.total_bytes

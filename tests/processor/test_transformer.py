@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from processor import TransformerProcessor
+from processor import ConfigError, ProcessorConfig, Strategy, TransformerProcessor
+from processor.strategies import ShardSequence, resolve_strategy
 
 
 def _build(**overrides) -> TransformerProcessor:
     torch.manual_seed(0)
     kwargs = dict(num_layers=2, num_channels=16, num_heads=4, window_size=5, mlp_hidden_ratio=2, num_chunks=0)
-    return TransformerProcessor(**{**kwargs, **overrides})
+    return TransformerProcessor(ProcessorConfig(**{**kwargs, **overrides}))
 
 
 def _forward_backward(model: TransformerProcessor, x: torch.Tensor):
@@ -25,18 +26,75 @@ def _forward_backward(model: TransformerProcessor, x: torch.Tensor):
     "overrides,message",
     [
         (dict(strategy="ring"), "unknown strategy 'ring'"),
-        (dict(num_heads=3), r"num_channels \(16\) must be divisible by num_heads \(3\)"),
+        (dict(num_heads=3), r"num_channels \(16\) is not divisible by num_heads \(3\)"),
         (dict(window_size=-1), "window_size"),
         (dict(num_chunks=3), "num_chunks"),
         (dict(num_layers=0), "num_layers"),
         (dict(dropout_p=1.0), "dropout_p"),
-        (dict(activation="swish2"), "unknown activation"),
+        (dict(activation="swish2"), "activation: 'swish2' is out of range"),
+        (dict(attention_block_size=0), "attention_block_size"),
+        (dict(num_layers=2.5), "num_layers"),
         (dict(mlp_hidden_ratio=0), "mlp_hidden_ratio"),
     ],
 )
 def test_bad_arguments(overrides, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigError, match=message):
         _build(**overrides)
+
+
+def test_unknown_setting_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match="window: not a processor setting"):
+        ProcessorConfig.from_mapping(dict(num_layers=2, num_channels=16, num_heads=4, window=5))
+
+
+def test_the_processor_takes_a_config_only():
+    with pytest.raises(TypeError, match="ProcessorConfig"):
+        TransformerProcessor(dict(num_layers=2, num_channels=16, num_heads=4))  # type: ignore[arg-type]
+
+
+def test_fingerprint_covers_every_setting():
+    base = ProcessorConfig(num_layers=2, num_channels=16, num_heads=4, window_size=5)
+    changed = dict(
+        num_layers=4,
+        num_channels=32,
+        num_heads=2,
+        window_size=6,
+        mlp_hidden_ratio=2.0,
+        num_chunks=2,
+        dropout_p=0.1,
+        qk_norm=True,
+        activation="silu",
+        strategy="shard_sequence",
+        attention_block_size=64,
+    )
+    assert set(changed) == set(base.describe())  # a new setting must be added here
+    for key, value in changed.items():
+        other = ProcessorConfig.from_mapping({**vars(base), key: value})
+        assert other.fingerprint() != base.fingerprint(), key
+    same = ProcessorConfig.from_mapping({**vars(base), "strategy": resolve_strategy("none")})
+    assert same.fingerprint() == base.fingerprint()  # a name and its instance are one strategy
+
+
+class _CountingStrategy(ShardSequence):
+    """A user's strategy: shard_sequence that counts its calls."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def attend(self, attn, h, ctx):
+        self.calls += 1
+        return super().attend(attn, h, ctx)
+
+
+def test_a_strategy_instance_plugs_in():
+    strategy = _CountingStrategy()
+    model = _build(strategy=strategy)
+    assert isinstance(model.strategy, Strategy) and model.strategy is strategy
+    assert "_CountingStrategy()" in model.config.describe()["strategy"]
+    torch.testing.assert_close(model(torch.randn(1, 30, 16)).shape, torch.Size([1, 30, 16]))
+    assert strategy.calls == 0  # one rank never reaches a strategy: SingleRank runs it
 
 
 def test_bad_input_shape():
@@ -50,10 +108,8 @@ def test_bad_input_shape():
 
 
 def test_strategy_none_refuses_a_group_of_several():
-    from processor.strategies import get_strategy
-
     with pytest.raises(ValueError, match="one rank"):
-        get_strategy("none").check(num_heads=4, window_size=3, world_size=2)
+        resolve_strategy("none").check(num_heads=4, window_size=3, world_size=2)
 
 
 @pytest.mark.parametrize("strategy", ["shard_heads", "shard_sequence"])

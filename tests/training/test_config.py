@@ -39,7 +39,7 @@ def test_wrong_type_fails_naming_the_key():
         (["model.window_size=-2"], "model.window_size"),
         (["trainer.precision=fp8"], "trainer.precision"),
         (["trainer.ranks_per_model=3"], "does not divide the world size 2"),
-        (["strategy=none"], "ranks_per_model=1"),
+        (["strategy=none"], "runs on one rank"),
         (["strategy=shard_heads", "model.num_heads=1", "model.num_channels=8"], "num_heads"),
         (["model.num_heads=3"], "not divisible"),
     ],

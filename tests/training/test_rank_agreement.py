@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from processor.distributed.local import run_local
+from processor.runtime import run_local
 from tests.training.conftest import small_config
 from training.app import prepare
 from training.data import generate_rossby_haurwitz

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from processor.distributed.local import free_port
+from processor.runtime import free_port
 from tests.training.conftest import small_config
 from training.app import run
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from processor import TransformerProcessor
-from processor.distributed import HaloConfig, ShardLayout, halo_pad, shard_offsets, shard_sizes
+from processor.distributed import HaloConfig, ShardLayout, Transport, halo_pad, shard_offsets, shard_sizes
 from processor.grids import Grid
 from training.model.graphs import LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
 from training.model.mapper import GraphMapper
@@ -75,20 +75,26 @@ class Forecaster(nn.Module):
         self.decoder = GraphMapper(num_channels, 4)
         self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables))
 
-    def forward(self, x: Tensor, grids: ShardedGrids, group: dist.ProcessGroup | None) -> Tensor:
-        """``x``: this rank's data points ``(b, local data points, vars)``, normalised."""
+    def forward(
+        self, x: Tensor, grids: ShardedGrids, group: dist.ProcessGroup | None, *, transport: Transport | None = None
+    ) -> Tensor:
+        """``x``: this rank's data points ``(b, local data points, vars)``, normalised.
+        ``transport``: what sends the halos' and the processor's bytes (e.g. counted)."""
         b = x.shape[0]
+        transport = transport or Transport()
         data = self.data_embed(torch.cat([x, grids.data_features.expand(b, -1, -1)], dim=-1))
         hidden = self.hidden_embed(grids.hidden_features).expand(b, -1, -1)
-        src = _with_halo(data, grids.encoder.halo, grids.data_layout, group)
+        src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
         hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
-        hidden = self.processor(hidden, group=group)
-        src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group)
+        hidden = self.processor(hidden, group=group, transport=transport)
+        src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group, transport)
         data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
         return x + self.head(data)
 
 
-def _with_halo(x: Tensor, width: int, layout: ShardLayout, group: dist.ProcessGroup | None) -> Tensor:
+def _with_halo(
+    x: Tensor, width: int, layout: ShardLayout, group: dist.ProcessGroup | None, transport: Transport
+) -> Tensor:
     if group is None or layout.world_size == 1:
         return x
-    return halo_pad(x, HaloConfig(width=width, dim=1), layout, group)
+    return halo_pad(x, HaloConfig(width=width, dim=1), layout, group, transport)

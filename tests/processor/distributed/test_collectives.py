@@ -1,11 +1,11 @@
-"""The differentiable all-to-all with uneven splits, and the model-parallel gradient sum."""
+"""The differentiable all-to-all with uneven splits, and the explicit model-parallel gradient sum."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from processor.distributed import all_to_all, count_communication, sum_model_parallel_gradients
+from processor.distributed import CommCounter, Transport, all_to_all, sum_model_parallel_gradients
 
 
 def _splits(ranks: int) -> list[list[int]]:
@@ -23,9 +23,9 @@ def a2a_case(group) -> dict:
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     splits = _splits(ranks)
     x = _payload(rank, splits).requires_grad_()
-    with count_communication() as counter:
-        y = all_to_all(x, splits[rank], [splits[s][rank] for s in range(ranks)], group)
-        (y * (torch.arange(y.numel()) + 1)).sum().backward()
+    counter = CommCounter()
+    y = all_to_all(x, splits[rank], [splits[s][rank] for s in range(ranks)], group, Transport(counter))
+    (y * (torch.arange(y.numel()) + 1)).sum().backward()  # counted too: backward uses the same transport
     return {"y": y.detach().numpy(), "dx": x.grad.numpy(), "bytes": counter.bytes_sent["all_to_all"]}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from processor import TransformerProcessor
+from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import shard_sizes
 from tests.rank_pool import RankError
 
@@ -25,13 +25,17 @@ def bad_input_case(group, problem: str) -> str:
         kwargs["window_size"] = 4
     if problem == "strategy" and rank == 0:
         kwargs["strategy"] = "shard_heads"
+    if problem == "dropout" and rank == 1:
+        kwargs["dropout_p"] = 0.1
+    if problem == "block" and rank == 0:
+        kwargs["attention_block_size"] = 64
     if problem == "sizes_arg":
         passed_sizes = [s + (1 if r == 0 else -1 if r == 1 else 0) for r, s in enumerate(sizes)]
     if problem == "sizes_length":
         passed_sizes = sizes[:-1]
     if problem == "heads":
         kwargs.update(strategy="shard_heads", num_heads=2)
-    model = TransformerProcessor(**kwargs)
+    model = TransformerProcessor(ProcessorConfig(**kwargs))
     x = torch.randn(batch, sizes[rank], channels)
     model(x, group=group, shard_sizes=passed_sizes)
     return "ran"
@@ -42,18 +46,20 @@ def bad_input_case(group, problem: str) -> str:
     [
         ("channels", 2, "rank 1 .*wrong number of channels"),
         ("batch", 3, "batch size differs"),
-        ("window", 3, "configuration differs"),
-        ("strategy", 2, "configuration differs"),
+        ("window", 3, r"processor settings differ between rank 0 and ranks \[2\]: window_size: 3 on ranks \[0, 1\]"),
+        ("strategy", 2, "processor settings differ .*strategy: ShardHeads\\(\\) on ranks \\[0\\]"),
+        ("dropout", 3, r"processor settings differ between rank 0 and ranks \[1\]: dropout_p: 0.0 on ranks \[0, 2\]"),
+        ("block", 2, r"processor settings differ .*attention_block_size: 64 on ranks \[0\], None on ranks \[1\]"),
         ("sizes_arg", 2, "local_points differs from shard_sizes"),
         ("sizes_length", 3, "one entry per rank"),
-        ("heads", 4, "at least one head per rank: 2 heads on 4 ranks"),
+        ("heads", 4, "num_heads >= ranks .*: 2 heads on 4 ranks"),
     ],
 )
 def test_every_rank_raises_the_same_error(rank_pool, problem, ranks, message):
     import re
 
     results = rank_pool.run(bad_input_case, ranks, problem)
-    assert all(isinstance(r, RankError) and r.type == "ValueError" for r in results), results
+    assert all(isinstance(r, RankError) and r.type in ("ValueError", "ConfigError") for r in results), results
     assert len({r.message for r in results}) == 1, [r.message for r in results]
     assert re.search(message, results[0].message), results[0].message
 

@@ -8,7 +8,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processor.distributed import HaloConfig, HaloPlan, ShardLayout, count_communication, halo_pad, shard_offsets
+from processor.distributed import (
+    CommCounter,
+    HaloConfig,
+    HaloPlan,
+    ShardLayout,
+    Transport,
+    halo_pad,
+    shard_offsets,
+)
 
 
 @given(sizes=st.lists(st.integers(1, 30), min_size=1, max_size=6), width=st.one_of(st.none(), st.integers(0, 70)))
@@ -52,13 +60,13 @@ def halo_case(group, sizes: list[int], width: int | None, batch: int) -> dict:
     full = torch.randn(batch, sum(sizes), 3, generator=g)
     cotangent_full = torch.randn(batch, sum(sizes) + 2 * sum(sizes), 3, generator=g)
     x = full[:, layout.start : layout.stop].clone().requires_grad_()
-    with count_communication() as counter:
-        padded = halo_pad(x, HaloConfig(width=width, dim=1), layout, group)
-        left = layout.start - max(0, layout.start - (sum(sizes) if width is None else width))
-        # Cotangent indexed by global row, so the same global row gets the same weight everywhere.
-        lo = layout.start - left
-        cot = cotangent_full[:, lo : lo + padded.shape[1]]
-        (padded * cot).sum().backward()
+    counter = CommCounter()
+    padded = halo_pad(x, HaloConfig(width=width, dim=1), layout, group, Transport(counter))
+    left = layout.start - max(0, layout.start - (sum(sizes) if width is None else width))
+    # Cotangent indexed by global row, so the same global row gets the same weight everywhere.
+    lo = layout.start - left
+    cot = cotangent_full[:, lo : lo + padded.shape[1]]
+    (padded * cot).sum().backward()
     return {"padded": padded.detach().numpy(), "lo": lo, "dx": x.grad.numpy(), "bytes": counter.bytes_sent["halo"]}
 
 
@@ -90,18 +98,20 @@ def overlap_order_case(group, sizes: list[int], width: int) -> list[str]:
     """Log when the exchange is posted and awaited, and when work placed in between runs."""
     import torch.distributed as dist
 
-    import processor.distributed.halo as halo
+    from processor.distributed import Posted, start_halo_exchange
 
     events: list[str] = []
-    post, wait = halo._post, halo._Posted.wait
 
-    def logged_post(*args):
-        events.append("post")
-        return post(*args)
+    class LoggedPosted(Posted):
+        def wait(self):
+            events.append("wait")
+            return super().wait()
 
-    def logged_wait(self):
-        events.append("wait")
-        return wait(self)
+    class LoggingTransport(Transport):
+        def post(self, outgoing, incoming, group):
+            events.append("post")
+            posted = super().post(outgoing, incoming, group)
+            return LoggedPosted(posted.works, posted.outgoing, posted.incoming)
 
     class Interior(torch.autograd.Function):
         @staticmethod
@@ -114,16 +124,12 @@ def overlap_order_case(group, sizes: list[int], width: int) -> list[str]:
             events.append("interior backward")
             return 2 * grad
 
-    halo._post, halo._Posted.wait = logged_post, logged_wait
-    try:
-        layout = ShardLayout(tuple(sizes), dist.get_rank(group))
-        x = torch.randn(1, layout.local_size, 3, requires_grad=True)
-        exchange = halo.start_halo_exchange(x, HaloConfig(width=width, dim=1), layout, group)
-        inner = Interior.apply(x)
-        left, right = exchange.finish()
-        (inner.sum() + (left.square().sum() + right.square().sum())).backward()
-    finally:
-        halo._post, halo._Posted.wait = post, wait
+    layout = ShardLayout(tuple(sizes), dist.get_rank(group))
+    x = torch.randn(1, layout.local_size, 3, requires_grad=True)
+    exchange = start_halo_exchange(x, HaloConfig(width=width, dim=1), layout, group, LoggingTransport())
+    inner = Interior.apply(x)
+    left, right = exchange.finish()
+    (inner.sum() + (left.square().sum() + right.square().sum())).backward()
     return events
 
 

@@ -14,8 +14,7 @@ import time
 import pytest
 import torch
 
-from processor.distributed.local import run_local
-from processor.distributed.watchdog import Heartbeat
+from processor.runtime import Heartbeat, run_local
 
 TIMEOUT_S = 4.0  # the collective timeout these runs use (the default is 300 s)
 
@@ -24,7 +23,7 @@ def collectives_with_a_fault(fault: str, victim: int) -> str:
     """All-reduce in a loop under a heartbeat; at iteration 5 ``victim`` suffers ``fault``."""
     import torch.distributed as dist
 
-    with Heartbeat.for_default_group(interval_s=0.2):
+    with Heartbeat.from_env(dist.get_rank(), dist.get_world_size(), interval_s=0.2):
         t = torch.ones(256)
         for i in range(20):
             if i == 5 and dist.get_rank() == victim:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from processor import TransformerProcessor
+from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
 
 RTOL = 1e-5
@@ -14,7 +14,7 @@ RTOL = 1e-5
 
 def _model(case: dict, strategy: str) -> TransformerProcessor:
     torch.manual_seed(case["seed"])
-    return TransformerProcessor(
+    config = ProcessorConfig(
         num_layers=case.get("layers", 2),
         num_channels=case.get("channels", 24),
         num_heads=case["heads"],
@@ -25,6 +25,7 @@ def _model(case: dict, strategy: str) -> TransformerProcessor:
         strategy=strategy,
         attention_block_size=case.get("block"),
     )
+    return TransformerProcessor(config)
 
 
 def _data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:

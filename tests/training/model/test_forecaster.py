@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from processor import TransformerProcessor
+from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
 from processor.grids import get_grid
 from training.model import Forecaster, ShardedGrids
@@ -14,7 +14,9 @@ from training.model import Forecaster, ShardedGrids
 
 def _model(strategy: str) -> Forecaster:
     torch.manual_seed(0)
-    return Forecaster(3, 16, TransformerProcessor(2, 16, 4, window_size=30, strategy=strategy, num_chunks=0))
+    return Forecaster(
+        3, 16, TransformerProcessor(ProcessorConfig(2, 16, 4, window_size=30, strategy=strategy, num_chunks=0))
+    )
 
 
 def _data():

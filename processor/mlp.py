@@ -1,4 +1,4 @@
-"""One pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+"""The per-point MLP of a transformer block, and the activations it may use."""
 
 from __future__ import annotations
 
@@ -6,23 +6,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from processor.attention.module import SelfAttention
-from processor.strategies.base import ShardContext, Strategy
-
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "gelu": nn.GELU,
-    "silu": nn.SiLU,
-    "relu": nn.ReLU,
-    "tanh": nn.Tanh,
-}
+ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")
 
 
 def make_activation(name: str) -> nn.Module:
+    """The activation called ``name``, one of :data:`ACTIVATIONS`."""
+    if name == "gelu":
+        return nn.GELU()
     if name == "gelu_tanh":
         return nn.GELU(approximate="tanh")
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; choose one of {sorted([*ACTIVATIONS, 'gelu_tanh'])}")
-    return ACTIVATIONS[name]()
+    if name == "silu":
+        return nn.SiLU()
+    if name == "relu":
+        return nn.ReLU()
+    if name == "tanh":
+        return nn.Tanh()
+    raise ValueError(f"unknown activation {name!r}; choose one of {list(ACTIVATIONS)}")
 
 
 class MLP(nn.Sequential):
@@ -85,30 +84,3 @@ class _GeluMLP(torch.autograd.Function):
 
 
 _MLP_CHUNKS = 4
-
-
-class TransformerBlock(nn.Module):
-    def __init__(
-        self,
-        num_channels: int,
-        num_heads: int,
-        window_size: int | None,
-        mlp_hidden: int,
-        activation: str,
-        strategy: Strategy,
-        qk_norm: bool,
-        dropout_p: float,
-        attention_block_size: int | None,
-    ) -> None:
-        super().__init__()
-        self.attn_norm = nn.LayerNorm(num_channels)
-        self.attn = SelfAttention(
-            num_channels, num_heads, window_size, strategy, qk_norm, dropout_p, attention_block_size
-        )
-        self.mlp_norm = nn.LayerNorm(num_channels)
-        self.mlp = MLP(num_channels, mlp_hidden, activation)
-
-    def forward(self, x: Tensor, ctx: ShardContext) -> Tensor:
-        """``(batch, local_points, channels)`` -> same shape."""
-        x = x + self.attn(self.attn_norm(x), ctx)
-        return x + self.mlp(self.mlp_norm(x))

@@ -11,11 +11,12 @@ collective fails, :meth:`Heartbeat.explain` watches the counters for a few inter
 - a rank that left with an error **stopped** with that error.
 
 The store must outlive every rank: torchrun's agent hosts it, and so does the parent process
-of :func:`processor.distributed.local.run_local`.
+of :func:`processor.runtime.launch.run_local`.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import threading
@@ -63,10 +64,16 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{rank}", daemon=True)
 
     @classmethod
-    def for_default_group(cls, interval_s: float = 1.0) -> Heartbeat:
-        """A heartbeat in the store of the initialised default process group."""
-        store = dist.distributed_c10d._get_default_store()
-        return cls(store, dist.get_rank(), dist.get_world_size(), interval_s)
+    def from_env(cls, rank: int, world: int, interval_s: float = 1.0, timeout_s: float = 60.0) -> Heartbeat:
+        """A heartbeat in the store at ``MASTER_ADDR:MASTER_PORT``: the one torchrun's agent
+        hosts, or :func:`~processor.runtime.launch.run_local`'s parent. A client connection of
+        its own, so it beats while the process group is busy."""
+        try:
+            host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        except (KeyError, ValueError):
+            raise ValueError("a heartbeat needs MASTER_ADDR and MASTER_PORT (set by torchrun and run_local)") from None
+        store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(store, rank, world, interval_s)
 
     def _key(self, kind: str, rank: int) -> str:
         return f"{self._prefix}{kind}/{rank}"

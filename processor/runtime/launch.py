@@ -2,7 +2,7 @@
 
 For demos, benchmarks and single-machine runs; multi-node jobs use ``torchrun``. The parent
 hosts the group's c10d store, so the store outlives any rank (a
-:class:`~processor.distributed.watchdog.Heartbeat` can then name a lost rank 0).
+:class:`~processor.runtime.watchdog.Heartbeat` can then name a lost rank 0).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def _entry(
 
     if threads:
         torch.set_num_threads(threads)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     if backend == "nccl":
         torch.cuda.set_device(rank)
     timeout = datetime.timedelta(seconds=timeout_s)

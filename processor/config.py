@@ -1,0 +1,159 @@
+"""The processor's configuration: every argument that shapes it, typed and checked in one place.
+
+:class:`ProcessorConfig` is what :class:`~processor.TransformerProcessor` is built from; the
+training app and the benchmarks build it from their Hydra sections with
+:meth:`ProcessorConfig.from_mapping` (an unknown key is an error) and check it against the
+model-parallel group size with :meth:`ProcessorConfig.check_world_size`. Its
+:meth:`~ProcessorConfig.fingerprint` covers every field, so ranks built from different
+configurations fail together at the first forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from processor.distributed.consistency import fingerprint
+from processor.mlp import ACTIVATIONS
+from processor.strategies import Strategy, resolve_strategy
+
+
+class ConfigError(ValueError):
+    """A processor setting out of range: ``key`` names it (as a :class:`ProcessorConfig` field)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """Hyper-parameters and model-parallel strategy of a :class:`~processor.TransformerProcessor`.
+
+    Args:
+        num_layers: transformer blocks.
+        num_channels: channels ``C``; must be divisible by ``num_heads``.
+        num_heads: attention heads.
+        window_size: ``W``; point ``i`` attends to points ``j`` with ``|i - j| <= W`` in the
+            grid's 1-D point order. ``None``: global attention.
+        mlp_hidden_ratio: MLP hidden channels = ``int(mlp_hidden_ratio * C)``.
+        num_chunks: the layers run in this many consecutive chunks, each under activation
+            checkpointing (recomputed in backward) as in anemoi; ``0`` disables checkpointing.
+            Must divide ``num_layers``.
+        dropout_p: dropout on the attention weights (training only).
+        qk_norm: LayerNorm over each head's queries and keys.
+        activation: one of :data:`processor.mlp.ACTIVATIONS`.
+        strategy: a built-in strategy's name (``none``, ``shard_heads``, ``shard_sequence``) or
+            a :class:`~processor.strategies.Strategy` instance of your own.
+        attention_block_size: query rows per block in the windowed kernel (None: ``W / 2``).
+    """
+
+    num_layers: int
+    num_channels: int
+    num_heads: int
+    window_size: int | None = None
+    mlp_hidden_ratio: float = 4.0
+    num_chunks: int = 1
+    dropout_p: float = 0.0
+    qk_norm: bool = False
+    activation: str = "gelu"
+    strategy: str | Strategy = "none"
+    attention_block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for key, ok, expected in _RULES:
+            if not ok(self):
+                raise ConfigError(key, f"{getattr(self, key)!r} is out of range: expected {expected}")
+        if self.num_channels % self.num_heads:
+            raise ConfigError(
+                "num_heads", f"num_channels ({self.num_channels}) is not divisible by num_heads ({self.num_heads})"
+            )
+        if self.num_chunks > 0 and self.num_layers % self.num_chunks:
+            raise ConfigError(
+                "num_chunks", f"{self.num_chunks} must be 0 (no checkpointing) or divide num_layers ({self.num_layers})"
+            )
+        try:
+            resolve_strategy(self.strategy)
+        except ValueError as exc:
+            raise ConfigError("strategy", str(exc)) from None
+
+    @property
+    def head_dim(self) -> int:
+        return self.num_channels // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.mlp_hidden_ratio * self.num_channels)
+
+    def resolved_strategy(self) -> Strategy:
+        """The strategy object (a built-in's instance when ``strategy`` is a name)."""
+        return resolve_strategy(self.strategy)
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise :class:`ConfigError` (key ``strategy``) if the strategy cannot run this
+        configuration on a model-parallel group of ``world_size`` ranks."""
+        try:
+            self.resolved_strategy().check(self.num_heads, self.window_size, world_size)
+        except ValueError as exc:
+            raise ConfigError("strategy", str(exc)) from None
+
+    def describe(self) -> dict[str, str]:
+        """Every field as text (the strategy by its ``repr``, which names its options)."""
+        values = {f.name: repr(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        values["strategy"] = repr(self.resolved_strategy())
+        return values
+
+    def fingerprint(self) -> int:
+        """A 32-bit hash of every field, equal on every rank for equal configurations."""
+        return fingerprint(sorted(self.describe().items()))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> ProcessorConfig:
+        """Build from a mapping of field names (e.g. a config section), ``overrides`` on top.
+
+        Raises:
+            ConfigError: naming a key that is not a field, or the first value out of range.
+        """
+        merged = {**values, **overrides}
+        names = field_names()
+        unknown = sorted(set(merged) - set(names))
+        if unknown:
+            raise ConfigError(unknown[0], f"not a processor setting; the settings are {list(names)}")
+        return cls(**merged)
+
+
+def field_names() -> tuple[str, ...]:
+    """The names of :class:`ProcessorConfig`'s fields, in order."""
+    return tuple(f.name for f in dataclasses.fields(ProcessorConfig))
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_RULES = (
+    ("num_layers", lambda c: _is_int(c.num_layers) and c.num_layers >= 1, "an integer >= 1"),
+    ("num_channels", lambda c: _is_int(c.num_channels) and c.num_channels >= 1, "an integer >= 1"),
+    ("num_heads", lambda c: _is_int(c.num_heads) and c.num_heads >= 1, "an integer >= 1"),
+    (
+        "window_size",
+        lambda c: c.window_size is None or (_is_int(c.window_size) and c.window_size >= 0),
+        "an integer >= 0 or None",
+    ),
+    (
+        "mlp_hidden_ratio",
+        lambda c: c.mlp_hidden_ratio > 0 and int(c.mlp_hidden_ratio * c.num_channels) >= 1,
+        "> 0, giving at least one hidden channel",
+    ),
+    ("num_chunks", lambda c: _is_int(c.num_chunks) and c.num_chunks >= 0, "an integer >= 0"),
+    ("dropout_p", lambda c: 0.0 <= c.dropout_p < 1.0, "in [0, 1)"),
+    ("qk_norm", lambda c: isinstance(c.qk_norm, bool), "true or false"),
+    ("activation", lambda c: c.activation in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
+    (
+        "attention_block_size",
+        lambda c: c.attention_block_size is None or (_is_int(c.attention_block_size) and c.attention_block_size >= 1),
+        "an integer >= 1 or None",
+    ),
+)

@@ -1,0 +1,89 @@
+"""How the communication primitives move bytes, and the counter that sees what they send.
+
+Every primitive (the all-to-all, the halo exchange) sends through a :class:`Transport` passed
+in explicitly, forward and backward alike. The default sends over the process group; give it a
+:class:`CommCounter` to count the bytes each kind of operation sends to *other* ranks (a
+rank's chunk to itself is not communication). A benchmark may pass a transport of its own
+(say, one that copies locally instead of sending) without the model code knowing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass
+class CommCounter:
+    """Bytes sent and calls made, per kind of operation (``"all_to_all"``, ``"halo"``). Safe to
+    share between the forward thread and autograd's backward thread."""
+
+    bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_sent.values())
+
+    def record(self, kind: str, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_sent[kind] += nbytes
+            self.calls[kind] += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes_sent.clear()
+            self.calls.clear()
+
+
+@dataclass
+class Posted:
+    """Point-to-point work in flight, the tensors it sends and the buffers it receives into."""
+
+    works: list
+    outgoing: list[Tensor]
+    incoming: list[Tensor]
+
+    def wait(self) -> list[Tensor]:
+        for work in self.works:
+            work.wait()
+        return self.incoming
+
+
+@dataclass(frozen=True)
+class Transport:
+    """Sends over ``group`` with torch.distributed; counts into ``counter`` when one is given."""
+
+    counter: CommCounter | None = None
+
+    def _record(self, kind: str, nbytes: int) -> None:
+        if self.counter is not None:
+            self.counter.record(kind, nbytes)
+
+    def post(
+        self, outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup
+    ) -> Posted:
+        """Post every send ``(peer, tensor)`` and receive ``(peer, buffer)`` at once (peers are
+        ranks of ``group``; tensors contiguous) and return without waiting."""
+        ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group) for p, t in outgoing]
+        ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group) for p, t in incoming]
+        if not ops:
+            return Posted([], [], [])
+        works = dist.batch_isend_irecv(ops)
+        self._record("halo", sum(t.numel() * t.element_size() for _, t in outgoing))
+        return Posted(works, [t for _, t in outgoing], [t for _, t in incoming])
+
+    def all_to_all(self, x: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup) -> Tensor:
+        """Flat ``x``'s chunk ``r`` to rank ``r``; the chunks received, in rank order."""
+        out = x.new_empty(sum(recv_splits))
+        dist.all_to_all_single(
+            out, x.contiguous(), output_split_sizes=recv_splits, input_split_sizes=send_splits, group=group
+        )
+        rank = dist.get_rank(group)
+        self._record("all_to_all", (sum(send_splits) - send_splits[rank]) * x.element_size())
+        return out

@@ -1,0 +1,83 @@
+"""One optimisation step of the forecaster: the training run's, and the benchmarks' too.
+
+The model passed in is already parallelised (:meth:`training.parallel.ParallelDims.parallelize`):
+backward leaves the one-rank gradients, summed over the model-parallel ranks and averaged over
+data-parallel replicas, so the step is loss, backward, clip, optimiser, schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from processor.distributed import Transport
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine decay to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimiser(
+    model: nn.Module, trainer: dict[str, Any]
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its warm-up + cosine schedule from the ``trainer`` config section."""
+    optimiser = torch.optim.AdamW(model.parameters(), lr=trainer["lr"], weight_decay=trainer["weight_decay"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: lr_factor(s, trainer["warmup_steps"], trainer["steps"], trainer["min_lr_ratio"])
+    )
+    return optimiser, schedule
+
+
+@dataclass
+class TrainStep:
+    """Forward, loss, backward, clipping, optimiser and schedule for one batch on this rank.
+
+    ``points_per_replica``: data points x variables x batch of one replica; each rank's loss
+    is its points' share of its replica's mean squared error, so summed over the
+    model-parallel ranks it is the replica's loss.
+    """
+
+    model: nn.Module  # parallelised: backward reduces the gradients
+    optimiser: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    grad_clip: float
+    autocast: AbstractContextManager
+    points_per_replica: int
+
+    def loss(self, x: Tensor, y: Tensor, grids: Any, group: dist.ProcessGroup | None, transport: Transport) -> Tensor:
+        """This rank's share of the replica's mean squared error of the one-step forecast."""
+        with self.autocast:
+            pred = self.model(x, grids, group, transport=transport)
+        return (pred.float() - y).pow(2).sum() / self.points_per_replica
+
+    def __call__(
+        self,
+        x: Tensor,
+        y: Tensor,
+        grids: Any,
+        group: dist.ProcessGroup | None,
+        transport: Transport | None = None,
+        after_backward: Callable[[], None] | None = None,
+    ) -> Tensor:
+        """One step on the batch ``x -> y`` (this rank's data points); returns the loss."""
+        loss = self.loss(x, y, grids, group, transport or Transport())
+        loss.backward()
+        if after_backward is not None:
+            after_backward()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimiser.step()
+        self.optimiser.zero_grad(set_to_none=True)
+        self.schedule.step()
+        return loss.detach()
