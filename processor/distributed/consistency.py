@@ -9,6 +9,7 @@ rank then runs the same checks on the same table and raises the same ``ValueErro
 from __future__ import annotations
 
 import zlib
+from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 from enum import IntEnum
 
@@ -29,12 +30,14 @@ class LocalProblem(IntEnum):
     SIZE_DISAGREES = 4
 
 
-_DESCRIPTIONS = {
-    LocalProblem.NOT_3D: "input is not (batch, local_points, channels)",
-    LocalProblem.WRONG_CHANNELS: "input has the wrong number of channels",
-    LocalProblem.SIZES_WRONG_LENGTH: "shard_sizes does not have one entry per rank",
-    LocalProblem.SIZE_DISAGREES: "local_points differs from shard_sizes[rank]",
-}
+_DESCRIPTIONS = MappingProxyType(
+    {
+        LocalProblem.NOT_3D: "input is not (batch, local_points, channels)",
+        LocalProblem.WRONG_CHANNELS: "input has the wrong number of channels",
+        LocalProblem.SIZES_WRONG_LENGTH: "shard_sizes does not have one entry per rank",
+        LocalProblem.SIZE_DISAGREES: "local_points differs from shard_sizes[rank]",
+    }
+)
 
 
 def fingerprint(values: Sequence[object]) -> int:
