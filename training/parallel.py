@@ -42,8 +42,8 @@ class ParallelDims:
         return None if self.mesh is None or self.mp == 1 else self.mesh["mp"].get_group()
 
     @classmethod
-    def build(cls, ranks_per_model: int, device_type: str = "cpu") -> ParallelDims:
-        """Build the mesh (every rank must call this)."""
+    def build(cls, ranks_per_model: int) -> ParallelDims:
+        """Build the mesh (every rank must call this); on CUDA devices under NCCL, else CPU."""
         if not dist.is_initialized():
             if ranks_per_model != 1:
                 raise ValueError(f"ranks_per_model = {ranks_per_model} needs a process group; none is initialised")
@@ -51,6 +51,7 @@ class ParallelDims:
         world, rank = dist.get_world_size(), dist.get_rank()
         if world % ranks_per_model:
             raise ValueError(f"ranks_per_model = {ranks_per_model} does not divide the world size {world}")
+        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
         mesh = init_device_mesh(device_type, (world // ranks_per_model, ranks_per_model), mesh_dim_names=("dp", "mp"))
         return cls(world, ranks_per_model, rank, mesh)
 

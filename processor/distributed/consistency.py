@@ -9,9 +9,9 @@ rank then runs the same checks on the same table and raises the same ``ValueErro
 from __future__ import annotations
 
 import zlib
-from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 from enum import IntEnum
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist

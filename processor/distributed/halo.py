@@ -226,12 +226,9 @@ def start_halo_exchange(
 def halo_pad(
     x: Tensor, config: HaloConfig, layout: ShardLayout, group: dist.ProcessGroup, transport: Transport | None = None
 ) -> Tensor:
-    """Pad this rank's block of points with its halo from the other ranks.
+    """Pad this rank's block of points with its halo from the other ranks (arguments as
+    :func:`start_halo_exchange`, which it starts and finishes at once).
 
-    Args:
-        x: local block, e.g. ``(batch, local_points, channels)`` with ``config.dim == 1``.
-        layout: the split of points over ``group``; ``x.shape[dim]`` must be this rank's size.
-        transport: what sends the bytes (default: torch.distributed on ``group``, uncounted).
     Returns:
         ``(batch, left + local_points + right, channels)``, where ``left = min(W, start)`` and
         ``right = min(W, N - stop)``: rows ``[start - left, stop + right)`` of the global tensor.
