@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from processor.distributed.consistency import fingerprint
+from processor.distributed.consistency import settings_fingerprint
 from processor.mlp import ACTIVATIONS
 from processor.strategies import Strategy, resolve_strategy
 
@@ -107,7 +107,7 @@ class ProcessorConfig:
 
     def fingerprint(self) -> int:
         """A 32-bit hash of every field, equal on every rank for equal configurations."""
-        return fingerprint(sorted(self.describe().items()))
+        return settings_fingerprint(self.describe())
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], **overrides: Any) -> ProcessorConfig:
@@ -144,7 +144,7 @@ _RULES = (
     ),
     (
         "mlp_hidden_ratio",
-        lambda c: c.mlp_hidden_ratio > 0 and int(c.mlp_hidden_ratio * c.num_channels) >= 1,
+        lambda c: c.mlp_hidden_ratio > 0 and c.mlp_hidden >= 1,
         "> 0, giving at least one hidden channel",
     ),
     ("num_chunks", lambda c: _is_int(c.num_chunks) and c.num_chunks >= 0, "an integer >= 0"),

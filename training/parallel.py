@@ -23,6 +23,7 @@ class ParallelDims:
     mp: int
     rank: int
     mesh: DeviceMesh | None  # axes ("dp", "mp"); None on one rank
+    mp_group: dist.ProcessGroup | None  # the mesh's "mp" group; None with one rank per model
 
     @property
     def dp(self) -> int:
@@ -36,24 +37,19 @@ class ParallelDims:
     def dp_rank(self) -> int:
         return self.rank // self.mp
 
-    @property
-    def mp_group(self) -> dist.ProcessGroup | None:
-        """The model-parallel group (None with one rank per model)."""
-        return None if self.mesh is None or self.mp == 1 else self.mesh["mp"].get_group()
-
     @classmethod
     def build(cls, ranks_per_model: int) -> ParallelDims:
         """Build the mesh (every rank must call this); on CUDA devices under NCCL, else CPU."""
         if not dist.is_initialized():
             if ranks_per_model != 1:
                 raise ValueError(f"ranks_per_model = {ranks_per_model} needs a process group; none is initialised")
-            return cls(1, 1, 0, None)
+            return cls(1, 1, 0, None, None)
         world, rank = dist.get_world_size(), dist.get_rank()
         if world % ranks_per_model:
             raise ValueError(f"ranks_per_model = {ranks_per_model} does not divide the world size {world}")
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
         mesh = init_device_mesh(device_type, (world // ranks_per_model, ranks_per_model), mesh_dim_names=("dp", "mp"))
-        return cls(world, ranks_per_model, rank, mesh)
+        return cls(world, ranks_per_model, rank, mesh, mesh["mp"].get_group() if ranks_per_model > 1 else None)
 
     def parallelize(self, model: nn.Module) -> nn.Module:
         """``model`` with gradients summed over ``mp`` and averaged over ``dp`` in backward."""

@@ -45,6 +45,16 @@ def fingerprint(values: Sequence[object]) -> int:
     return zlib.crc32(repr(tuple(values)).encode())
 
 
+def _as_text(values: Mapping[str, object]) -> dict[str, str]:
+    """Keys and values as text, sorted by key: what rank-agreement compares."""
+    return {str(k): v if isinstance(v, str) else repr(v) for k, v in sorted(values.items())}
+
+
+def settings_fingerprint(values: Mapping[str, object]) -> int:
+    """The fingerprint of a mapping of settings, as :func:`agree_on_values` compares them."""
+    return fingerprint(list(_as_text(values).items()))
+
+
 def _local_problem(x: Tensor, channels: int, world: int, rank: int, sizes: Sequence[int] | None) -> LocalProblem:
     if x.dim() != 3:
         return LocalProblem.NOT_3D
@@ -79,8 +89,7 @@ def agree_on_layout(
     problem = _local_problem(x, channels, world, rank, shard_sizes)
     shape = list(x.shape) if x.dim() == 3 else [-1, -1, -1]
     sizes_print = -1 if shard_sizes is None else fingerprint(shard_sizes)
-    config_print = fingerprint(sorted((str(k), str(v)) for k, v in config.items()))
-    mine = torch.tensor([int(problem), *shape, config_print, sizes_print], dtype=torch.int64)
+    mine = torch.tensor([int(problem), *shape, settings_fingerprint(config), sizes_print], dtype=torch.int64)
     table = torch.empty(world * mine.numel(), dtype=torch.int64)
     dist.all_gather_single(table, mine, group=group)
     rows = table.view(world, -1).tolist()
@@ -115,9 +124,9 @@ def agree_on_values(values: Mapping[str, object], group: dist.ProcessGroup | Non
     One ``all_gather`` of a fingerprint; only when the fingerprints differ are the values
     themselves gathered, to name the keys.
     """
-    items = {str(k): v if isinstance(v, str) else repr(v) for k, v in sorted(values.items())}
+    items = _as_text(values)
     world = dist.get_world_size(group)
-    mine = torch.tensor([fingerprint(list(items.items()))], dtype=torch.int64)
+    mine = torch.tensor([settings_fingerprint(values)], dtype=torch.int64)
     prints = torch.empty(world, dtype=torch.int64)
     dist.all_gather_single(prints, mine, group=group)
     if len(set(prints.tolist())) == 1:
