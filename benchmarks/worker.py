@@ -26,8 +26,11 @@ from training.config import processor_config
 Step = Callable[[Transport], None]
 
 
-def _processor(cfg: dict[str, Any], world: int) -> TransformerProcessor:
-    return TransformerProcessor(processor_config(cfg["model"], cfg["strategy"] if world > 1 else "none"))
+def _processor(cfg: dict[str, Any], world: int, group: dist.ProcessGroup | None) -> TransformerProcessor:
+    """The processor with this rank's share of the parameters (``shard_channels``) or all of them."""
+    model = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"] if world > 1 else "none"))
+    model.split_parameters(group)
+    return model
 
 
 def _parallelize(model: torch.nn.Module, group: dist.ProcessGroup | None) -> torch.nn.Module:
@@ -38,7 +41,7 @@ def _parallelize(model: torch.nn.Module, group: dist.ProcessGroup | None) -> tor
 def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
     n = grid_points(cfg["grid"])
     sizes = shard_sizes(n, world)
-    model = _parallelize(_processor(cfg, world).to(device), group)
+    model = _parallelize(_processor(cfg, world, group).to(device), group)
     x = torch.randn(cfg["batch_size"], sizes[rank], cfg["model"]["num_channels"], device=device, requires_grad=True)
     # The gradient the decoder would send back: a fixed tensor, so no loss temporaries count.
     cotangent = torch.randn_like(x)
@@ -71,7 +74,7 @@ def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[s
         defaults.decoder_neighbours,
     )
     v, b = cfg["num_variables"], cfg["batch_size"]
-    model = Forecaster(v, cfg["model"]["num_channels"], _processor(cfg, world)).to(device)
+    model = Forecaster(v, cfg["model"]["num_channels"], _processor(cfg, world, group)).to(device)
     trainer = dataclasses.asdict(TrainerConfig())  # the training run's optimiser and clipping
     optimiser, schedule = build_optimiser(model, trainer)
     n_data = len(data.latitudes)

@@ -45,8 +45,8 @@ class ProcessorConfig:
         dropout_p: dropout on the attention weights (training only).
         qk_norm: LayerNorm over each head's queries and keys.
         activation: one of :data:`processor.mlp.ACTIVATIONS`.
-        strategy: a built-in strategy's name (``none``, ``shard_heads``, ``shard_sequence``) or
-            a :class:`~processor.strategies.Strategy` instance of your own.
+        strategy: a built-in strategy's name (``none``, ``shard_heads``, ``shard_sequence``,
+            ``shard_channels``) or a :class:`~processor.strategies.Strategy` instance of your own.
         attention_block_size: query rows per block in the windowed kernel (None: ``W / 2``).
     """
 

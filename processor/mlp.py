@@ -30,11 +30,14 @@ class MLP(nn.Sequential):
     def __init__(self, num_channels: int, hidden: int, activation: str) -> None:
         super().__init__(nn.Linear(num_channels, hidden), make_activation(activation), nn.Linear(hidden, num_channels))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, add_output_bias: bool = True) -> Tensor:
+        """``add_output_bias=False`` leaves out the last layer's bias: for a partial sum that
+        ranks add up before the bias is added once (``shard_channels``)."""
         first, act, second = self
+        out_bias = second.bias if add_output_bias else torch.zeros_like(second.bias)
         if isinstance(act, nn.GELU) and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
-            return _GeluMLP.apply(x, first.weight, first.bias, second.weight, second.bias, act.approximate)
-        return super().forward(x)
+            return _GeluMLP.apply(x, first.weight, first.bias, second.weight, out_bias, act.approximate)
+        return F.linear(act(first(x)), second.weight, out_bias)
 
 
 class _GeluMLP(torch.autograd.Function):

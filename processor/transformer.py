@@ -8,6 +8,7 @@ place of the kernel (``tests/processor/strategies/test_exactness.py`` checks it)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -18,10 +19,12 @@ from torch.utils.checkpoint import checkpoint
 from processor.attention.module import SelfAttention
 from processor.config import ProcessorConfig
 from processor.distributed.consistency import agree_on_layout
+from processor.distributed.parameter_split import full_state_dict, load_full_state_dict, split_of
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
 from processor.mlp import MLP
-from processor.strategies.base import ShardContext
+from processor.segments import normalise_segment_ids, segment_ids_kind
+from processor.strategies.base import ShardContext, Strategy
 
 
 class TransformerBlock(nn.Module):
@@ -38,9 +41,8 @@ class TransformerBlock(nn.Module):
         self.mlp = MLP(c.num_channels, c.mlp_hidden, c.activation)
 
     def forward(self, x: Tensor, ctx: ShardContext) -> Tensor:
-        """``(batch, local_points, channels)`` -> same shape."""
-        x = x + self.attn(self.attn_norm(x), ctx)
-        return x + self.mlp(self.mlp_norm(x))
+        """``(batch, local_points, channels)`` -> same shape, as the context's strategy plans it."""
+        return ctx.strategy.block(self, x, ctx)
 
 
 class TransformerProcessor(nn.Module):
@@ -65,6 +67,7 @@ class TransformerProcessor(nn.Module):
         self.config = config
         self.strategy = config.resolved_strategy()
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
+        self.parameter_split = ParameterSplit()
 
     def forward(
         self,
@@ -72,6 +75,7 @@ class TransformerProcessor(nn.Module):
         group: dist.ProcessGroup | DeviceMesh | None = None,
         shard_sizes: Sequence[int] | None = None,
         *,
+        segment_ids: Tensor | None = None,
         transport: Transport | None = None,
     ) -> Tensor:
         """Run the processor on this rank's block of points.
@@ -82,15 +86,19 @@ class TransformerProcessor(nn.Module):
                 ``None`` for one rank.
             shard_sizes: optional points per rank, checked against the actual blocks
                 (gathered from the ranks either way).
+            segment_ids: optional integer ids of this rank's points, ``(batch, local_points)``
+                or ``(local_points,)``, sharded like ``x``: a point attends only to points of
+                its own id (and within the window). Several grids, domains or members packed
+                into one sequence, or padding, then never mix.
             transport: what sends the bytes (default: torch.distributed, uncounted); pass one
                 with a :class:`~processor.distributed.CommCounter` to count them.
         Returns:
             ``(batch, local_points, channels)`` for the same points.
         Raises:
             ValueError: on every rank of the group, for input or configuration that any rank
-                gets wrong (shapes, channels, shard sizes, any processor setting).
+                gets wrong (shapes, channels, shard sizes, segment ids, any processor setting).
         """
-        ctx = self._context(x, _process_group(group), shard_sizes, transport or Transport())
+        ctx = self._context(x, _process_group(group), shard_sizes, transport or Transport(), segment_ids)
         c = self.config
         chunks = max(c.num_chunks, 1)
         per_chunk = c.num_layers // chunks
@@ -103,18 +111,76 @@ class TransformerProcessor(nn.Module):
         return x
 
     def _context(
-        self, x: Tensor, group: dist.ProcessGroup | None, shard_sizes: Sequence[int] | None, transport: Transport
+        self,
+        x: Tensor,
+        group: dist.ProcessGroup | None,
+        shard_sizes: Sequence[int] | None,
+        transport: Transport,
+        segment_ids: Tensor | None,
     ) -> ShardContext:
         world = 1 if group is None else dist.get_world_size(group)
+        settings = {**self.config.describe(), "segment_ids": segment_ids_kind(segment_ids, x)}
         if world == 1:
             self.config.check_world_size(1)
             _check_single_rank(x, self.config.num_channels, shard_sizes)
             layout = ShardLayout((x.shape[1],), 0)
         else:
             # Agree first: ranks with different settings all raise here, together.
-            layout = agree_on_layout(x, group, self.config.num_channels, self.config.describe(), shard_sizes)
+            layout = agree_on_layout(x, group, self.config.num_channels, settings, shard_sizes)
             self.config.check_world_size(world)
-        return ShardContext.build(group, layout, self.strategy, transport)
+        self.parameter_split.check(layout.rank, world, self.strategy)
+        ids = normalise_segment_ids(segment_ids, x)  # the same error on every rank: the kinds agreed
+        return ShardContext.build(group, layout, self.strategy, transport, self.config.window_size, ids)
+
+    def split_parameters(self, group: dist.ProcessGroup | DeviceMesh | None) -> None:
+        """Keep only this rank's share of the parameters, for strategies that split them
+        (``shard_channels``); a no-op for the others. Every rank of ``group`` calls it once,
+        on a model built identically everywhere (same seed or same weights), before the
+        optimiser is built."""
+        group = _process_group(group)
+        rank, world = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
+        if self.parameter_split.world_size != 1:
+            raise RuntimeError(f"the parameters are already split ({self.parameter_split})")
+        self.config.check_world_size(world)
+        if world == 1:
+            return
+        for block in self.blocks:
+            self.strategy.split_parameters(block, rank, world)
+        if any(split_of(p) is not None for p in self.parameters()):
+            self.parameter_split = ParameterSplit(rank, world)
+
+    def full_state_dict(self, group: dist.ProcessGroup | DeviceMesh | None = None) -> dict[str, Tensor]:
+        """The state dict as one rank holding every parameter has it (split parameters gathered
+        from ``group``, every rank of which calls): what a checkpoint stores, loadable on any
+        rank count and strategy with :meth:`load_full_state_dict`."""
+        return full_state_dict(self, _process_group(group) if self.parameter_split.world_size > 1 else None)
+
+    def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Load a full state dict, keeping this rank's share of each split parameter."""
+        load_full_state_dict(self, state, self.parameter_split.rank)
+
+
+@dataclass(frozen=True)
+class ParameterSplit:
+    """Which share of the parameters this model holds: rank ``rank`` of ``world_size`` (1: all)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def check(self, rank: int, world_size: int, strategy: Strategy) -> None:
+        """``ValueError`` unless a forward as rank ``rank`` of ``world_size`` under ``strategy``
+        can use these parameters."""
+        if world_size > 1 and strategy.splits_parameters and self.world_size == 1:
+            raise ValueError(
+                f"strategy {strategy.name!r} runs on this rank's share of the parameters: call "
+                "model.split_parameters(group) once, before building the optimiser"
+            )
+        if self.world_size == 1 or (rank, self.world_size) == (self.rank, world_size):
+            return
+        raise ValueError(
+            f"the parameters were split for rank {self.rank} of {self.world_size} "
+            f"(split_parameters), this forward runs as rank {rank} of {world_size}: split them for this group"
+        )
 
 
 def _process_group(group: dist.ProcessGroup | DeviceMesh | None) -> dist.ProcessGroup | None:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from processor.distributed import Transport
+from processor.distributed import Transport, clip_grad_norm_
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -75,8 +75,8 @@ class TrainStep:
         loss.backward()
         if after_backward is not None:
             after_backward()
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if self.grad_clip > 0:  # the whole model's norm, also when parameters are split over `group`
+            clip_grad_norm_(self.model.parameters(), self.grad_clip, group)
         self.optimiser.step()
         self.optimiser.zero_grad(set_to_none=True)
         self.schedule.step()

@@ -18,6 +18,12 @@ from tqdm import tqdm
 
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, agree_on_values
+from processor.distributed.parameter_split import (
+    full_optimizer_state,
+    full_state_dict,
+    load_full_optimizer_state,
+    load_full_state_dict,
+)
 from processor.grids import get_grid, grid_points
 from processor.runtime import Heartbeat, peak_rss, set_freed_memory_policy
 from training.checkpoint import (
@@ -127,8 +133,8 @@ def _restore(path: Path, cfg: dict[str, Any], dims: ParallelDims, model, optimis
     state, saved_cfg = load_training_checkpoint(path)
     _compatible(saved_cfg, cfg)
     try:
-        model.load_state_dict(state["model"])
-        optimiser.load_state_dict(state["optimizer"])
+        load_full_state_dict(model, state["model"], dims.mp_rank)
+        load_full_optimizer_state(optimiser, state["optimizer"], dims.mp_rank)
         schedule.load_state_dict(state["scheduler"])
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
@@ -171,6 +177,7 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     )
     torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank
     model = build_model(cfg, len(dataset.variables))
+    model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     optimiser, schedule = build_optimiser(model, t_cfg)
     torch.manual_seed(t_cfg["seed"] + 1 + dims.rank)  # dropout streams differ per rank
 
@@ -237,13 +244,16 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
         if dims.world > 1:
             rng = [torch.empty_like(rng[0]) for _ in range(dims.world)]
             torch.distributed.all_gather(rng, torch.get_rng_state())
+        # Full tensors, whatever the strategy: split parameters are gathered over the model group.
+        model_state = full_state_dict(model, dims.mp_group)
+        optimiser_state = full_optimizer_state(optimiser, dims.mp_group)
         if dims.rank == 0:
             save_checkpoint(
                 ckpt_dir,
                 {
                     "step": step,
-                    "model": model.state_dict(),
-                    "optimizer": optimiser.state_dict(),
+                    "model": model_state,
+                    "optimizer": optimiser_state,
                     "scheduler": schedule.state_dict(),
                     "rng": rng,
                     "config": yaml.safe_dump(cfg),

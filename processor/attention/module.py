@@ -1,4 +1,8 @@
-"""Multi-head self-attention whose point mixing is delegated to the context's strategy."""
+"""Multi-head sliding-window self-attention: the projections, the kernel and the head merge.
+
+The layer knows nothing of ranks: a strategy (:mod:`processor.strategies`) calls these
+methods, as its :class:`~processor.strategies.HeadAttention`, on the points and heads it holds.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,15 @@ from torch import Tensor, nn
 
 from processor.attention.banded import cat_points
 from processor.attention.kernel import sliding_window_attention
-from processor.strategies.base import ShardContext
 
 
 class SelfAttention(nn.Module):
     """Sliding-window multi-head self-attention on ``(batch, points, channels)``.
 
-    Parameters are the same on every rank (``qkv``: ``(3C, C)`` as ``[q; k; v]``, heads
-    contiguous within each); the strategy in the :class:`ShardContext` only decides where each
-    head meets each key. The methods besides ``forward`` are the
-    :class:`~processor.strategies.HeadAttention` a strategy works with.
+    Parameters: ``qkv`` ``(3 * heads * head_dim, C)`` as ``[q; k; v]``, heads contiguous within
+    each, no bias; ``proj`` ``(C, heads * head_dim)`` with bias; optional q/k LayerNorms over
+    ``head_dim``. ``num_heads`` is the heads this module holds: all of them, or this rank's
+    share after ``shard_channels`` split the parameters.
     """
 
     def __init__(
@@ -30,7 +33,7 @@ class SelfAttention(nn.Module):
         block_size: int | None = None,
     ) -> None:
         super().__init__()
-        self.num_channels, self.num_heads = num_channels, num_heads
+        self.num_heads = num_heads
         self.head_dim = num_channels // num_heads
         self.window_size, self.dropout_p, self.block_size = window_size, dropout_p, block_size
         self.qkv = nn.Linear(num_channels, 3 * num_channels, bias=False)
@@ -38,9 +41,16 @@ class SelfAttention(nn.Module):
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
 
-    def forward(self, h: Tensor, ctx: ShardContext) -> Tensor:
-        """``(batch, local_points, channels)`` -> same shape, for this rank's points."""
-        return self.proj(ctx.strategy.attend(self, h, ctx))
+    @property
+    def inner_channels(self) -> int:
+        """``heads * head_dim`` of the heads this module holds."""
+        return self.num_heads * self.head_dim
+
+    def forward(self, h: Tensor, segment_ids: Tensor | None = None) -> Tensor:
+        """Every point on this rank: ``(batch, points, channels)`` -> same shape; ``segment_ids``
+        ``(batch or 1, points)`` restrict attention to equal ids."""
+        q, k, v = self.qkv_heads(h)
+        return self.proj(self.merge_heads([self.attend(q, k, v, segment_ids=segment_ids)]))
 
     def qkv_packed(self, h: Tensor) -> Tensor:
         """``(b, n, C)`` -> ``(b, n, 3, heads, head_dim)``, q and k normed."""
@@ -55,17 +65,19 @@ class SelfAttention(nn.Module):
 
     def queries(self, h: Tensor) -> Tensor:
         """Queries only: ``(b, n, C)`` -> ``(b, heads, n, head_dim)``."""
-        q = F.linear(h, self.qkv.weight[: self.num_channels])
+        q = F.linear(h, self.qkv.weight[: self.inner_channels])
         return self.q_norm(rearrange(q, "b n (h d) -> b h n d", h=self.num_heads))
 
     def keys_values(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values only: ``(b, m, C)`` -> k, v, each ``(b, heads, m, head_dim)``."""
-        kv = F.linear(h, self.qkv.weight[self.num_channels :])
+        kv = F.linear(h, self.qkv.weight[self.inner_channels :])
         k, v = rearrange(kv, "b m (t h d) -> t b h m d", t=2, h=self.num_heads)
         return self.k_norm(k), v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0) -> Tensor:
-        """Windowed attention of ``q`` ``(b, h, n_q, d)`` over ``k, v`` ``(b, h, n_k, d)``."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0, segment_ids: Tensor | None = None) -> Tensor:
+        """Windowed attention of ``q`` ``(b, h, n_q, d)`` over ``k, v`` ``(b, h, n_k, d)``;
+        ``segment_ids`` ``(b or 1, n_k)`` aligned with the keys."""
+        options = {} if segment_ids is None else {"segment_ids": segment_ids}
         return sliding_window_attention(
             q,
             k,
@@ -74,8 +86,9 @@ class SelfAttention(nn.Module):
             q_offset=q_offset,
             block_size=self.block_size,
             dropout_p=self.dropout_p if self.training else 0.0,
+            **options,
         )
 
     def merge_heads(self, parts: list[Tensor]) -> Tensor:
-        """Consecutive ``(b, heads, n_i, head_dim)`` parts -> ``(b, sum n_i, C)``."""
+        """Consecutive ``(b, heads, n_i, head_dim)`` parts -> ``(b, sum n_i, heads * head_dim)``."""
         return rearrange(cat_points(parts), "b h n d -> b n (h d)")

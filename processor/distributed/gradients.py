@@ -28,6 +28,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
+from processor.distributed.parameter_split import split_of
+
 
 def _size(group: dist.ProcessGroup | None) -> int:
     return 1 if group is None else dist.get_world_size(group)
@@ -40,7 +42,9 @@ def sum_model_parallel_gradients(
     ``dp_group`` (data-parallel replicas; ``None``: one replica), one flat all-reduce each.
 
     Parameters whose ``grad`` is None count as zero (and get a gradient), so that every rank
-    reduces buffers of the same layout.
+    reduces buffers of the same layout. A parameter split over the ranks (``shard_channels``,
+    see :mod:`processor.distributed.parameter_split`) already holds the whole gradient of its
+    share: it is averaged over ``dp_group`` only.
     """
     params = [p for p in parameters if p.requires_grad]
     if not params or _size(mp_group) * _size(dp_group) == 1:
@@ -48,12 +52,21 @@ def sum_model_parallel_gradients(
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    replicated = [p for p in params if split_of(p) is None]
     if _size(mp_group) > 1:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=mp_group)
+        _all_reduce_grads(replicated, mp_group)
     if _size(dp_group) > 1:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_group)
-        flat /= _size(dp_group)
+        _all_reduce_grads(params, dp_group, divide_by=_size(dp_group))
+
+
+def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup, divide_by: int = 1) -> None:
+    """Sum the gradients of ``params`` over ``group`` in one flat all-reduce (then divide)."""
+    if not params:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    if divide_by > 1:
+        flat /= divide_by
     for p, g in zip(params, flat.split([p.numel() for p in params])):
         p.grad.copy_(g.view_as(p))
 
@@ -109,9 +122,31 @@ def parallelize_gradients(
     if _size(mp_group) == 1:
         # Nothing model-parallel: plain data parallelism (averaging), if any.
         return model if dp_group is None else DistributedDataParallel(model, process_group=dp_group)
+    _average_split_parameters_over_replicas(model, dp_group)
     wrapped = DistributedDataParallel(model, process_group=mp_group)
     wrapped.register_comm_hook(_Reduction(mp_group, dp_group), _sum_over_model_average_over_replicas)
     return wrapped
+
+
+def _average_split_parameters_over_replicas(model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
+    """Split parameters (``shard_channels``) differ in shape across the model-parallel ranks and
+    need no sum there: DDP leaves them alone, and a hook averages each one's gradient over the
+    replicas as soon as backward has accumulated it."""
+    split = [name for name, p in model.named_parameters() if split_of(p) is not None]
+    if not split:
+        return
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, split)
+    if _size(dp_group) == 1:
+        return
+    replicas = _size(dp_group)
+
+    def average(p: torch.Tensor) -> None:
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
+        p.grad.div_(replicas)
+
+    for name, p in model.named_parameters():
+        if name in split:
+            p.register_post_accumulate_grad_hook(average)
 
 
 def _gradient_groups(mesh: DeviceMesh) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
@@ -133,3 +168,27 @@ def _gradient_groups(mesh: DeviceMesh) -> tuple[dist.ProcessGroup | None, dist.P
         if me in replica:
             mine = group
     return mine, dp_group
+
+
+def clip_grad_norm_(
+    parameters: Iterable[nn.Parameter], max_norm: float, mp_group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for a model-parallel model, after the reductions: the
+    norm of the *whole* model's gradient, the same on every rank. Replicated parameters count
+    once; split ones (``shard_channels``) are summed over ``mp_group`` (one all-reduce of a
+    number). Returns the total norm before clipping."""
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    squares = [p.grad.detach().double().square().sum() for p in params]
+    replicated = sum(
+        (sq for p, sq in zip(params, squares) if split_of(p) is None), torch.zeros((), dtype=torch.float64)
+    )
+    split = sum((sq for p, sq in zip(params, squares) if split_of(p) is not None), torch.zeros((), dtype=torch.float64))
+    if any(split_of(p) is not None for p in params) and _size(mp_group) > 1:
+        dist.all_reduce(split, op=dist.ReduceOp.SUM, group=mp_group)
+    total = (replicated + split).sqrt()
+    factor = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in params:
+        p.grad.mul_(factor.to(p.grad.dtype))
+    return total.float()

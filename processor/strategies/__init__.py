@@ -1,19 +1,21 @@
 """Model-parallel strategies: the contract (:class:`Strategy`) and the built-in ones by name.
 
-A strategy is chosen by name (``none``, ``shard_heads``, ``shard_sequence``) or given as an
-instance of your own :class:`Strategy` subclass; see :mod:`processor.strategies.base` for
-what a strategy is handed and must return.
+A strategy is chosen by name (``none``, ``shard_heads``, ``shard_sequence``,
+``shard_channels``) or given as an instance of your own :class:`Strategy` subclass (usually a
+:class:`PointSharded` one); see :mod:`processor.strategies.base` for what a strategy is handed
+and must return.
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
 
-from processor.strategies.base import HeadAttention, ShardContext, SingleRank, Strategy
+from processor.strategies.base import BlockParts, HeadAttention, PointSharded, ShardContext, SingleRank, Strategy
+from processor.strategies.shard_channels import ShardChannels
 from processor.strategies.shard_heads import ShardHeads
 from processor.strategies.shard_sequence import ShardSequence
 
-BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardHeads, ShardSequence)})
+BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardHeads, ShardSequence, ShardChannels)})
 
 
 def resolve_strategy(strategy: str | Strategy) -> Strategy:
@@ -28,7 +30,10 @@ def resolve_strategy(strategy: str | Strategy) -> Strategy:
 
 __all__ = [
     "BUILT_IN",
+    "BlockParts",
     "HeadAttention",
+    "PointSharded",
+    "ShardChannels",
     "ShardContext",
     "ShardHeads",
     "ShardSequence",

@@ -1,35 +1,37 @@
-"""The strategy contract: what a model-parallel strategy is given, what it may call, what it returns.
+"""The strategy contract: a strategy states a transformer block's whole plan on its ranks.
 
-Projections and norms are per point and run wherever the point lives; only attention mixes
-points, so a strategy decides how this rank's queries meet the keys held by other ranks. It
-is handed
+A block is ``x + proj(attention(norm(x)))`` then ``x + mlp(norm(x))``. A strategy decides where
+each part runs and which collectives sit between them (:meth:`Strategy.block`):
 
-- ``h``: the normed input of this rank's points, ``(batch, local_points, channels)``;
-- ``attn``: a :class:`HeadAttention`, the *only* interface to the layer: projections to
-  heads, the windowed kernel with the layer's window, and the merge back to channels;
-- ``ctx``: a :class:`ShardContext`, the group, the layout of points and the transport that
-  every collective goes through;
+- :class:`PointSharded` strategies (``none``, ``shard_heads``, ``shard_sequence``) keep every
+  parameter on every rank and run norms, projections, residuals and the MLP on this rank's
+  points; only attention mixes points, so they implement just :meth:`PointSharded.attend`:
+  given the normed input ``h`` of the local points ``(batch, local_points, channels)``, the
+  layer as a :class:`HeadAttention` and the :class:`ShardContext`, return the attention
+  output of the local points before the output projection, same shape.
+- ``shard_channels`` (:mod:`processor.strategies.shard_channels`) splits heads and MLP hidden
+  channels, and their parameters, over the ranks: it overrides :meth:`Strategy.block` and
+  :meth:`Strategy.split_parameters`.
 
-and returns the attention output of its local points *before* the output projection,
-``(batch, local_points, channels)``, exactly what one rank holding every point would compute
-for them. A group of one rank never reaches a strategy: :class:`SingleRank` runs it, chosen in
-one place (:meth:`ShardContext.build`).
+A group of one rank never reaches a strategy: :class:`SingleRank` runs it, chosen in one place
+(:meth:`ShardContext.build`).
 
-Room to grow: per-point segment ids (attend only within a segment) become a field of
-:class:`ShardContext` that strategies forward to :meth:`HeadAttention.attend`; a strategy that
-also splits the projections and the MLP over the ranks (tensor parallelism) gets further
-hooks beside :meth:`Strategy.attend` for them.
+Segment ids: when the caller passes per-point ids, :meth:`ShardContext.build` asks the strategy
+once per forward for the ids its attention calls need (:meth:`Strategy.share_segment_ids`:
+every point's by default, the halo-padded ones for ``shard_sequence``) and keeps them in
+:attr:`ShardContext.key_segment_ids`; the layers reuse them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
+from processor.distributed.region import gather_points
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
 
@@ -38,9 +40,10 @@ class HeadAttention(Protocol):
     """What a strategy may call on a self-attention layer (implemented by
     :class:`processor.attention.SelfAttention`). ``h`` is ``(batch, points, channels)``."""
 
-    num_heads: int
+    num_heads: int  # the heads this module holds (all of them unless its parameters are split)
     head_dim: int
     window_size: int | None  # W: query i sees keys j with |i - j| <= W (None: every key)
+    proj: nn.Linear  # output projection, (channels, num_heads * head_dim)
 
     def qkv_heads(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v, each ``(batch, heads, points, head_dim)``, q and k normed."""
@@ -58,25 +61,42 @@ class HeadAttention(Protocol):
         """k, v, each ``(batch, heads, points, head_dim)``."""
         ...
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0, segment_ids: Tensor | None = None) -> Tensor:
         """The layer's windowed attention: query ``i`` at key position ``q_offset + i``.
-        ``(batch, heads, n_q, head_dim)`` over ``(batch, heads, n_k, head_dim)`` keys."""
+        ``(batch, heads, n_q, head_dim)`` over ``(batch, heads, n_k, head_dim)`` keys;
+        ``segment_ids`` ``(batch or 1, n_k)``, aligned with the keys, restrict it to equal ids."""
         ...
 
     def merge_heads(self, parts: list[Tensor]) -> Tensor:
         """Outputs of consecutive query ranges, each ``(batch, heads, n_i, head_dim)``, as one
-        ``(batch, sum n_i, channels)``."""
+        ``(batch, sum n_i, heads * head_dim)``."""
         ...
+
+
+class BlockParts(Protocol):
+    """The parts of a pre-norm transformer block (:class:`processor.TransformerBlock`)."""
+
+    attn_norm: nn.LayerNorm
+    attn: HeadAttention
+    mlp_norm: nn.LayerNorm
+    mlp: nn.Module  # (..., C) -> (..., C); ``mlp(x, add_output_bias=False)`` leaves out the last bias
 
 
 @dataclass(frozen=True)
 class ShardContext:
-    """Everything about the model-parallel split that a layer needs, passed down every layer."""
+    """Everything about the model-parallel split that a layer needs, passed down every layer.
+
+    ``window_size`` is the layers' window; ``segment_ids`` are this rank's ids
+    ``(batch or 1, local_points)`` (None: one segment); ``key_segment_ids`` what the strategy
+    made of them for its attention calls."""
 
     group: dist.ProcessGroup | None
     layout: ShardLayout
     strategy: Strategy
     transport: Transport
+    window_size: int | None = None
+    segment_ids: Tensor | None = None
+    key_segment_ids: Tensor | None = None
 
     @property
     def world_size(self) -> int:
@@ -84,20 +104,33 @@ class ShardContext:
 
     @classmethod
     def build(
-        cls, group: dist.ProcessGroup | None, layout: ShardLayout, strategy: Strategy, transport: Transport
+        cls,
+        group: dist.ProcessGroup | None,
+        layout: ShardLayout,
+        strategy: Strategy,
+        transport: Transport,
+        window_size: int | None = None,
+        segment_ids: Tensor | None = None,
     ) -> ShardContext:
-        """The context for ``layout``: on one rank, :class:`SingleRank` instead of ``strategy``."""
+        """The context for ``layout``: on one rank, :class:`SingleRank` instead of ``strategy``;
+        with ``segment_ids``, the strategy's shared ids computed once here."""
         if layout.world_size == 1:
-            return cls(None, layout, SingleRank(), transport)
-        return cls(group, layout, strategy, transport)
+            group, strategy = None, SingleRank()
+        ctx = cls(group, layout, strategy, transport, window_size)
+        if segment_ids is None:
+            return ctx
+        ctx = replace(ctx, segment_ids=segment_ids)
+        return replace(ctx, key_segment_ids=ctx.strategy.share_segment_ids(segment_ids, ctx))
 
 
 class Strategy(ABC):
-    """A way to split attention over a model-parallel group. Subclass it (a frozen dataclass
-    for one with options, so that its ``repr`` names them) and pass an instance as
+    """A way to run transformer blocks over a model-parallel group. Subclass
+    :class:`PointSharded` for a new way to mix points (a frozen dataclass for one with options,
+    so that its ``repr`` names them) and pass an instance as
     :attr:`processor.ProcessorConfig.strategy`."""
 
     name: ClassVar[str]
+    splits_parameters: ClassVar[bool] = False  # True: each rank holds a share (split_parameters)
 
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
         """Raise ``ValueError`` if this strategy cannot run the configuration on ``world_size``
@@ -105,15 +138,42 @@ class Strategy(ABC):
         return None
 
     @abstractmethod
-    def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
-        """``(batch, local_points, channels)`` normed input -> the attention output of the local
-        points before the output projection, same shape. ``ctx.world_size > 1``."""
+    def block(self, parts: BlockParts, x: Tensor, ctx: ShardContext) -> Tensor:
+        """One block on this rank's points: ``(batch, local_points, channels)`` -> same shape."""
+
+    def share_segment_ids(self, segment_ids: Tensor, ctx: ShardContext) -> Tensor:
+        """This rank's ids ``(batch or 1, local_points)`` -> the ids aligned with the keys its
+        attention calls use. Default: every point's, ``(batch or 1, points)``."""
+        if ctx.world_size == 1:
+            return segment_ids
+        sizes = ctx.layout.sizes
+        return gather_points(segment_ids, ctx.group, dim=1, sizes=sizes, transport=ctx.transport, check=False)
+
+    def split_parameters(self, parts: BlockParts, rank: int, world_size: int) -> None:
+        """Replace the block's parameters by this rank's share, in place. Default: every rank
+        keeps all of them (replicated)."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-class SingleRank(Strategy):
+class PointSharded(Strategy):
+    """Parameters replicated, every part of the block on this rank's points; subclasses decide
+    how attention meets the keys held by other ranks."""
+
+    def block(self, parts: BlockParts, x: Tensor, ctx: ShardContext) -> Tensor:
+        attn = parts.attn
+        x = x + attn.proj(self.attend(attn, parts.attn_norm(x), ctx))
+        return x + parts.mlp(parts.mlp_norm(x))
+
+    @abstractmethod
+    def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
+        """``(batch, local_points, channels)`` normed input -> the attention output of the local
+        points before the output projection, same shape. ``ctx.world_size > 1``."""
+
+
+class SingleRank(PointSharded):
     """``none``: one rank holds every point."""
 
     name = "none"
@@ -121,9 +181,10 @@ class SingleRank(Strategy):
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
         if world_size != 1:
             raise ValueError(
-                f"strategy 'none' runs on one rank, the group has {world_size}: choose shard_sequence or shard_heads"
+                f"strategy 'none' runs on one rank, the group has {world_size}: choose shard_sequence, "
+                "shard_heads or shard_channels"
             )
 
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         q, k, v = attn.qkv_heads(h)
-        return attn.merge_heads([attn.attend(q, k, v)])
+        return attn.merge_heads([attn.attend(q, k, v, segment_ids=ctx.key_segment_ids)])

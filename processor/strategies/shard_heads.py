@@ -13,10 +13,10 @@ from torch import Tensor
 
 from processor.distributed.collectives import all_to_all
 from processor.distributed.shards import shard_sizes
-from processor.strategies.base import HeadAttention, ShardContext, Strategy
+from processor.strategies.base import HeadAttention, PointSharded, ShardContext
 
 
-class ShardHeads(Strategy):
+class ShardHeads(PointSharded):
     name = "shard_heads"
 
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
@@ -42,7 +42,7 @@ class ShardHeads(Strategy):
         qkv_all = torch.cat(
             [rearrange(c, "(h t b n d) -> t b h n d", h=mine, t=3, b=b, d=d) for c in chunks], dim=3
         )  # (3, b, my heads, all points, d)
-        out = attn.attend(qkv_all[0], qkv_all[1], qkv_all[2])
+        out = attn.attend(qkv_all[0], qkv_all[1], qkv_all[2], segment_ids=ctx.key_segment_ids)
 
         send = rearrange(out, "b h n d -> n b h d").reshape(-1)  # chunk s = points of rank s
         received = exchange(send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads])

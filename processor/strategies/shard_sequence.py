@@ -16,15 +16,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from processor.distributed.halo import HaloConfig, start_halo_exchange
-from processor.strategies.base import HeadAttention, ShardContext, Strategy
+from processor.distributed.halo import HaloConfig, halo_pad, start_halo_exchange
+from processor.strategies.base import HeadAttention, PointSharded, ShardContext
 
 
-class ShardSequence(Strategy):
+class ShardSequence(PointSharded):
     """Any window works on any number of ranks: a halo wider than a neighbour's shard is
     gathered from as many ranks as it spans."""
 
     name = "shard_sequence"
+
+    def share_segment_ids(self, segment_ids: Tensor, ctx: ShardContext) -> Tensor:
+        """The ids of the halo-padded keys, ``(batch or 1, left + local_points + right)``: the ids
+        travel with the halo once per forward, not per layer."""
+        config = HaloConfig(width=ctx.window_size, dim=1)
+        return halo_pad(segment_ids, config, ctx.layout, ctx.group, ctx.transport)
 
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         window = attn.window_size
@@ -37,7 +43,14 @@ class ShardSequence(Strategy):
         stop = max(n - reach, first) if right else n
         q = attn.queries(h)
         k, v = attn.keys_values(h)
-        interior = attn.attend(q[:, :, first:stop], k, v, q_offset=first) if stop > first else None
+        ids = ctx.key_segment_ids  # (b or 1, left + n + right) or None
+
+        def attend(queries: Tensor, keys: Tensor, values: Tensor, q_offset: int, key_lo: int) -> Tensor:
+            # keys are padded rows [key_lo, key_lo + keys.shape[2]); their ids travel alongside
+            seg = None if ids is None else ids[:, key_lo : key_lo + keys.shape[2]]
+            return attn.attend(queries, keys, values, q_offset=q_offset, segment_ids=seg)
+
+        interior = attend(q[:, :, first:stop], k, v, first, left) if stop > first else None
 
         halo_left, halo_right = exchange.finish()
         k_left, v_left = attn.keys_values(halo_left)
@@ -47,15 +60,13 @@ class ShardSequence(Strategy):
         parts = []
         if first > 0:  # queries [0, first) at padded rows [left, left + first)
             hi = min(left + first + reach, left + n + right)
-            parts.append(attn.attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), q_offset=left))
+            parts.append(attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), left, 0))
         if interior is not None:
             parts.append(interior)
         if stop < n:  # queries [stop, n) at padded rows [left + stop, left + n)
             lo = max(left + stop - reach, 0)
             hi = left + n + right
-            parts.append(
-                attn.attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), q_offset=left + stop - lo)
-            )
+            parts.append(attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), left + stop - lo, lo))
         return attn.merge_heads(parts)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
+from processor.distributed.parameter_split import gather_full, split_of
 
 RTOL = 1e-5
 
@@ -34,6 +35,20 @@ def _data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
 
 
+def segment_ids(case: dict) -> torch.Tensor | None:
+    """Random contiguous runs over the whole sequence (some shorter than W, some spanning
+    shards), ``(batch, points)`` when the case asks for per-member ids, else ``(points,)``."""
+    if not case.get("segments"):
+        return None
+    g = torch.Generator().manual_seed(case["seed"] + 2)
+    rows = []
+    for _ in range(case["batch"] if case["segments"] == "per_member" else 1):
+        lengths = torch.randint(1, 2 * (case["window"] or 8) + 3, (case["points"],), generator=g)
+        ids = torch.repeat_interleave(torch.arange(case["points"]), lengths)[: case["points"]]
+        rows.append(ids * 7 % 5 if case.get("repeat_ids") else ids)  # equal ids in separate runs too
+    return torch.stack(rows) if case["segments"] == "per_member" else rows[0]
+
+
 def _sizes(case: dict, ranks: int) -> list[int]:
     return case.get("sizes") or shard_sizes(case["points"], ranks)
 
@@ -49,14 +64,21 @@ def sharded_run(group, case: dict) -> dict:
     start = shard_offsets(sizes)[rank]
     rows = slice(start, start + sizes[rank])
     x = x_full[:, rows].clone().requires_grad_()
-    y = model(x, group=group, shard_sizes=sizes if case.get("pass_sizes") else None)
+    ids = segment_ids(case)
+    model.split_parameters(group)  # shard_channels keeps this rank's share; the others all
+    y = model(
+        x,
+        group=group,
+        shard_sizes=sizes if case.get("pass_sizes") else None,
+        segment_ids=None if ids is None else ids[..., rows],
+    )
     (y * cotangent[:, rows]).sum().backward()
     sum_model_parallel_gradients(model.parameters(), group)
     return {
         "y": y.detach().numpy(),
         "dx": x.grad.numpy(),
-        "grads": {n: p.grad.numpy() for n, p in model.named_parameters()},
-        "params": {n: p.detach().numpy() for n, p in model.named_parameters()},
+        "grads": {n: gather_full(p.grad, split_of(p), group).numpy() for n, p in model.named_parameters()},
+        "params": {n: v.numpy() for n, v in model.full_state_dict(group).items()},
     }
 
 
@@ -64,7 +86,7 @@ def one_rank_run(case: dict) -> dict:
     model = _model(case, "none")
     x_full, cotangent = _data(case)
     x = x_full.clone().requires_grad_()
-    y = model(x)
+    y = model(x, segment_ids=segment_ids(case))
     (y * cotangent).sum().backward()
     return {
         "y": y.detach().numpy(),
@@ -95,12 +117,26 @@ def _cases() -> list[tuple[str, int, dict]]:
         wide = dict(points=n, window=None, batch=2, heads=ranks + 1, channels=6 * (ranks + 1), seed=ranks)
         cases.append(("shard_heads", ranks, wide))
         cases.append(("shard_sequence", ranks, dict(points=n, window=None, batch=1, heads=4, seed=ranks)))
+        # Tensor parallel: heads (5) and hidden channels (2 * 30) not divisible by 2 or 4.
+        for i, window in enumerate((1, smallest + 5, None)):
+            tp = dict(points=n, window=window, batch=1 + i % 2, heads=5, channels=30, seed=40 + ranks + i)
+            cases.append(("shard_channels", ranks, {**tp, "qk_norm": i == 1, "chunks": i % 2}))
+        # Segment ids sharded with the points, through every strategy.
+        for i, strategy in enumerate(("shard_sequence", "shard_heads", "shard_channels")):
+            window = (3, smallest + 4, 2 * smallest + 3)[(i + ranks) % 3]
+            seg = dict(points=n, window=window, batch=2, heads=4, seed=60 + ranks + i)
+            cases.append((strategy, ranks, {**seg, "segments": "per_member" if i % 2 else "shared"}))
+        cases.append(
+            ("shard_sequence", ranks, dict(points=n, window=None, batch=1, heads=4, seed=ranks, segments="shared"))
+        )
     # Long enough that both sides take the blocked kernel path (several query blocks per rank).
-    for strategy in ("shard_sequence", "shard_heads"):
+    for strategy in ("shard_sequence", "shard_heads", "shard_channels"):
         cases.append((strategy, 3, dict(points=700, window=40, batch=2, heads=4, seed=7, block=16, chunks=1)))
+        many = dict(points=700, window=40, batch=2, heads=4, seed=17, block=16, segments="per_member")
+        cases.append((strategy, 4, {**many, "repeat_ids": True}))
         cases.append((strategy, 4, dict(points=523, window=23, batch=1, heads=4, seed=8, qk_norm=True)))
     # Arbitrary (not balanced) shards, one shorter than the window: the halo spans several ranks.
-    for strategy in ("shard_sequence", "shard_heads"):
+    for strategy in ("shard_sequence", "shard_heads", "shard_channels"):
         cases.append(
             (
                 strategy,
@@ -130,7 +166,10 @@ CASES = _cases()
 @pytest.mark.parametrize(
     "strategy,ranks,case",
     CASES,
-    ids=[f"{s}-P{p}-N{c['points']}-W{c['window']}-B{c['batch']}-{i}" for i, (s, p, c) in enumerate(CASES)],
+    ids=[
+        f"{s}-P{p}-N{c['points']}-W{c['window']}-B{c['batch']}{'-seg' if c.get('segments') else ''}-{i}"
+        for i, (s, p, c) in enumerate(CASES)
+    ],
 )
 def test_matches_one_rank(rank_pool, strategy: str, ranks: int, case: dict) -> None:
     case = {**case, "strategy": strategy}

@@ -1,0 +1,129 @@
+"""Parameters split over the model-parallel ranks (``shard_channels``): which share a rank
+holds, how to cut it from the full tensor, and how to put the full tensor back together.
+
+A split parameter carries its :class:`ChannelSplit` as the attribute ``channel_split``; the
+gradient reductions (:mod:`processor.distributed.gradients`) leave such parameters out of the
+model-parallel sum, since each rank's gradient of its own share is already complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from processor.distributed.region import gather_points
+from processor.distributed.transport import Transport
+
+
+@dataclass(frozen=True)
+class ChannelSplit:
+    """A tensor split along ``dim`` over ranks: ``dim`` holds ``groups`` equal parts (q, k, v
+    for the fused projection, else one), each cut into consecutive blocks, ``sizes[r]`` rows
+    of each part for rank ``r``."""
+
+    dim: int
+    sizes: tuple[int, ...]
+    groups: int = 1
+
+    def local(self, full: Tensor, rank: int) -> Tensor:
+        """Rank ``rank``'s share of ``full``: ``groups * sizes[rank]`` rows along ``dim``."""
+        total = sum(self.sizes)
+        if full.shape[self.dim] != self.groups * total:
+            raise ValueError(
+                f"a tensor split as {self.groups} x {list(self.sizes)} along dim {self.dim} needs "
+                f"{self.groups * total} rows there, got shape {tuple(full.shape)}"
+            )
+        start = sum(self.sizes[:rank])
+        parts = full.split(total, dim=self.dim)
+        return torch.cat([p.narrow(self.dim, start, self.sizes[rank]) for p in parts], dim=self.dim)
+
+    def full(self, shares: Tensor) -> Tensor:
+        """Every rank's share concatenated along ``dim`` in rank order -> the full tensor."""
+        pieces = shares.split([self.groups * s for s in self.sizes], dim=self.dim)
+        per_rank = [p.split(s, dim=self.dim) if s else [p] * self.groups for p, s in zip(pieces, self.sizes)]
+        return torch.cat([per_rank[r][g] for g in range(self.groups) for r in range(len(self.sizes))], dim=self.dim)
+
+
+def split_parameter(module: nn.Module, name: str, split: ChannelSplit, rank: int) -> None:
+    """Replace ``module.<name>`` by rank ``rank``'s share, a new parameter marked with ``split``."""
+    full = getattr(module, name)
+    share = nn.Parameter(split.local(full.detach(), rank).clone(), requires_grad=full.requires_grad)
+    share.channel_split = split  # type: ignore[attr-defined]
+    setattr(module, name, share)
+
+
+def split_of(p: Tensor) -> ChannelSplit | None:
+    """The parameter's :class:`ChannelSplit`, or None for a replicated one."""
+    return getattr(p, "channel_split", None)
+
+
+def gather_full(
+    share: Tensor, split: ChannelSplit | None, group: dist.ProcessGroup | None, transport: Transport | None = None
+) -> Tensor:
+    """The full tensor of a split parameter's ``share`` (or of a tensor shaped like it, e.g. an
+    optimiser moment), on every rank of ``group``; ``split=None`` (replicated): ``share``
+    itself. Every rank of the group calls."""
+    if split is None or group is None or len(split.sizes) == 1:
+        return share.detach()
+    sizes = [split.groups * s for s in split.sizes]
+    shares = gather_points(share.detach(), group, dim=split.dim, sizes=sizes, transport=transport)
+    return split.full(shares)
+
+
+def full_state_dict(module: nn.Module, group: dist.ProcessGroup | None) -> dict[str, Tensor]:
+    """``module.state_dict()`` with every split parameter gathered into its full tensor: what
+    one rank holding everything has, loadable on any rank count and strategy. Every rank of
+    ``group`` calls."""
+    params = dict(module.named_parameters())
+    return {
+        key: gather_full(value, split_of(params[key]) if key in params else None, group)
+        for key, value in module.state_dict().items()
+    }
+
+
+def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int) -> None:
+    """Load a full state dict into ``module``, keeping rank ``rank``'s share of each split
+    parameter."""
+    params = dict(module.named_parameters())
+    local = {}
+    for key, value in state.items():
+        split = split_of(params[key]) if key in params else None
+        local[key] = value if split is None else split.local(value, rank)
+    module.load_state_dict(local)
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer, group: dist.ProcessGroup | None) -> dict[str, object]:
+    """``optimizer.state_dict()`` with the per-parameter tensors of split parameters (Adam's
+    moments) gathered like the parameters. Every rank of ``group`` calls."""
+    state = optimizer.state_dict()
+    splits = _splits_by_index(optimizer)
+    for index, entry in state["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, Tensor) and value.dim() > 0:
+                entry[key] = gather_full(value, splits[index], group)
+    return state
+
+
+def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, object], rank: int) -> None:
+    """Load a state from :func:`full_optimizer_state` (or an unsplit optimiser), keeping this
+    rank's share of each split parameter's tensors."""
+    splits = _splits_by_index(optimizer)
+    local = {**state, "state": {}}
+    for index, entry in state["state"].items():  # type: ignore[union-attr]
+        split = splits.get(index)
+        local["state"][index] = {
+            key: split.local(value, rank)
+            if split is not None and isinstance(value, Tensor) and value.dim() > 0
+            else value
+            for key, value in entry.items()
+        }
+    optimizer.load_state_dict(local)
+
+
+def _splits_by_index(optimizer: torch.optim.Optimizer) -> dict[int, ChannelSplit | None]:
+    """Each parameter's split by its index in the optimiser's state dict (groups in order)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return {i: split_of(p) for i, p in enumerate(params)}
