@@ -12,6 +12,15 @@ processor layer, with ``batch`` samples of ``channels`` values of ``element_size
   block (W rows to each neighbour when shards are at least W long); backward returns the
   gradient of every halo row received, ``min(W, start) + min(W, N - stop)`` rows. C values per
   row (the normed layer input is exchanged, not k and v).
+- ``shard_channels``: per layer two all-gathers of the normed points (before ``qkv`` and the
+  MLP's first layer) and two reduce-scatters of partial sums (after the output projection and
+  the MLP's second layer), each sending ``(P - 1) max_r n_r`` rows per rank (gloo gathers
+  equal chunks: shorter blocks are padded to the longest). Backward: each one's transpose,
+  the same again. Under bf16 autocast the reduce-scatters (and their backward gathers) carry
+  bf16 linear outputs, the gathers (and their backward reduce-scatters) fp32 norm outputs.
+  Under activation checkpointing the recomputation stops early (torch's default) once every
+  saved tensor is back, so the last reduce-scatter of each checkpointed chunk, whose output
+  nothing saves, is not repeated.
 
 With activation checkpointing the forward exchange runs again when backward recomputes it.
 """
@@ -53,6 +62,16 @@ def shard_heads_bytes(sizes: list[int], rank: int, num_heads: int, row_bytes: in
     return round((forward_passes * forward + backward) * row_bytes)
 
 
+def shard_channels_bytes(
+    sizes: list[int], row_bytes: int, reduce_row_bytes: int | None = None, forward_passes: int = 1
+) -> int:
+    """Bytes one rank sends for one ``shard_channels`` layer: two all-gathers of ``row_bytes``
+    rows and two reduce-scatters of ``reduce_row_bytes`` rows, forward and backward."""
+    rows = (len(sizes) - 1) * max(sizes)
+    reduce_row_bytes = row_bytes if reduce_row_bytes is None else reduce_row_bytes
+    return (forward_passes + 1) * 2 * rows * (row_bytes + reduce_row_bytes)
+
+
 def processor_bytes(
     strategy: str,
     sizes: list[int],
@@ -63,8 +82,11 @@ def processor_bytes(
     window_size: int | None,
     row_bytes: int,
     checkpointed: bool = False,
+    reduce_row_bytes: int | None = None,
+    chunks: int = 1,
 ) -> int:
-    """Bytes one rank sends in one forward+backward of the whole processor."""
+    """Bytes one rank sends in one forward+backward of the whole processor (``reduce_row_bytes``:
+    a ``shard_channels`` reduce-scatter's row, when its dtype differs from ``row_bytes``')."""
     if strategy == "none" or len(sizes) == 1:
         return 0
     passes = 2 if checkpointed else 1
@@ -72,6 +94,11 @@ def processor_bytes(
         per_layer = shard_heads_bytes(sizes, rank, num_heads, row_bytes, passes)
     elif strategy == "shard_sequence":
         per_layer = halo_bytes(sizes, rank, window_size, row_bytes, passes)
+    elif strategy == "shard_channels":
+        per_layer = shard_channels_bytes(sizes, row_bytes, reduce_row_bytes, passes)
+        if checkpointed:  # each chunk's recomputation skips its last reduce-scatter
+            skipped = chunks * (len(sizes) - 1) * max(sizes) * (reduce_row_bytes or row_bytes)
+            return num_layers * per_layer - skipped
     else:
         raise ValueError(f"no communication model for strategy {strategy!r}")
     return num_layers * per_layer
@@ -81,3 +108,9 @@ def exchanged_element_size(strategy: str, precision: str) -> int:
     """Bytes per exchanged value. Under bf16 autocast the q, k, v projections and the attention
     output are bf16, but LayerNorm runs in fp32, so the halo of the normed input stays fp32."""
     return 2 if precision == "bf16" and strategy == "shard_heads" else 4
+
+
+def reduced_element_size(strategy: str, precision: str) -> int:
+    """Bytes per value of ``shard_channels``' reduce-scatters: the linear layers' outputs, bf16
+    under bf16 autocast."""
+    return 2 if precision == "bf16" and strategy == "shard_channels" else 4

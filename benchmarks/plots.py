@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # Keys that may vary in a sweep besides a plot's x axis and panels; the varying ones name the lines.
 _LINE_KEYS = ["strategy", "ranks", "num_layers", "num_channels", "window_size", "batch_size", "precision"]
-_MARKERS = {"none": "o", "shard_heads": "s", "shard_sequence": "^"}
+_MARKERS = {"none": "o", "shard_heads": "s", "shard_sequence": "^", "shard_channels": "D"}
 
 
 def _label(row: dict[str, Any], keys: list[str]) -> str:

@@ -7,7 +7,7 @@ import statistics
 from datetime import datetime, timezone
 from typing import Any
 
-from benchmarks.analytic import exchanged_element_size, halo_bytes, processor_bytes
+from benchmarks.analytic import exchanged_element_size, halo_bytes, processor_bytes, reduced_element_size
 from benchmarks.flops import processor_flops, saved_activation_bytes
 from benchmarks.worker import measure
 
@@ -47,6 +47,8 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
         window_size=m["window_size"],
         row_bytes=cfg["batch_size"] * m["num_channels"] * element,
         checkpointed=m["num_chunks"] > 0,
+        reduce_row_bytes=cfg["batch_size"] * m["num_channels"] * reduced_element_size(strategy, cfg["precision"]),
+        chunks=max(m["num_chunks"], 1),
     )
     if cfg["target"] == "train_step" and world > 1:
         # The encoder's halo of embedded data rows (bf16 under autocast) and the decoder's of

@@ -98,12 +98,15 @@ def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int)
 def full_optimizer_state(optimizer: torch.optim.Optimizer, group: dist.ProcessGroup | None) -> dict[str, object]:
     """``optimizer.state_dict()`` with the per-parameter tensors of split parameters (Adam's
     moments) gathered like the parameters. Every rank of ``group`` calls."""
-    state = optimizer.state_dict()
+    state = optimizer.state_dict()  # its per-parameter dicts are the live state: build new ones
     splits = _splits_by_index(optimizer)
-    for index, entry in state["state"].items():
-        for key, value in entry.items():
-            if isinstance(value, Tensor) and value.dim() > 0:
-                entry[key] = gather_full(value, splits[index], group)
+    state["state"] = {
+        index: {
+            key: gather_full(value, splits[index], group) if isinstance(value, Tensor) and value.dim() > 0 else value
+            for key, value in entry.items()
+        }
+        for index, entry in state["state"].items()
+    }
     return state
 
 

@@ -1,10 +1,11 @@
 """How the communication primitives move bytes, and the counter that sees what they send.
 
-Every primitive (the all-to-all, the halo exchange) sends through a :class:`Transport` passed
-in explicitly, forward and backward alike. The default sends over the process group; give it a
-:class:`CommCounter` to count the bytes each kind of operation sends to *other* ranks (a
-rank's chunk to itself is not communication). A benchmark may pass a transport of its own
-(say, one that copies locally instead of sending) without the model code knowing.
+Every primitive (the all-to-all, the halo exchange, the sharded region's all-gather and
+reduce-scatter) sends through a :class:`Transport` passed in explicitly, forward and backward
+alike. The default sends over the process group; give it a :class:`CommCounter` to count the
+bytes each kind of operation sends to *other* ranks (a rank's chunk to itself is not
+communication). A benchmark may pass a transport of its own (say, one that copies locally
+instead of sending) without the model code knowing.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
 
 @dataclass
 class CommCounter:
-    """Bytes sent and calls made, per kind of operation (``"all_to_all"``, ``"halo"``). Safe to
-    share between the forward thread and autograd's backward thread."""
+    """Bytes sent and calls made, per kind of operation (``"all_to_all"``, ``"halo"``,
+    ``"all_gather"``, ``"reduce_scatter"``). Safe to share between the forward thread and
+    autograd's backward thread."""
 
     bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -87,3 +90,41 @@ class Transport:
         rank = dist.get_rank(group)
         self._record("all_to_all", (sum(send_splits) - send_splits[rank]) * x.element_size())
         return out
+
+    def all_gather(self, x: Tensor, splits: list[int], group: dist.ProcessGroup) -> Tensor:
+        """Every rank's flat ``x`` (``splits[rank]`` elements), concatenated in rank order:
+        ``(sum(splits),)``. Blocks shorter than the longest are zero-padded to it (gloo gathers
+        equal chunks only); the bytes counted are those sent, padding included."""
+        world, rank = len(splits), dist.get_rank(group)
+        longest = max(splits, default=0)
+        if longest == 0:
+            return x.new_empty(0)
+        mine = x.contiguous()
+        if splits[rank] < longest:
+            mine = torch.cat([mine, mine.new_zeros(longest - splits[rank])])
+        out = x.new_empty(world * longest)
+        dist.all_gather_single(out, mine, group=group)
+        self._record("all_gather", (world - 1) * longest * x.element_size())
+        if all(s == longest for s in splits):
+            return out
+        return torch.cat([out[r * longest : r * longest + s] for r, s in enumerate(splits)])
+
+    def reduce_scatter(self, x: Tensor, splits: list[int], group: dist.ProcessGroup) -> Tensor:
+        """Flat ``x`` (``sum(splits)`` elements) summed over the ranks, chunk ``r`` of the sum to
+        rank ``r``: ``(splits[rank],)``. Chunks are zero-padded to the longest as in
+        :meth:`all_gather`; the bytes counted are those sent, padding included."""
+        world, rank = len(splits), dist.get_rank(group)
+        longest = max(splits, default=0)
+        if longest == 0:
+            return x.new_empty(0)
+        if all(s == longest for s in splits):
+            padded = x.contiguous()
+        else:
+            padded = x.new_zeros(world, longest)
+            for r, chunk in enumerate(x.split(splits)):
+                padded[r, : splits[r]] = chunk
+            padded = padded.view(-1)
+        out = x.new_empty(longest)
+        dist.reduce_scatter_single(out, padded, op=dist.ReduceOp.SUM, group=group)
+        self._record("reduce_scatter", (world - 1) * longest * x.element_size())
+        return out[: splits[rank]]

@@ -30,6 +30,9 @@ CASES = [
     dict(strategy="shard_heads", ranks=2, grid="o8", model=dict(num_chunks=2)),
     dict(strategy="shard_sequence", ranks=3, grid="o8", target="train_step", data_grid="o12"),
     dict(strategy="shard_heads", ranks=2, grid="o8", target="train_step"),
+    dict(strategy="shard_channels", ranks=2, grid="o8"),
+    dict(strategy="shard_channels", ranks=3, grid="o8", model=dict(num_chunks=1), precision="bf16"),
+    dict(strategy="shard_channels", ranks=2, grid="o8", target="train_step"),
 ]
 
 
