@@ -23,6 +23,7 @@ from torch import Tensor
 
 from processor.attention.banded import banded_flash_attention, cat_points, interior_blocks
 from processor.attention.masks import band_mask, reach_blocks
+from processor.attention.segmented import check_segment_ids, segmented_attention
 
 try:  # the flash-attn package has a native sliding window on CUDA (fp16/bf16)
     from flash_attn import flash_attn_func
@@ -144,6 +145,7 @@ def sliding_window_attention(
     block_size: int | None = None,
     dropout_p: float = 0.0,
     scale: float | None = None,
+    segment_ids: Tensor | None = None,
 ) -> Tensor:
     """Attention of each query over the keys within ``window`` positions of it.
 
@@ -153,11 +155,21 @@ def sliding_window_attention(
         window: half-width ``W``; query ``i`` sees keys ``j`` with ``|q_offset + i - j| <= W``.
         q_offset: key position of query 0.
         block_size: query rows per block (default :func:`default_block_size`).
+        segment_ids: integer ids ``(batch or 1, n_k)`` or ``(n_k,)`` aligned with the keys
+            (query ``i`` has the id of key ``q_offset + i``): attend only to equal ids, through
+            :mod:`processor.attention.segmented`.
     Returns:
         ``(batch, heads, n_q, head_dim)``.
     """
     _check(q, k, v, window, q_offset)
     n_q, n_k = q.shape[2], k.shape[2]
+    if segment_ids is not None:
+        ids = check_segment_ids(segment_ids, q, k)
+        block = block_size or default_block_size(window or 0)
+        every = _sees_every_key(n_q, n_k, window, q_offset)
+        return segmented_attention(
+            q, k, v, window, ids, q_offset=q_offset, block=block, dropout_p=dropout_p, scale=scale, every_key=every
+        )
     if _sees_every_key(n_q, n_k, window, q_offset):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     assert window is not None

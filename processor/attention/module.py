@@ -77,7 +77,6 @@ class SelfAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0, segment_ids: Tensor | None = None) -> Tensor:
         """Windowed attention of ``q`` ``(b, h, n_q, d)`` over ``k, v`` ``(b, h, n_k, d)``;
         ``segment_ids`` ``(b or 1, n_k)`` aligned with the keys."""
-        options = {} if segment_ids is None else {"segment_ids": segment_ids}
         return sliding_window_attention(
             q,
             k,
@@ -86,7 +85,7 @@ class SelfAttention(nn.Module):
             q_offset=q_offset,
             block_size=self.block_size,
             dropout_p=self.dropout_p if self.training else 0.0,
-            **options,
+            segment_ids=segment_ids,
         )
 
     def merge_heads(self, parts: list[Tensor]) -> Tensor:
