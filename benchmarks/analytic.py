@@ -104,6 +104,17 @@ def processor_bytes(
     return num_layers * per_layer
 
 
+def segment_id_bytes(strategy: str, sizes: list[int], rank: int, window_size: int | None) -> int:
+    """Bytes one rank sends to share the segment ids (int64, one row per point) once per
+    forward: ``shard_sequence`` a halo of them, the others an all-gather (padded like
+    ``shard_channels``' rows). Integer ids have no gradient: no backward."""
+    if len(sizes) == 1 or strategy == "none":
+        return 0
+    if strategy == "shard_sequence":
+        return halo_rows(sizes, rank, window_size)[0] * 8
+    return (len(sizes) - 1) * max(sizes) * 8
+
+
 def exchanged_element_size(strategy: str, precision: str) -> int:
     """Bytes per exchanged value. Under bf16 autocast the q, k, v projections and the attention
     output are bf16, but LayerNorm runs in fp32, so the halo of the normed input stays fp32."""

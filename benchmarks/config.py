@@ -53,6 +53,7 @@ class BenchmarkConfig:
     threads_per_rank: int = 1
     batch_size: int = 1
     precision: str = "fp32"  # fp32 | bf16 (autocast)
+    segments: int = 0  # processor only: pack this many equal segments into the points (segment ids); 0: none
 
     retain_freed_memory: bool = True  # CPU: keep freed memory (fast steps); false: return it at once (lean peaks)
     compare_local_copy: bool = False  # shard_sequence: also time each step with the halo exchange as a local copy
@@ -74,6 +75,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("threads_per_rank", lambda v: v >= 1, ">= 1"),
     ("batch_size", lambda v: v >= 1, ">= 1"),
     ("precision", lambda v: v in ("fp32", "bf16"), "fp32|bf16"),
+    ("segments", lambda v: v >= 0, ">= 0 (0: no segment ids)"),
     ("warmup", lambda v: v >= 0, ">= 0"),
     ("steps", lambda v: v >= 1, ">= 1"),
     ("num_variables", lambda v: v >= 1, ">= 1"),
@@ -98,6 +100,8 @@ def check_point(cfg: Any) -> None:
         value = OmegaConf.select(cfg, key)
         if value is not None:
             grid_points(value)  # raises ValueError naming the grid
+    if cfg.target == "train_step" and cfg.segments:
+        raise ValueError("config key segments: segment ids are a processor benchmark (target=processor)")
     if cfg.target == "train_step":
         for name in (cfg.grid, cfg.data_grid or cfg.grid):
             if not name.startswith(("o", "f")):

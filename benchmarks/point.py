@@ -7,7 +7,13 @@ import statistics
 from datetime import datetime, timezone
 from typing import Any
 
-from benchmarks.analytic import exchanged_element_size, halo_bytes, processor_bytes, reduced_element_size
+from benchmarks.analytic import (
+    exchanged_element_size,
+    halo_bytes,
+    processor_bytes,
+    reduced_element_size,
+    segment_id_bytes,
+)
 from benchmarks.flops import processor_flops, saved_activation_bytes
 from benchmarks.worker import measure
 
@@ -50,6 +56,8 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
         reduce_row_bytes=cfg["batch_size"] * m["num_channels"] * reduced_element_size(strategy, cfg["precision"]),
         chunks=max(m["num_chunks"], 1),
     )
+    if cfg.get("segments") and world > 1:  # the ids, int64, shared once per step (no backward)
+        total += segment_id_bytes(strategy, report["shard_sizes"], rank, m["window_size"])
     if cfg["target"] == "train_step" and world > 1:
         # The encoder's halo of embedded data rows (bf16 under autocast) and the decoder's of
         # processor output rows (fp32: the residual stream).

@@ -45,15 +45,25 @@ def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Step, di
     x = torch.randn(cfg["batch_size"], sizes[rank], cfg["model"]["num_channels"], device=device, requires_grad=True)
     # The gradient the decoder would send back: a fixed tensor, so no loss temporaries count.
     cotangent = torch.randn_like(x)
+    ids = _segment_ids(n, cfg["segments"], sizes, rank, device)
 
     def step(transport: Transport) -> None:
         model.zero_grad(set_to_none=True)
         x.grad = None
         with autocast:
-            y = model(x, group=group, transport=transport)
+            y = model(x, group=group, transport=transport, segment_ids=ids)
         y.backward(cotangent.to(y.dtype))
 
     return step, {"points": n, "shard_sizes": sizes}
+
+
+def _segment_ids(n: int, segments: int, sizes: list[int], rank: int, device) -> torch.Tensor | None:
+    """This rank's ids of ``segments`` equal runs packed along the ``n`` points (None for 0)."""
+    if segments == 0:
+        return None
+    start = sum(sizes[:rank])
+    points = torch.arange(start, start + sizes[rank], device=device)
+    return points * segments // n
 
 
 def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:

@@ -33,6 +33,9 @@ CASES = [
     dict(strategy="shard_channels", ranks=2, grid="o8"),
     dict(strategy="shard_channels", ranks=3, grid="o8", model=dict(num_chunks=1), precision="bf16"),
     dict(strategy="shard_channels", ranks=2, grid="o8", target="train_step"),
+    dict(strategy="shard_sequence", ranks=3, grid="o8", segments=4, model=dict(num_chunks=1)),
+    dict(strategy="shard_heads", ranks=2, grid="o8", segments=3),
+    dict(strategy="shard_channels", ranks=3, grid="o8", segments=5),
 ]
 
 

@@ -12,7 +12,7 @@ import processor
 # The model code: everything a forward and backward run. The runtime package and the demo
 # are programs' tools; grids are data.
 MODEL_PACKAGES = ("processor.attention", "processor.strategies", "processor.distributed")
-MODEL_MODULES = ("processor", "processor.config", "processor.mlp", "processor.transformer")
+MODEL_MODULES = ("processor", "processor.config", "processor.mlp", "processor.segments", "processor.transformer")
 
 
 def _model_modules() -> list[str]:
@@ -48,6 +48,19 @@ def test_model_code_never_imports_the_runtime():
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             offenders += [f"{Path(module.__file__).relative_to(root)}: {t}" for t in targets if "runtime" in t]
+    assert not offenders, offenders
+
+
+def test_the_attention_layer_knows_nothing_of_strategies():
+    """Strategies call the layer (the block plan), never the other way round: no import circle."""
+    offenders = []
+    for name in _model_modules():
+        if not name.startswith("processor.attention"):
+            continue
+        tree = ast.parse(Path(importlib.import_module(name).__file__).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("processor.strategies"):
+                offenders.append(f"{name}: {node.module}")
     assert not offenders, offenders
 
 
