@@ -13,8 +13,9 @@ from processor.attention.masks import band_mask
 def dense_window_attention(
     q: Tensor, k: Tensor, v: Tensor, window: int | None, q_offset: int = 0, segment_ids: Tensor | None = None
 ) -> Tensor:
-    """Softmax attention under an explicit ``(n_q, n_k)`` mask (band, and equal ids when
-    ``segment_ids`` ``(batch or 1, n_k)`` aligned with the keys are given); shapes as the kernel's."""
+    """Softmax attention under an explicit ``(n_q, n_k)`` mask: the band, and with ``segment_ids``
+    (``(batch or 1, n_k)`` or ``(n_k,)``, aligned with the keys: query ``i`` has the id of key
+    ``q_offset + i``) equal ids. Shapes as the kernel's."""
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if window is not None:
         mask = band_mask(q.shape[2], k.shape[2], window, q_offset, device=q.device)
