@@ -38,7 +38,9 @@ def segment_ids_kind(ids: Tensor | None, x: Tensor) -> str:
     problem = segment_ids_problem(ids, x)
     if problem is not None:
         return f"invalid ({problem})"
-    return "none" if ids is None else "given"
+    if ids is None:
+        return "none"
+    return "given per sample" if ids.dim() == 2 and ids.shape[0] > 1 else "given, shared by the batch"
 
 
 def normalise_segment_ids(ids: Tensor | None, x: Tensor) -> Tensor | None:

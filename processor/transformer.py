@@ -19,7 +19,12 @@ from torch.utils.checkpoint import checkpoint
 from processor.attention.module import SelfAttention
 from processor.config import ProcessorConfig
 from processor.distributed.consistency import agree_on_layout
-from processor.distributed.parameter_split import full_state_dict, load_full_state_dict, split_of
+from processor.distributed.parameter_split import (
+    full_state_dict,
+    load_full_state_dict,
+    mark_split_parameters,
+    split_of,
+)
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
 from processor.mlp import MLP
@@ -49,8 +54,9 @@ class TransformerProcessor(nn.Module):
     """Transformer processor on ``(batch, points, channels)``, split over a model-parallel group.
 
     Built from a :class:`~processor.ProcessorConfig` (hyper-parameters and strategy).
-    Parameters do not depend on the strategy or the rank: built under the same seed they are
-    equal everywhere. After backward each rank's parameter gradients hold its own points'
+    Parameters are built the same on every rank and for every strategy (same seed, same
+    values); ``shard_channels`` then keeps each rank's share (:meth:`split_parameters`).
+    After backward each rank's replicated parameter gradients hold its own points'
     contributions: wrap the model with :func:`processor.distributed.parallelize_gradients` to
     have backward sum them into the one-rank gradient, or call
     :func:`processor.distributed.sum_model_parallel_gradients` yourself.
@@ -119,7 +125,13 @@ class TransformerProcessor(nn.Module):
         segment_ids: Tensor | None,
     ) -> ShardContext:
         world = 1 if group is None else dist.get_world_size(group)
-        settings = {**self.config.describe(), "segment_ids": segment_ids_kind(segment_ids, x)}
+        rank = 0 if group is None else dist.get_rank(group)
+        split_problem = self.parameter_split.problem(rank, world, self.strategy)
+        settings = {
+            **self.config.describe(),
+            "segment_ids": segment_ids_kind(segment_ids, x),
+            "parameters": split_problem or "usable",  # agreed: ranks differing here all raise
+        }
         if world == 1:
             self.config.check_world_size(1)
             _check_single_rank(x, self.config.num_channels, shard_sizes)
@@ -128,7 +140,10 @@ class TransformerProcessor(nn.Module):
             # Agree first: ranks with different settings all raise here, together.
             layout = agree_on_layout(x, group, self.config.num_channels, settings, shard_sizes)
             self.config.check_world_size(world)
-        self.parameter_split.check(layout.rank, world, self.strategy)
+        if split_problem is not None:
+            raise ValueError(split_problem)
+        if self.parameter_split.world_size > 1:
+            mark_split_parameters(self)  # a copy or swap of the parameters drops their marks
         ids = normalise_segment_ids(segment_ids, x)  # the same error on every rank: the kinds agreed
         return ShardContext.build(group, layout, self.strategy, transport, self.config.window_size, ids)
 
@@ -167,17 +182,17 @@ class ParameterSplit:
     rank: int = 0
     world_size: int = 1
 
-    def check(self, rank: int, world_size: int, strategy: Strategy) -> None:
-        """``ValueError`` unless a forward as rank ``rank`` of ``world_size`` under ``strategy``
-        can use these parameters."""
+    def problem(self, rank: int, world_size: int, strategy: Strategy) -> str | None:
+        """Why a forward as rank ``rank`` of ``world_size`` under ``strategy`` cannot use these
+        parameters (None: it can)."""
         if world_size > 1 and strategy.splits_parameters and self.world_size == 1:
-            raise ValueError(
+            return (
                 f"strategy {strategy.name!r} runs on this rank's share of the parameters: call "
                 "model.split_parameters(group) once, before building the optimiser"
             )
         if self.world_size == 1 or (rank, self.world_size) == (self.rank, world_size):
-            return
-        raise ValueError(
+            return None
+        return (
             f"the parameters were split for rank {self.rank} of {self.world_size} "
             f"(split_parameters), this forward runs as rank {rank} of {world_size}: split them for this group"
         )

@@ -76,7 +76,7 @@ class TrainStep:
         if after_backward is not None:
             after_backward()
         if self.grad_clip > 0:  # the whole model's norm, also when parameters are split over `group`
-            clip_grad_norm_(self.model.parameters(), self.grad_clip, group)
+            clip_grad_norm_(self.model.parameters(), self.grad_clip, mp_group=group)
         self.optimiser.step()
         self.optimiser.zero_grad(set_to_none=True)
         self.schedule.step()

@@ -235,7 +235,9 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
 
     def checkpoint(step: int) -> None:
         nonlocal last_checkpoint
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
+        non_finite = sum(not bool(torch.isfinite(p).all()) for p in model.parameters())
+        # Split parameters differ by rank: agree, so that every rank stops here together.
+        if dims.sum_over_world([float(non_finite)])[0] > 0:
             raise FloatingPointError(
                 f"parameters are not finite after step {step}; not overwriting the last good checkpoint "
                 f"(step {last_checkpoint}) in {ckpt_dir}"

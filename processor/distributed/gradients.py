@@ -1,8 +1,8 @@
 """Parameter gradients of a model-parallel model: summed over its ranks, averaged over replicas.
 
-Every rank holds all parameters (they are replicated; only points are split). After
-backward, a rank's parameter gradients are the contributions of its own points, so the
-gradient of the whole model is their **sum** over the model-parallel group; the
+Replicated parameters (all of them, except under ``shard_channels``): after backward, a
+rank's parameter gradients are the contributions of its own points, so the gradient of the
+whole model is their **sum** over the model-parallel group; the
 collectives' backward passes have already routed every cross-rank term to its rank. With
 data parallelism on top, replicas are **averaged** as usual.
 
@@ -14,7 +14,9 @@ Two ways to get there, one operation:
 - :func:`sum_model_parallel_gradients` does it explicitly after backward.
 
 Plain DDP over the whole world would *average* over ``dp * mp`` ranks: the model-parallel
-sum would come out divided by ``mp``.
+sum would come out divided by ``mp``. Parameters split over the ranks (``shard_channels``,
+:mod:`processor.distributed.parameter_split`) already hold the whole gradient of their share:
+they are only averaged over the replicas.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
-from processor.distributed.parameter_split import split_of
+from processor.distributed.parameter_split import mark_split_parameters, split_of
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
@@ -113,12 +115,16 @@ def parallelize_gradients(
             slots; on NCCL pass a mesh.
     Returns:
         ``model`` itself when there is nothing to reduce, else a ``DistributedDataParallel``
-        around it (its ``module`` is ``model``: save ``model.state_dict()``).
+        around it (its ``module`` is ``model``; save ``full_state_dict(model, mp_group)``).
+    Raises:
+        ValueError: for a processor whose strategy splits the parameters but which was not
+            split yet (call ``split_parameters`` first, then wrap, then build the optimiser).
     """
     if mesh is not None:
         if mp_group is not None or dp_group is not None:
             raise ValueError("parallelize_gradients takes a device mesh or groups, not both")
         mp_group, dp_group = _gradient_groups(mesh)
+    _check_split_before_wrapping(model, _size(mp_group))
     if _size(mp_group) == 1:
         # Nothing model-parallel: plain data parallelism (averaging), if any.
         return model if dp_group is None else DistributedDataParallel(model, process_group=dp_group)
@@ -128,10 +134,21 @@ def parallelize_gradients(
     return wrapped
 
 
+def _check_split_before_wrapping(model: nn.Module, mp: int) -> None:
+    for module in model.modules():
+        strategy, share = getattr(module, "strategy", None), getattr(module, "parameter_split", None)
+        if mp > 1 and getattr(strategy, "splits_parameters", False) and share is not None and share.world_size == 1:
+            raise ValueError(
+                f"strategy {strategy.name!r} splits the parameters: call split_parameters(group) before "
+                "parallelize_gradients (and before building the optimiser)"
+            )
+
+
 def _average_split_parameters_over_replicas(model: nn.Module, dp_group: dist.ProcessGroup | None) -> None:
     """Split parameters (``shard_channels``) differ in shape across the model-parallel ranks and
     need no sum there: DDP leaves them alone, and a hook averages each one's gradient over the
     replicas as soon as backward has accumulated it."""
+    mark_split_parameters(model)
     split = [name for name, p in model.named_parameters() if split_of(p) is not None]
     if not split:
         return
@@ -171,7 +188,7 @@ def _gradient_groups(mesh: DeviceMesh) -> tuple[dist.ProcessGroup | None, dist.P
 
 
 def clip_grad_norm_(
-    parameters: Iterable[nn.Parameter], max_norm: float, mp_group: dist.ProcessGroup | None = None
+    parameters: Iterable[nn.Parameter], max_norm: float, *, mp_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` for a model-parallel model, after the reductions: the
     norm of the *whole* model's gradient, the same on every rank. Replicated parameters count
@@ -180,6 +197,8 @@ def clip_grad_norm_(
     params = [p for p in parameters if p.grad is not None]
     if not params:
         return torch.zeros(())
+    if mp_group is None and any(len(split_of(p).sizes) > 1 for p in params if split_of(p) is not None):
+        raise ValueError("clip_grad_norm_: the parameters are split over ranks; pass their mp_group")
     squares = [p.grad.detach().double().square().sum() for p in params]
     replicated = sum(
         (sq for p, sq in zip(params, squares) if split_of(p) is None), torch.zeros((), dtype=torch.float64)

@@ -1,9 +1,12 @@
 """Parameters split over the model-parallel ranks (``shard_channels``): which share a rank
 holds, how to cut it from the full tensor, and how to put the full tensor back together.
 
-A split parameter carries its :class:`ChannelSplit` as the attribute ``channel_split``; the
-gradient reductions (:mod:`processor.distributed.gradients`) leave such parameters out of the
-model-parallel sum, since each rank's gradient of its own share is already complete.
+The owning module records each split in its ``channel_splits`` dict (which survives
+``deepcopy``, ``to_empty`` and tensor swaps), and :func:`mark_split_parameters` copies it onto
+the parameters as their ``channel_split`` attribute, which the gradient reductions
+(:mod:`processor.distributed.gradients`) read: they leave split parameters out of the
+model-parallel sum, since each rank's gradient of its own share is already complete. The
+processor re-marks its parameters at every forward.
 """
 
 from __future__ import annotations
@@ -50,9 +53,20 @@ class ChannelSplit:
 def split_parameter(module: nn.Module, name: str, split: ChannelSplit, rank: int) -> None:
     """Replace ``module.<name>`` by rank ``rank``'s share, a new parameter marked with ``split``."""
     full = getattr(module, name)
-    share = nn.Parameter(split.local(full.detach(), rank).clone(), requires_grad=full.requires_grad)
-    share.channel_split = split  # type: ignore[attr-defined]
-    setattr(module, name, share)
+    setattr(module, name, nn.Parameter(split.local(full.detach(), rank), requires_grad=full.requires_grad))
+    module.__dict__.setdefault("channel_splits", {})[name] = split
+    getattr(module, name).channel_split = split
+
+
+def mark_split_parameters(model: nn.Module) -> int:
+    """Put each split recorded by a module of ``model`` on its parameter again (a copy or a
+    swap of the parameter object drops the attribute); returns how many are split."""
+    count = 0
+    for module in model.modules():
+        for name, split in module.__dict__.get("channel_splits", {}).items():
+            getattr(module, name).channel_split = split
+            count += 1
+    return count
 
 
 def split_of(p: Tensor) -> ChannelSplit | None:
@@ -66,10 +80,16 @@ def gather_full(
     """The full tensor of a split parameter's ``share`` (or of a tensor shaped like it, e.g. an
     optimiser moment), on every rank of ``group``; ``split=None`` (replicated): ``share``
     itself. Every rank of the group calls."""
-    if split is None or group is None or len(split.sizes) == 1:
+    if split is None or len(split.sizes) == 1:
         return share.detach()
+    if group is None or dist.get_world_size(group) != len(split.sizes):
+        ranks = 1 if group is None else dist.get_world_size(group)
+        raise ValueError(
+            f"a parameter split over {len(split.sizes)} ranks needs its model-parallel group to be gathered, "
+            f"got a group of {ranks}"
+        )
     sizes = [split.groups * s for s in split.sizes]
-    shares = gather_points(share.detach(), group, dim=split.dim, sizes=sizes, transport=transport)
+    shares = gather_points(share.detach(), group, dim=split.dim, sizes=sizes, transport=transport, check=False)
     return split.full(shares)
 
 
@@ -87,6 +107,7 @@ def full_state_dict(module: nn.Module, group: dist.ProcessGroup | None) -> dict[
 def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int) -> None:
     """Load a full state dict into ``module``, keeping rank ``rank``'s share of each split
     parameter."""
+    mark_split_parameters(module)
     params = dict(module.named_parameters())
     local = {}
     for key, value in state.items():
@@ -97,12 +118,13 @@ def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int)
 
 def full_optimizer_state(optimizer: torch.optim.Optimizer, group: dist.ProcessGroup | None) -> dict[str, object]:
     """``optimizer.state_dict()`` with the per-parameter tensors of split parameters (Adam's
-    moments) gathered like the parameters. Every rank of ``group`` calls."""
+    moments) gathered like the parameters. Every rank of ``group`` calls. Tensors of replicated
+    parameters are the optimiser's own (not copies): save the result before the next step."""
     state = optimizer.state_dict()  # its per-parameter dicts are the live state: build new ones
     splits = _splits_by_index(optimizer)
     state["state"] = {
         index: {
-            key: gather_full(value, splits[index], group) if isinstance(value, Tensor) and value.dim() > 0 else value
+            key: gather_full(value, splits[index], group) if _shaped_like_share(value, index, splits) else value
             for key, value in entry.items()
         }
         for index, entry in state["state"].items()
@@ -124,6 +146,12 @@ def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str,
             for key, value in entry.items()
         }
     optimizer.load_state_dict(local)
+
+
+def _shaped_like_share(value: object, index: int, splits: dict[int, ChannelSplit | None]) -> bool:
+    """Whether an optimiser state tensor belongs to a split parameter and is shaped like it
+    (Adam's moments; scalars such as ``step`` are not)."""
+    return isinstance(value, Tensor) and value.dim() > 0 and splits[index] is not None
 
 
 def _splits_by_index(optimizer: torch.optim.Optimizer) -> dict[int, ChannelSplit | None]:

@@ -86,16 +86,14 @@ class BlockParts(Protocol):
 class ShardContext:
     """Everything about the model-parallel split that a layer needs, passed down every layer.
 
-    ``window_size`` is the layers' window; ``segment_ids`` are this rank's ids
-    ``(batch or 1, local_points)`` (None: one segment); ``key_segment_ids`` what the strategy
-    made of them for its attention calls."""
+    ``window_size`` is the layers' window; ``key_segment_ids`` what the strategy made of this
+    rank's segment ids for its attention calls (None: one segment)."""
 
     group: dist.ProcessGroup | None
     layout: ShardLayout
     strategy: Strategy
     transport: Transport
     window_size: int | None = None
-    segment_ids: Tensor | None = None
     key_segment_ids: Tensor | None = None
 
     @property
@@ -119,7 +117,6 @@ class ShardContext:
         ctx = cls(group, layout, strategy, transport, window_size)
         if segment_ids is None:
             return ctx
-        ctx = replace(ctx, segment_ids=segment_ids)
         return replace(ctx, key_segment_ids=ctx.strategy.share_segment_ids(segment_ids, ctx))
 
 

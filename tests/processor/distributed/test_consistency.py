@@ -37,7 +37,18 @@ def bad_input_case(group, problem: str) -> str:
         kwargs.update(strategy="shard_heads", num_heads=2)
     model = TransformerProcessor(ProcessorConfig(**kwargs))
     x = torch.randn(batch, sizes[rank], channels)
-    model(x, group=group, shard_sizes=passed_sizes)
+    ids = None
+    if problem == "ids_missing" and rank != 1:
+        ids = torch.zeros(sizes[rank], dtype=torch.long)
+    if problem == "ids_dtype":
+        ids = torch.zeros(sizes[rank], dtype=torch.float32 if rank == 0 else torch.long)
+    if problem == "ids_batch":  # per sample on one rank, shared on the others: would gather unequal sizes
+        batch = 2
+        x = torch.randn(batch, sizes[rank], channels)
+        ids = torch.zeros(batch if rank == 0 else 1, sizes[rank], dtype=torch.long)
+    if problem == "ids_shape":
+        ids = torch.zeros(sizes[rank] + 1, dtype=torch.long)
+    model(x, group=group, shard_sizes=passed_sizes, segment_ids=ids)
     return "ran"
 
 
@@ -53,6 +64,10 @@ def bad_input_case(group, problem: str) -> str:
         ("sizes_arg", 2, "local_points differs from shard_sizes"),
         ("sizes_length", 3, "one entry per rank"),
         ("heads", 4, "num_heads >= ranks .*: 2 heads on 4 ranks"),
+        ("ids_missing", 3, r"segment_ids: given, shared by the batch on ranks \[0, 2\], none on ranks \[1\]"),
+        ("ids_dtype", 2, "segment_ids: invalid .*integer tensor"),
+        ("ids_batch", 2, "segment_ids: given per sample on ranks \\[0\\]"),
+        ("ids_shape", 3, "segment_ids"),
     ],
 )
 def test_every_rank_raises_the_same_error(rank_pool, problem, ranks, message):

@@ -87,3 +87,44 @@ def test_an_unsplit_model_is_refused_on_every_rank(rank_pool):
 def test_more_ranks_than_heads_is_a_config_error():
     with pytest.raises(ValueError, match="shard_channels.*num_heads >= ranks"):
         ProcessorConfig(num_layers=1, num_channels=6, num_heads=3, strategy="shard_channels").check_world_size(4)
+
+
+def copy_after_split(group) -> dict:
+    """A deep copy of a split model (its parameters new objects) trains like the original."""
+    import copy
+
+    import torch.distributed as dist
+
+    from processor.distributed import sum_model_parallel_gradients
+
+    model = _model()
+    model.split_parameters(group)
+    twin = copy.deepcopy(model)
+    x = torch.randn(1, 10 + dist.get_rank(group), 64)
+    out = {}
+    for name, m in (("model", model), ("twin", twin)):
+        y = m(x, group=group)
+        y.square().sum().backward()
+        sum_model_parallel_gradients(m.parameters(), group)
+        out[name] = [p.grad.numpy() for p in m.parameters()]
+    return out
+
+
+def test_a_copy_of_a_split_model_keeps_its_split(rank_pool):
+    for part in rank_pool.run_ok(copy_after_split, 2):
+        for a, b in zip(part["model"], part["twin"]):
+            np.testing.assert_array_equal(a, b)
+
+
+def split_on_rank_zero_only(group) -> None:
+    import torch.distributed as dist
+
+    model = _model()
+    if dist.get_rank(group) == 0:
+        model.split_parameters(group)
+    model(torch.randn(1, 10, 64), group=group)
+
+
+def test_ranks_that_disagree_on_the_split_all_raise(rank_pool):
+    errors = rank_pool.run(split_on_rank_zero_only, 2)
+    assert all("parameters" in getattr(e, "message", "") for e in errors), errors
