@@ -104,17 +104,14 @@ class _ShardPoints(torch.autograd.Function):
         return ctx.blocks.gather(grad), None
 
 
-class _ReduceScatterPoints(torch.autograd.Function):
-    """Forward: this rank's block of the sum over the ranks. Backward: all-gather the blocks' gradients."""
+class _ReduceScatterPoints(_ShardPoints):
+    """Forward: this rank's block of the sum over the ranks. Backward (:class:`_ShardPoints`'):
+    all-gather the blocks' gradients."""
 
     @staticmethod
     def forward(ctx, x: Tensor, blocks: _Blocks) -> Tensor:  # type: ignore[override]
         ctx.blocks = blocks
         return blocks.sum_block(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return ctx.blocks.gather(grad), None
 
 
 class _GatherPoints(torch.autograd.Function):

@@ -38,6 +38,7 @@ def compiled_vs_eager(group, strategy: str, fullgraph: bool) -> dict:
     torch.manual_seed(0)
     config = ProcessorConfig(2, 32, 4, window_size=16, mlp_hidden_ratio=2, num_chunks=0, strategy=strategy)
     model = TransformerProcessor(config)
+    model.split_parameters(group)  # shard_channels: this rank's share
     sizes = shard_sizes(203, ranks)
     x_full = torch.randn(1, 203, 32, generator=torch.Generator().manual_seed(1))
     rows = slice(shard_offsets(sizes)[rank], shard_offsets(sizes)[rank] + sizes[rank])
@@ -56,7 +57,9 @@ def compiled_vs_eager(group, strategy: str, fullgraph: bool) -> dict:
 
 # Not one graph: the layout check's all_gather and the halo's point-to-point calls are graph
 # breaks, run eagerly between the compiled pieces (the all-to-all is traced).
-@pytest.mark.parametrize("strategy,fullgraph", [("shard_heads", False), ("shard_sequence", False)])
+@pytest.mark.parametrize(
+    "strategy,fullgraph", [("shard_heads", False), ("shard_sequence", False), ("shard_channels", False)]
+)
 def test_sharded_processor_compiles_to_eager_numbers(rank_pool, strategy, fullgraph):
     for part in rank_pool.run_ok(compiled_vs_eager, 2, strategy, fullgraph):
         assert part["max_rel"] <= 1e-5, part

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.attention import dense_window_attention, sliding_window_attention
+from tests.processor.attention.peak_memory import peak_bytes
 
 
 def _qkv(batch: int, heads: int, n_q: int, n_k: int, dim: int, seed: int):
@@ -91,23 +88,10 @@ def test_peak_memory_scales_with_window_not_square():
 
     Dense N x N scores would need 8 * 40320^2 * 4 B = 52 GB; measured here ~0.4-0.6 GB.
     """
-    script = textwrap.dedent(
-        """
-        import torch
-        from processor.attention import sliding_window_attention
-        torch.set_num_threads(1)
-        def rss(key):
-            for line in open('/proc/self/status'):
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-        q, k, v = (torch.randn(1, 8, 40320, 16, requires_grad=True) for _ in range(3))
-        open('/proc/self/clear_refs', 'w').write('5')
-        base = rss('VmRSS')
-        sliding_window_attention(q, k, v, 512).sum().backward()
-        print(rss('VmHWM') - base)
-        """
+    peak = peak_bytes(
+        "q, k, v = (torch.randn(1, 8, 40320, 16, requires_grad=True) for _ in range(3))",
+        "sliding_window_attention(q, k, v, 512).sum().backward()",
     )
-    peak = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
     n_w_heads_floats = 40320 * 512 * 8 * 4
     assert peak < 2 * n_w_heads_floats, f"peak {peak / 1e9:.2f} GB, N*W*heads*4 B = {n_w_heads_floats / 1e9:.2f} GB"
 

@@ -8,16 +8,13 @@ SDPA-on-views path, the short and edge calls, and the per-segment path (every ke
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.attention import banded, dense_window_attention, kernel, sliding_window_attention
+from tests.processor.attention.peak_memory import peak_bytes
 
 
 def _runs(n: int, seed: int, short: int, long: int, recur: int | None = None) -> torch.Tensor:
@@ -190,24 +187,14 @@ def test_bad_ids(ids, match):
 def test_peak_memory_has_no_square_mask():
     """N = 20000 with 200 segments, banded (W = 128) and global within segments: an N x N
     float mask alone would be 1.6 GB."""
-    script = textwrap.dedent(
-        """
-        import torch
-        from processor.attention import sliding_window_attention
-        torch.set_num_threads(1)
-        def rss(key):
-            for line in open('/proc/self/status'):
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
+    setup = """
         n = 20000
         q, k, v = (torch.randn(1, 2, n, 8, requires_grad=True) for _ in range(3))
         ids = torch.arange(n) // 100
-        open('/proc/self/clear_refs', 'w').write('5')
-        base = rss('VmRSS')
+    """
+    work = """
         for window in (128, None):
             sliding_window_attention(q, k, v, window, segment_ids=ids).sum().backward()
-        print(rss('VmHWM') - base)
-        """
-    )
-    peak = int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
+    """
+    peak = peak_bytes(setup, work)
     assert peak < 200e6, f"peak {peak / 1e6:.0f} MB"

@@ -26,13 +26,17 @@ def _model(case: dict, strategy: str) -> TransformerProcessor:
         strategy=strategy,
         attention_block_size=case.get("block"),
     )
-    return TransformerProcessor(config)
+    return TransformerProcessor(config).to(_dtype(case))
+
+
+def _dtype(case: dict) -> torch.dtype:
+    return torch.float64 if case.get("float64") else torch.float32
 
 
 def _data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(case["seed"] + 1)
     shape = (case["batch"], case["points"], case.get("channels", 24))
-    return torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    return torch.randn(shape, generator=g, dtype=_dtype(case)), torch.randn(shape, generator=g, dtype=_dtype(case))
 
 
 def segment_ids(case: dict) -> torch.Tensor | None:
@@ -97,10 +101,12 @@ def one_rank_run(case: dict) -> dict:
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, what: str, floor: float = 1e-30) -> None:
-    """Max error <= RTOL of the tensor's largest value (or of ``floor``, if that is larger)."""
+    """Max error <= RTOL of the tensor's largest value (or of ``floor``, if that is larger);
+    float64 to 1e-10."""
     scale = max(float(np.abs(expected).max()), floor)
     err = float(np.abs(actual - expected).max()) / scale
-    assert err <= RTOL, f"{what}: max error {err:.2e} of the largest value (tolerance {RTOL:.0e})"
+    tol = 1e-10 if expected.dtype == np.float64 else RTOL
+    assert err <= tol, f"{what}: max error {err:.2e} of the largest value (tolerance {tol:.0e})"
 
 
 def _cases() -> list[tuple[str, int, dict]]:
@@ -129,6 +135,10 @@ def _cases() -> list[tuple[str, int, dict]]:
         cases.append(
             ("shard_sequence", ranks, dict(points=n, window=None, batch=1, heads=4, seed=ranks, segments="shared"))
         )
+        # float64, to round-off: segment runs spanning shards, a window wider than a shard.
+        for i, strategy in enumerate(("shard_sequence", "shard_heads", "shard_channels")):
+            f64 = dict(points=n, window=smallest + 2 + i, batch=2, heads=5, channels=30, seed=80 + ranks + i)
+            cases.append((strategy, ranks, {**f64, "float64": True, "segments": "per_member", "qk_norm": True}))
     # Long enough that both sides take the blocked kernel path (several query blocks per rank).
     for strategy in ("shard_sequence", "shard_heads", "shard_channels"):
         cases.append((strategy, 3, dict(points=700, window=40, batch=2, heads=4, seed=7, block=16, chunks=1)))
@@ -167,7 +177,8 @@ CASES = _cases()
     "strategy,ranks,case",
     CASES,
     ids=[
-        f"{s}-P{p}-N{c['points']}-W{c['window']}-B{c['batch']}{'-seg' if c.get('segments') else ''}-{i}"
+        f"{s}-P{p}-N{c['points']}-W{c['window']}-B{c['batch']}{'-seg' if c.get('segments') else ''}"
+        f"{'-f64' if c.get('float64') else ''}-{i}"
         for i, (s, p, c) in enumerate(CASES)
     ],
 )
