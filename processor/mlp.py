@@ -83,7 +83,8 @@ class _GeluMLP(torch.autograd.Function):
             grad_w1.addmm_(hidden.t(), x_rows[rows])
             grad_b1 += hidden.sum(0)
             torch.mm(hidden, w1, out=grad_x[rows])
-        return grad_x.view_as(x), grad_w1, grad_b1, grad_w2, grad_rows.sum(0), None
+        grad_b2 = grad_rows.sum(0) if ctx.needs_input_grad[4] else None  # shard_channels passes zeros
+        return grad_x.view_as(x), grad_w1, grad_b1, grad_w2, grad_b2, None
 
 
 _MLP_CHUNKS = 4

@@ -13,29 +13,43 @@ import torch
 from torch import Tensor
 
 
-def segment_ids_problem(ids: Tensor | None, x: Tensor) -> str | None:
-    """What is wrong with ``ids`` for the input ``x`` ``(batch, local_points, channels)``."""
+def segment_ids_problem(
+    ids: object, batch: int, points: int, device: torch.device, axis: str = "local_points", like: str = "the input"
+) -> str | None:
+    """What is wrong with ``ids`` as ``(batch, points)``, ``(1, points)`` or ``(points,)``
+    integers on ``device`` (None: nothing). ``axis`` names the points axis in the message,
+    ``like`` the tensor they go with. The one check of segment ids, for the processor's input
+    and for the attention kernel's keys."""
     if ids is None:
         return None
     if not isinstance(ids, Tensor):
         return f"segment_ids must be a tensor, got {type(ids).__name__}"
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         return f"segment_ids must be an integer tensor, got {ids.dtype}; e.g. ids.long()"
-    points = x.shape[1] if x.dim() == 3 else -1
-    batch = x.shape[0] if x.dim() == 3 else -1
     if ids.dim() not in (1, 2) or ids.shape[-1] != points or (ids.dim() == 2 and ids.shape[0] not in (1, batch)):
         return (
-            f"segment_ids must be (batch, local_points) = ({batch}, {points}) or (local_points,) = ({points},) "
-            f"like the input, got {tuple(ids.shape)}"
+            f"segment_ids must be (batch, {axis}) = ({batch}, {points}), (1, {axis}) or ({axis},) = ({points},) "
+            f"like {like}, got {tuple(ids.shape)}"
         )
-    if ids.device != x.device:
-        return f"segment_ids are on {ids.device}, the input on {x.device}"
+    if ids.device != device:
+        return f"segment_ids are on {ids.device}, {like} on {device}"
     return None
+
+
+def segment_id_rows(ids: Tensor) -> Tensor:
+    """Checked ids as ``(batch or 1, points)`` int64, contiguous."""
+    return (ids if ids.dim() == 2 else ids.unsqueeze(0)).long().contiguous()
+
+
+def _input_problem(ids: Tensor | None, x: Tensor) -> str | None:
+    """:func:`segment_ids_problem` for the processor's input ``x`` ``(batch, local_points, channels)``."""
+    batch, points = (x.shape[0], x.shape[1]) if x.dim() == 3 else (-1, -1)
+    return segment_ids_problem(ids, batch, points, x.device)
 
 
 def segment_ids_kind(ids: Tensor | None, x: Tensor) -> str:
     """A short text that every rank of a group must share: whether ids are given and valid."""
-    problem = segment_ids_problem(ids, x)
+    problem = _input_problem(ids, x)
     if problem is not None:
         return f"invalid ({problem})"
     if ids is None:
@@ -46,9 +60,7 @@ def segment_ids_kind(ids: Tensor | None, x: Tensor) -> str:
 def normalise_segment_ids(ids: Tensor | None, x: Tensor) -> Tensor | None:
     """``ids`` as ``(batch or 1, local_points)`` int64; ``ValueError`` naming ``segment_ids`` if
     they do not fit ``x``."""
-    problem = segment_ids_problem(ids, x)
+    problem = _input_problem(ids, x)
     if problem is not None:
         raise ValueError(problem)
-    if ids is None:
-        return None
-    return (ids if ids.dim() == 2 else ids.unsqueeze(0)).long().contiguous()
+    return None if ids is None else segment_id_rows(ids)

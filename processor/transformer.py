@@ -23,7 +23,6 @@ from processor.distributed.parameter_split import (
     full_state_dict,
     load_full_state_dict,
     mark_split_parameters,
-    split_of,
 )
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
@@ -161,7 +160,7 @@ class TransformerProcessor(nn.Module):
             return
         for block in self.blocks:
             self.strategy.split_parameters(block, rank, world)
-        if any(split_of(p) is not None for p in self.parameters()):
+        if mark_split_parameters(self):
             self.parameter_split = ParameterSplit(rank, world)
 
     def full_state_dict(self, group: dist.ProcessGroup | DeviceMesh | None = None) -> dict[str, Tensor]:

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from processor.attention.banded import banded_flash_attention, cat_points, interior_blocks
 from processor.attention.masks import band_mask, reach_blocks, segment_band_mask
+from processor.segments import segment_id_rows, segment_ids_problem
 
 try:  # the flash-attn package has a native sliding window on CUDA (fp16/bf16)
     from flash_attn import flash_attn_func
@@ -62,19 +63,10 @@ def _check(q: Tensor, k: Tensor, v: Tensor, window: int | None, q_offset: int) -
 
 def _segment_ids(ids: Tensor, q: Tensor, k: Tensor) -> Tensor:
     """``ids`` as ``(1 or batch, n_k)`` int64, or a one-line ``ValueError`` naming ``segment_ids``."""
-    if not isinstance(ids, Tensor):
-        raise ValueError(f"segment_ids must be a tensor, got {type(ids).__name__}")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise ValueError(f"segment_ids must be an integer tensor, got {ids.dtype}")
-    batch, n_k = q.shape[0], k.shape[2]
-    if ids.dim() not in (1, 2) or ids.shape[-1] != n_k or (ids.dim() == 2 and ids.shape[0] not in (1, batch)):
-        raise ValueError(
-            f"segment_ids must be (batch or 1, n_k) = ({batch} or 1, {n_k}) or (n_k,), aligned with the keys; "
-            f"got {tuple(ids.shape)}"
-        )
-    if ids.device != q.device:
-        raise ValueError(f"segment_ids are on {ids.device}, q on {q.device}")
-    return (ids if ids.dim() == 2 else ids.unsqueeze(0)).long().contiguous()
+    problem = segment_ids_problem(ids, q.shape[0], k.shape[2], q.device, axis="n_k", like="the keys")
+    if problem is not None:
+        raise ValueError(problem)
+    return segment_id_rows(ids)
 
 
 def _sees_every_key(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:

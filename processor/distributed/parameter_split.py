@@ -97,21 +97,17 @@ def full_state_dict(module: nn.Module, group: dist.ProcessGroup | None) -> dict[
     """``module.state_dict()`` with every split parameter gathered into its full tensor: what
     one rank holding everything has, loadable on any rank count and strategy. Every rank of
     ``group`` calls."""
-    params = dict(module.named_parameters())
-    return {
-        key: gather_full(value, split_of(params[key]) if key in params else None, group)
-        for key, value in module.state_dict().items()
-    }
+    splits = _splits_by_name(module)
+    return {key: gather_full(value, splits.get(key), group) for key, value in module.state_dict().items()}
 
 
 def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int) -> None:
     """Load a full state dict into ``module``, keeping rank ``rank``'s share of each split
     parameter."""
-    mark_split_parameters(module)
-    params = dict(module.named_parameters())
+    splits = _splits_by_name(module)
     local = {}
     for key, value in state.items():
-        split = split_of(params[key]) if key in params else None
+        split = splits.get(key)
         local[key] = value if split is None else split.local(value, rank)
     module.load_state_dict(local)
 
@@ -138,11 +134,9 @@ def load_full_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str,
     splits = _splits_by_index(optimizer)
     local = {**state, "state": {}}
     for index, entry in state["state"].items():  # type: ignore[union-attr]
-        split = splits.get(index)
+        split = splits[index]
         local["state"][index] = {
-            key: split.local(value, rank)
-            if split is not None and isinstance(value, Tensor) and value.dim() > 0
-            else value
+            key: split.local(value, rank) if _shaped_like_share(value, index, splits) else value
             for key, value in entry.items()
         }
     optimizer.load_state_dict(local)
@@ -152,6 +146,12 @@ def _shaped_like_share(value: object, index: int, splits: dict[int, ChannelSplit
     """Whether an optimiser state tensor belongs to a split parameter and is shaped like it
     (Adam's moments; scalars such as ``step`` are not)."""
     return isinstance(value, Tensor) and value.dim() > 0 and splits[index] is not None
+
+
+def _splits_by_name(module: nn.Module) -> dict[str, ChannelSplit | None]:
+    """Each parameter's split by its state-dict name, its marks renewed first."""
+    mark_split_parameters(module)
+    return {name: split_of(p) for name, p in module.named_parameters()}
 
 
 def _splits_by_index(optimizer: torch.optim.Optimizer) -> dict[int, ChannelSplit | None]:

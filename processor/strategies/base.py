@@ -155,6 +155,16 @@ class Strategy(ABC):
         return f"{type(self).__name__}()"
 
 
+def require_a_head_per_rank(name: str, num_heads: int, world_size: int) -> None:
+    """``ValueError`` for a strategy that splits the heads over the ranks, when there are more
+    ranks than heads."""
+    if world_size > num_heads:
+        raise ValueError(
+            f"strategy {name!r} needs num_heads >= ranks (a head per rank): {num_heads} heads on "
+            f"{world_size} ranks; use more heads, fewer ranks, or shard_sequence"
+        )
+
+
 class PointSharded(Strategy):
     """Parameters replicated, every part of the block on this rank's points; subclasses decide
     how attention meets the keys held by other ranks."""

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from processor.distributed.parameter_split import ChannelSplit, split_parameter
 from processor.distributed.region import gather_points, reduce_scatter_points
 from processor.distributed.shards import shard_sizes
-from processor.strategies.base import BlockParts, ShardContext, Strategy
+from processor.strategies.base import BlockParts, ShardContext, Strategy, require_a_head_per_rank
 
 
 class ShardChannels(Strategy):
@@ -34,11 +34,7 @@ class ShardChannels(Strategy):
     splits_parameters = True
 
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
-        if world_size > num_heads:
-            raise ValueError(
-                f"strategy 'shard_channels' needs num_heads >= ranks (a head per rank): {num_heads} heads on "
-                f"{world_size} ranks; use more heads, fewer ranks, or shard_sequence"
-            )
+        require_a_head_per_rank(self.name, num_heads, world_size)
 
     def split_parameters(self, parts: BlockParts, rank: int, world_size: int) -> None:
         attn, (widen, _, narrow) = parts.attn, parts.mlp

@@ -13,18 +13,14 @@ from torch import Tensor
 
 from processor.distributed.collectives import all_to_all
 from processor.distributed.shards import shard_sizes
-from processor.strategies.base import HeadAttention, PointSharded, ShardContext
+from processor.strategies.base import HeadAttention, PointSharded, ShardContext, require_a_head_per_rank
 
 
 class ShardHeads(PointSharded):
     name = "shard_heads"
 
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
-        if world_size > num_heads:
-            raise ValueError(
-                f"strategy 'shard_heads' needs num_heads >= ranks (a head per rank): {num_heads} heads on "
-                f"{world_size} ranks; use more heads, fewer ranks, or shard_sequence"
-            )
+        require_a_head_per_rank(self.name, num_heads, world_size)
 
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         rank, points = ctx.layout.rank, list(ctx.layout.sizes)
