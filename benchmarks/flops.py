@@ -9,6 +9,8 @@ Backward costs twice the forward. Norms, softmax and activations are not counted
 
 from __future__ import annotations
 
+from processor.config import mlp_hidden_channels
+
 
 def window_pairs(n: int, window: int | None) -> int:
     """(query, key) pairs with ``|i - j| <= window`` among ``n`` points (``None``: all pairs)."""
@@ -22,7 +24,7 @@ def processor_flops(
     n: int, channels: int, window: int | None, num_layers: int, mlp_hidden_ratio: float, batch: int = 1
 ) -> int:
     """Useful FLOPs of one forward+backward of the processor on ``(batch, n, channels)``."""
-    hidden = int(mlp_hidden_ratio * channels)
+    hidden = mlp_hidden_channels(channels, mlp_hidden_ratio)
     dense = 2 * n * channels * (4 * channels) + 2 * n * channels * hidden * 2
     attention = 4 * channels * window_pairs(n, window)
     return 3 * batch * num_layers * (dense + attention)
@@ -41,7 +43,7 @@ def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, stra
     inputs and one chunk's activations are kept.
     """
     c, h = model["num_channels"], model["num_heads"]
-    hidden = int(model["mlp_hidden_ratio"] * c)
+    hidden = mlp_hidden_channels(c, model["mlp_hidden_ratio"])
     local = -(-n // ranks)
     hidden_kept = hidden if model.get("activation", "gelu") in ("gelu", "gelu_tanh") else 2 * hidden
     per_point = 8 * c + hidden_kept + h + 4

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+from processor.config import mlp_hidden_channels
+
 _MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
 
 
@@ -44,7 +46,7 @@ def profile_split(step: Callable[[], None], group, device: torch.device, model: 
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    hidden = int(model["mlp_hidden_ratio"] * model["num_channels"])
+    hidden = mlp_hidden_channels(model["num_channels"], model["mlp_hidden_ratio"])
     split: dict[str, float] = defaultdict(float)
     for event in prof.key_averages(group_by_input_shape=True):
         seconds = (event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total) / 1e6

@@ -11,6 +11,7 @@ configurations fail together at the first forward.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +39,15 @@ class ProcessorConfig:
         num_heads: attention heads.
         window_size: ``W``; point ``i`` attends to points ``j`` with ``|i - j| <= W`` in the
             grid's 1-D point order. ``None``: global attention.
-        mlp_hidden_ratio: MLP hidden channels = ``int(mlp_hidden_ratio * C)``.
+        mlp_hidden_ratio: MLP hidden channels = ``mlp_hidden_ratio * C`` rounded to the nearest
+            integer, halves up (as anemoi-models rounds it).
         num_chunks: the layers run in this many consecutive chunks, each under activation
             checkpointing (recomputed in backward) as in anemoi; ``0`` disables checkpointing.
             Must divide ``num_layers``.
         dropout_p: dropout on the attention weights (training only).
         qk_norm: LayerNorm over each head's queries and keys.
+        qk_norm_bias: whether those LayerNorms have a bias (anemoi's have none: the converters
+            in :mod:`processor.interop.anemoi` set ``False``, so both directions are lossless).
         activation: one of :data:`processor.mlp.ACTIVATIONS`.
         strategy: a built-in strategy's name (``none``, ``shard_heads``, ``shard_sequence``,
             ``shard_channels``) or a :class:`~processor.strategies.Strategy` instance of your own.
@@ -58,6 +62,7 @@ class ProcessorConfig:
     num_chunks: int = 1
     dropout_p: float = 0.0
     qk_norm: bool = False
+    qk_norm_bias: bool = True
     activation: str = "gelu"
     strategy: str | Strategy = "none"
     attention_block_size: int | None = None
@@ -85,7 +90,7 @@ class ProcessorConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        return int(self.mlp_hidden_ratio * self.num_channels)
+        return mlp_hidden_channels(self.num_channels, self.mlp_hidden_ratio)
 
     def resolved_strategy(self) -> Strategy:
         """The strategy object (a built-in's instance when ``strategy`` is a name)."""
@@ -124,6 +129,11 @@ class ProcessorConfig:
         return cls(**merged)
 
 
+def mlp_hidden_channels(num_channels: int, mlp_hidden_ratio: float) -> int:
+    """The MLP's hidden width: ``ratio * C`` to the nearest integer, halves up (as in anemoi)."""
+    return int(num_channels * mlp_hidden_ratio + 0.5)
+
+
 def field_names() -> tuple[str, ...]:
     """The names of :class:`ProcessorConfig`'s fields, in order."""
     return tuple(f.name for f in dataclasses.fields(ProcessorConfig))
@@ -144,12 +154,13 @@ _RULES = (
     ),
     (
         "mlp_hidden_ratio",
-        lambda c: c.mlp_hidden_ratio > 0 and c.mlp_hidden >= 1,
+        lambda c: math.isfinite(c.mlp_hidden_ratio) and c.mlp_hidden_ratio > 0 and c.mlp_hidden >= 1,
         "> 0, giving at least one hidden channel",
     ),
     ("num_chunks", lambda c: _is_int(c.num_chunks) and c.num_chunks >= 0, "an integer >= 0"),
     ("dropout_p", lambda c: 0.0 <= c.dropout_p < 1.0, "in [0, 1)"),
     ("qk_norm", lambda c: isinstance(c.qk_norm, bool), "true or false"),
+    ("qk_norm_bias", lambda c: isinstance(c.qk_norm_bias, bool), "true or false"),
     ("activation", lambda c: c.activation in ACTIVATIONS, f"one of {list(ACTIVATIONS)}"),
     (
         "attention_block_size",

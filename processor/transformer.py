@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +40,13 @@ class TransformerBlock(nn.Module):
         c = config
         self.attn_norm = nn.LayerNorm(c.num_channels)
         self.attn = SelfAttention(
-            c.num_channels, c.num_heads, c.window_size, c.qk_norm, c.dropout_p, c.attention_block_size
+            c.num_channels,
+            c.num_heads,
+            c.window_size,
+            c.qk_norm,
+            c.dropout_p,
+            c.attention_block_size,
+            qk_norm_bias=c.qk_norm_bias,
         )
         self.mlp_norm = nn.LayerNorm(c.num_channels)
         self.mlp = MLP(c.num_channels, c.mlp_hidden, c.activation)
@@ -52,7 +59,8 @@ class TransformerBlock(nn.Module):
 class TransformerProcessor(nn.Module):
     """Transformer processor on ``(batch, points, channels)``, split over a model-parallel group.
 
-    Built from a :class:`~processor.ProcessorConfig` (hyper-parameters and strategy).
+    Built from a :class:`~processor.ProcessorConfig` (hyper-parameters and strategy) or its
+    fields as keyword arguments.
     Parameters are built the same on every rank and for every strategy (same seed, same
     values); ``shard_channels`` then keeps each rank's share (:meth:`split_parameters`).
     After backward each rank's replicated parameter gradients hold its own points'
@@ -65,8 +73,14 @@ class TransformerProcessor(nn.Module):
     :func:`processor.attention.dense_window_attention` (see the module docstring).
     """
 
-    def __init__(self, config: ProcessorConfig) -> None:
+    def __init__(self, config: ProcessorConfig | None = None, **settings: Any) -> None:
+        """Build from ``config``, or from its fields as keywords (``TransformerProcessor(num_layers=2,
+        num_channels=64, num_heads=4, window_size=16)``, or ``**processor_kwargs_from_anemoi(cfg)``)."""
         super().__init__()
+        if config is None:
+            config = ProcessorConfig.from_mapping(settings)
+        elif settings:
+            raise TypeError(f"give a ProcessorConfig or its settings, not both: {sorted(settings)}")
         if not isinstance(config, ProcessorConfig):
             raise TypeError(f"TransformerProcessor takes a ProcessorConfig, got {type(config).__name__}")
         self.config = config

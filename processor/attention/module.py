@@ -19,7 +19,7 @@ class SelfAttention(nn.Module):
 
     Parameters: ``qkv`` ``(3 * heads * head_dim, C)`` as ``[q; k; v]``, heads contiguous within
     each, no bias; ``proj`` ``(C, heads * head_dim)`` with bias; optional q/k LayerNorms over
-    ``head_dim``. ``num_heads`` is the heads this module holds: all of them, or this rank's
+    ``head_dim`` (with or without a bias). ``num_heads`` is the heads this module holds: all of them, or this rank's
     share after ``shard_channels`` split the parameters.
     """
 
@@ -31,6 +31,7 @@ class SelfAttention(nn.Module):
         qk_norm: bool = False,
         dropout_p: float = 0.0,
         block_size: int | None = None,
+        qk_norm_bias: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -38,8 +39,8 @@ class SelfAttention(nn.Module):
         self.window_size, self.dropout_p, self.block_size = window_size, dropout_p, block_size
         self.qkv = nn.Linear(num_channels, 3 * num_channels, bias=False)
         self.proj = nn.Linear(num_channels, num_channels)
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.q_norm = nn.LayerNorm(self.head_dim, bias=qk_norm_bias) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, bias=qk_norm_bias) if qk_norm else nn.Identity()
 
     @property
     def inner_channels(self) -> int:

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv-anemoi: gridshard beside ECMWF's anemoi packages, for the interop tests.
+# anemoi-datasets pins zarr<=2.18.7 (.venv has zarr 3: both are tested) and anemoi-models pins
+# torch<2.11, so anemoi-models goes in with --no-deps and everything under constraints that
+# hold torch==2.13.0 (the CPU wheel) and the zarr anemoi-datasets accepts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+VENV=.venv-anemoi
+CONSTRAINTS="$VENV/constraints.txt"
+quiet() { "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true; }
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+printf "torch==2.13.0\nzarr==2.18.7\n" >"$CONSTRAINTS"
+quiet "$VENV/bin/python" -m pip install -q --upgrade pip
+quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" torch==2.13.0
+quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "anemoi-datasets==0.5.47" eccodes -e ".[dev]"
+quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-models==0.19.0"
+quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" typeguard networkx
+"$VENV/bin/python" -c "import anemoi.datasets, anemoi.models.layers.processor, processor, zarr; assert zarr.__version__.startswith('2.')"
+echo "gridshard and anemoi installed in $VENV (zarr $("$VENV/bin/python" -c 'import zarr; print(zarr.__version__)'))"
