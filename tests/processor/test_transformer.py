@@ -63,6 +63,7 @@ def test_fingerprint_covers_every_setting():
         num_chunks=2,
         dropout_p=0.1,
         qk_norm=True,
+        qk_norm_bias=False,
         activation="silu",
         strategy="shard_sequence",
         attention_block_size=64,
