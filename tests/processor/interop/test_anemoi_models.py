@@ -162,3 +162,25 @@ def test_the_adapter_on_several_ranks_equals_anemoi_on_one(rank_pool, strategy, 
     for rank_errors in rank_pool.run_ok(adapter_on_ranks, len(sizes), strategy, window, sizes, dtype):
         worst = max(rank_errors.items(), key=lambda kv: kv[1])
         assert np.isfinite(worst[1]) and worst[1] < TOLERANCE[dtype], worst
+
+
+def test_anemoi_instantiates_the_adapter_from_its_processor_config():
+    """As anemoi's model builds its processor: Hydra, ``_recursive_=False``, an extra ``edge_dim``."""
+    from hydra.utils import instantiate
+
+    config = {
+        "_target_": "processor.interop.anemoi_processor.AnemoiTransformerProcessor",
+        "_convert_": "all",
+        "strategy": "shard_heads",
+        **settings(5, True),
+        "layer_kernels": {"Activation": {"_target_": "torch.nn.GELU"}},
+    }
+    adapter = instantiate(config, _recursive_=False, edge_dim=None)
+    assert adapter.num_channels == CHANNELS and adapter.processor.config.strategy == "shard_heads"
+    theirs = anemoi_model(5, True, torch.float32)
+    adapter.load_state_dict(theirs.state_dict())
+    x, _ = inputs(torch.float32)
+    with torch.no_grad():
+        shards = GraphShardInfo(nodes=None)
+        expected = theirs(x, batch_size=BATCH, shard_info=shards)
+        assert_close(adapter(x, batch_size=BATCH, shard_info=shards), expected, torch.float32, "output")
