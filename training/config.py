@@ -63,9 +63,14 @@ class StrategyConfig:
 
 @dataclass
 class DataConfig:
-    path: str = MISSING  # an anemoi-datasets style Zarr store
-    grid: str = "o32"  # grid of the dataset's points (checked against the store)
+    path: str = MISSING  # an anemoi-datasets Zarr store
+    grid: str | None = "o32"  # grid of the dataset's points, checked by coordinates; None: inferred from the store
     variables: list[str] | None = None  # None: every variable in the store
+    lead_time: int | None = None  # hours from input to target, a multiple of the store's frequency; None: one step
+    members: list[int] | None = None  # ensemble members to train on, each its own sample; None: all
+    # Arguments of anemoi.datasets.open_dataset (select, start/end, frequency, join, ...): read through
+    # anemoi-datasets instead of data.path, which is then not read. None: the store at data.path.
+    open_dataset: dict[str, Any] | None = None
     generate: bool = True  # write the synthetic dataset first if ``path`` does not exist
     generate_steps: int = 400
     generate_seed: int = 1

@@ -24,7 +24,7 @@ from processor.distributed.parameter_split import (
     load_full_optimizer_state,
     load_full_state_dict,
 )
-from processor.grids import get_grid, grid_points
+from processor.grids import get_grid
 from processor.runtime import Heartbeat, peak_rss, set_freed_memory_policy
 from training.checkpoint import (
     LATEST,
@@ -35,6 +35,8 @@ from training.checkpoint import (
 )
 from training.config import processor_config
 from training.data import DatasetError, ZarrDataset
+from training.data.grid_check import check_grid, infer_grid
+from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
 from training.faults import maybe_die
 from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
@@ -45,17 +47,37 @@ log = logging.getLogger(__name__)
 
 
 def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
-    """Open the configured dataset and check it against the configuration."""
+    """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
+    ``data.path``) and check it against the configuration: its grid by coordinates, the lead
+    time against its frequency, the members, and that there are samples.
+
+    ``data.grid: null`` is inferred from the store and written into ``cfg`` (the resolved
+    configuration records the grid it trained on).
+    """
     data = cfg["data"]
-    dataset = ZarrDataset(data["path"], data["variables"])
-    expected = grid_points(data["grid"])
-    if dataset.n_points != expected:
-        raise DatasetError(
-            f"data.grid = {data['grid']} has {expected} points but {data['path']} has {dataset.n_points}"
-        )
+    if data.get("open_dataset"):
+        from training.data.anemoi_source import AnemoiDataset
+
+        dataset: ZarrDataset = AnemoiDataset(data["open_dataset"], data["variables"])
+    else:
+        dataset = ZarrDataset(data["path"], data["variables"])
+    if data["grid"] is None:
+        data["grid"] = infer_grid(dataset.latitudes, dataset.longitudes, dataset.resolution, str(dataset.path))
+    else:
+        check_grid(dataset.latitudes, dataset.longitudes, data["grid"], str(dataset.path))
     if dataset.n_times < 8:
-        raise DatasetError(f"{data['path']} has {dataset.n_times} dates; training needs at least 8")
+        raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
+    dataset_samples(cfg, dataset)  # fails here on a bad data.lead_time or data.members
     return dataset
+
+
+def dataset_samples(cfg: dict[str, Any], dataset: ZarrDataset) -> Samples:
+    """The train and validation samples of ``dataset`` under ``data.lead_time`` and ``data.members``
+    (see :mod:`training.data.samples`)."""
+    data = cfg["data"]
+    lead = lead_steps(data.get("lead_time"), dataset.frequency_s, str(dataset.path))
+    members = select_members(dataset.n_members, data.get("members"))
+    return build_samples(dataset.n_times, dataset.missing, members, lead, data["val_fraction"])
 
 
 def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
@@ -64,8 +86,10 @@ def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
 
 
 def sample_times(step: int, replica: int, replicas: int, batch: int, n: int, seed: int) -> list[int]:
-    """Start times of this replica's batch at ``step``: epoch-wise shuffles, a function of the step
-    alone, so a resumed run reads exactly what the uninterrupted one would have."""
+    """Positions in the ``n`` training samples of this replica's batch at ``step`` (for a store of
+    one member without missing dates and a one-step lead, the start times): epoch-wise shuffles,
+    a function of the step alone, so a resumed run reads exactly what the uninterrupted one
+    would have."""
     times = []
     for j in range(batch):
         epoch, pos = divmod((step * replicas + replica) * batch + j, n)
@@ -74,16 +98,18 @@ def sample_times(step: int, replica: int, replicas: int, batch: int, n: int, see
 
 
 class Batches:
-    """Pairs (state at t, state at t + 1) for this rank's block of data points."""
+    """Pairs (state at t, state at t + lead) of one member, for this rank's block of data points:
+    ``(batch, local points, variables)`` each."""
 
-    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids) -> None:
+    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids, lead: int) -> None:
         self.dataset = dataset
+        self.lead = lead
         layout = grids.data_layout
         self.points = slice(layout.start, layout.stop)
 
-    def __call__(self, times: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        x = np.stack([self.dataset.state(t, self.points) for t in times])
-        y = np.stack([self.dataset.state(t + 1, self.points) for t in times])
+    def __call__(self, samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = np.stack([self.dataset.state(t, self.points, m) for t, m in samples])
+        y = np.stack([self.dataset.state(t + self.lead, self.points, m) for t, m in samples])
         return torch.from_numpy(x), torch.from_numpy(y)
 
 
@@ -101,7 +127,7 @@ def _compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> None:
     for key in ("model", "strategy"):
         if saved.get(key) != cfg[key]:
             raise CheckpointError(f"checkpoint was written with {key} = {saved.get(key)}, this run has {cfg[key]}")
-    for key in ("grid", "variables"):
+    for key in ("grid", "variables", "lead_time", "members"):
         found = (saved.get("data") or {}).get(key)
         if found != cfg["data"][key]:
             raise CheckpointError(f"checkpoint was written with data.{key} = {found}, this run has {cfg['data'][key]}")
@@ -122,7 +148,9 @@ def check_ranks_agree(cfg: dict[str, Any], dataset: ZarrDataset, dims: ParallelD
     values: dict[str, object] = {
         **flatten(cfg),
         "dataset.shape": (dataset.n_times, dataset.n_points),
+        "dataset.members": dataset.n_members,
         "dataset.variables": dataset.variables,
+        "dataset.missing_dates": len(dataset.missing),
         "dataset.dates": f"{dataset.date(0)}..{dataset.date(dataset.n_times - 1)}",
     }
     agree_on_values(values, what="configuration or dataset")
@@ -181,10 +209,9 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     optimiser, schedule = build_optimiser(model, t_cfg)
     torch.manual_seed(t_cfg["seed"] + 1 + dims.rank)  # dropout streams differ per rank
 
-    n_val = max(2, int(dataset.n_times * cfg["data"]["val_fraction"]))
-    n_train = dataset.n_times - n_val - 1  # start times whose successor is in the training period
-    val_times = list(range(dataset.n_times - n_val, dataset.n_times - 1))[: t_cfg["val_batches"] * t_cfg["batch_size"]]
-    batches = Batches(dataset, grids)
+    samples = dataset_samples(cfg, dataset)
+    val_samples = samples.val[: t_cfg["val_batches"] * t_cfg["batch_size"]]
+    batches = Batches(dataset, grids, samples.lead)
     n_per_replica = t_cfg["batch_size"] * dataset.n_points * len(dataset.variables)
 
     ckpt_dir = run_dir / "checkpoints"
@@ -226,9 +253,9 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     def validate() -> float:
         model.eval()
         with torch.no_grad():
-            losses = [train_step.loss(*batches([t]), grids, dims.mp_group, transport).item() for t in val_times]
+            losses = [train_step.loss(*batches([s]), grids, dims.mp_group, transport).item() for s in val_samples]
         model.train()
-        total = sum(losses) / len(val_times) * t_cfg["batch_size"]
+        total = sum(losses) / len(val_samples) * t_cfg["batch_size"]
         return dims.sum_over_world([total])[0] / dims.dp
 
     last_checkpoint = start
@@ -269,11 +296,11 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     model.train()
     try:
         for step in range(start, t_cfg["steps"]):
-            times = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], n_train, t_cfg["seed"])
+            picks = sample_times(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], len(samples.train), t_cfg["seed"])
             t0 = time.perf_counter()
             lr = schedule.get_last_lr()[0]
             counter.reset()
-            x, y = batches(times)
+            x, y = batches([samples.train[i] for i in picks])
             fault = functools.partial(maybe_die, t_cfg, dims.rank, step, run_dir)
             loss = train_step(x, y, grids, dims.mp_group, transport, after_backward=fault)
             elapsed = time.perf_counter() - t0
@@ -309,7 +336,7 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
         bar.close()
 
         if history and dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
-            part = _forecast_part(model, dataset, grids, val_times, dims)
+            part = _forecast_part(model, batches, grids, val_samples, dims)
             parts = [part]
             if dims.mp > 1:
                 parts = [None] * dims.mp
@@ -324,9 +351,9 @@ def _train(cfg: dict[str, Any], dims: ParallelDims) -> dict[str, Any]:
     return {"history": history, "run_id": tracker.run_id, "start_step": start}
 
 
-def _forecast_part(model, dataset, grids, val_times, dims) -> np.ndarray:
+def _forecast_part(model, batches: Batches, grids, val_samples: list[Sample], dims) -> np.ndarray:
     """``(2, local points, variables)``: truth and one-step forecast on this rank's points."""
-    x, y = Batches(dataset, grids)(val_times[:1])
+    x, y = batches(val_samples[:1])
     model.eval()
     with torch.no_grad():
         pred = model(x, grids, dims.mp_group)

@@ -1,13 +1,19 @@
-"""Reading datasets in the anemoi-datasets Zarr layout.
+"""Reading datasets in the anemoi-datasets Zarr layout (zarr 2.18 or zarr 3).
 
 A store holds ``data`` of shape ``(time, variable, ensemble, points)``, per-point
-``latitudes`` and ``longitudes``, ``dates``, the variable names in the ``variables``
-attribute, and per-variable statistics ``mean`` and ``stdev`` used to normalise.
+``latitudes`` and ``longitudes``, ``dates`` (``datetime64[s]``; epoch seconds in stores written
+by earlier gridshard versions), the variable names in the ``variables`` attribute (or
+``name_to_index``), per-variable statistics ``mean`` and ``stdev`` used to normalise, the
+``frequency`` of its dates, and ``missing_dates``: dates anemoi-datasets had no data for, written
+as NaN. ``resolution`` and ``field_shape`` name its grid when present.
 """
 
 from __future__ import annotations
 
+import datetime
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +22,36 @@ class DatasetError(ValueError):
     """The dataset is missing, malformed, or does not fit the configuration."""
 
 
+_FREQUENCY = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "": 3600}
+
+
+def frequency_seconds(value: Any) -> int:
+    """Seconds of an anemoi frequency: ``"6h"``, ``"1d"``, ``"30m"``, ``6`` (hours) or a timedelta."""
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds())
+    match = _FREQUENCY.match(str(value).lower())
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(f"cannot read the frequency {value!r}: expected e.g. '6h', '1d', '30m' or hours")
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def as_datetime64(dates: np.ndarray) -> np.ndarray:
+    """``(time,)`` dates as ``datetime64[s]`` (integers are seconds since 1970, as gridshard once wrote)."""
+    dates = np.asarray(dates)
+    if np.issubdtype(dates.dtype, np.datetime64):
+        return dates.astype("datetime64[s]")
+    return dates.astype(np.int64).astype("datetime64[s]")
+
+
 class ZarrDataset:
-    """Normalised states ``(points, variables)`` of one ensemble member, by time index."""
+    """Normalised states ``(points, variables)`` of any ensemble member, by time index.
+
+    Attributes: ``variables``, ``latitudes``/``longitudes`` ``(points,)`` in degrees, ``dates``
+    ``(time,)`` ``datetime64[s]``, ``frequency_s`` (seconds between dates), ``missing`` (time
+    indices with no data), ``n_times``, ``n_members``, ``n_points``, ``resolution`` (or None),
+    ``field_shape``, ``mean``/``stdev`` ``(variables,)``.
+    """
 
     def __init__(self, path: str | Path, variables: list[str] | None = None) -> None:
         import zarr
@@ -28,38 +62,84 @@ class ZarrDataset:
         try:
             root = zarr.open_group(str(self.path), mode="r")
             self._data = root["data"]
-            names = list(root.attrs["variables"])
-            self.latitudes = np.asarray(root["latitudes"][:], dtype=np.float64)
-            self.longitudes = np.asarray(root["longitudes"][:], dtype=np.float64)
-            self.dates = np.asarray(root["dates"][:])
+            attrs = dict(root.attrs)
+            names = _variable_names(attrs)
+            latitudes, longitudes = root["latitudes"][:], root["longitudes"][:]
+            dates = as_datetime64(root["dates"][:])
             mean, stdev = np.asarray(root["mean"][:]), np.asarray(root["stdev"][:])
         except (KeyError, FileNotFoundError, ValueError, TypeError) as exc:
             raise DatasetError(f"{self.path} is not an anemoi-style Zarr dataset: {exc!r}") from exc
-        if self._data.ndim != 4:
-            raise DatasetError(
-                f"{self.path}: 'data' must be (time, variable, ensemble, points), got {self._data.shape}"
-            )
-        n_time, n_var, n_members, n_points = self._data.shape
+        self._chunks = tuple(self._data.chunks)
+        missing_dates = {np.datetime64(d, "s") for d in attrs.get("missing_dates", [])}
+        missing = {i for i, d in enumerate(dates) if d in missing_dates}
+        self._setup(names, latitudes, longitudes, dates, mean, stdev, variables, missing)
+        self.frequency_s = self._frequency(attrs.get("frequency"))
+        self.resolution: str | None = attrs.get("resolution")
+        self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
+
+    def _setup(
+        self,
+        names: list[str],
+        latitudes: np.ndarray,
+        longitudes: np.ndarray,
+        dates: np.ndarray,
+        mean: np.ndarray,
+        stdev: np.ndarray,
+        variables: list[str] | None,
+        missing: set[int],
+    ) -> None:
+        """Check the shapes against ``data`` and keep what the reader needs."""
+        shape = tuple(self._data.shape)
+        if len(shape) != 4:
+            raise DatasetError(f"{self.path}: 'data' must be (time, variable, ensemble, points), got {shape}")
+        n_time, n_var, n_members, n_points = shape
         if n_members < 1:
-            raise DatasetError(f"{self.path}: 'data' has no ensemble member (shape {self._data.shape})")
+            raise DatasetError(f"{self.path}: 'data' has no ensemble member (shape {shape})")
         if len(names) != n_var or len(mean) != n_var or len(stdev) != n_var:
             raise DatasetError(f"{self.path}: {n_var} variables in 'data' but {len(names)} names / statistics")
-        if len(self.latitudes) != n_points or len(self.longitudes) != n_points:
+        if len(latitudes) != n_points or len(longitudes) != n_points:
             raise DatasetError(f"{self.path}: coordinates do not have one entry per point ({n_points})")
+        if len(dates) != n_time:
+            raise DatasetError(f"{self.path}: {len(dates)} dates for {n_time} states in 'data'")
         wanted = names if variables is None else list(variables)
         unknown = [v for v in wanted if v not in names]
         if unknown:
             raise DatasetError(f"variables {unknown} are not in {self.path}; it has {names}")
         self.variables = wanted
         self._index = [names.index(v) for v in wanted]
-        self.mean = mean[self._index].astype(np.float32)
-        self.stdev = np.maximum(stdev[self._index], 1e-12).astype(np.float32)
-        self.n_times, self.n_points = n_time, n_points
+        self.mean = np.asarray(mean)[self._index].astype(np.float32)
+        self.stdev = np.maximum(np.asarray(stdev)[self._index], 1e-12).astype(np.float32)
+        self.latitudes = np.asarray(latitudes, dtype=np.float64)
+        self.longitudes = np.asarray(longitudes, dtype=np.float64)
+        self.dates = dates
+        self.missing = frozenset(missing)
+        self.n_times, self.n_members, self.n_points = n_time, n_members, n_points
 
-    def state(self, t: int, points: slice = slice(None)) -> np.ndarray:
-        """Normalised ``(points, variables)`` at time index ``t`` (optionally a block of points)."""
+    def _frequency(self, attribute: Any) -> int:
+        """Seconds between dates: the ``frequency`` attribute, checked against ``dates``."""
+        steps = np.diff(self.dates).astype("timedelta64[s]").astype(np.int64)
         try:
-            raw = np.asarray(self._data[t, :, 0, points], dtype=np.float32)[self._index]
+            frequency = frequency_seconds(attribute) if attribute is not None else int(steps[0]) if len(steps) else 0
+        except ValueError as exc:
+            raise DatasetError(f"{self.path}: {exc}") from None
+        if frequency <= 0 or (steps != frequency).any():
+            raise DatasetError(
+                f"{self.path}: dates are not regularly spaced at its frequency {attribute!r} "
+                f"(steps found: {sorted({int(s) for s in steps})} s)"
+            )
+        return frequency
+
+    def _read(self, index: tuple) -> np.ndarray:
+        """Raw values at a ``(time, variable, member, points)`` index."""
+        return np.asarray(self._data[index])
+
+    def state(self, t: int, points: slice = slice(None), member: int = 0) -> np.ndarray:
+        """Normalised ``(points, variables)`` of ``member`` at time index ``t`` (optionally a block
+        of points)."""
+        if t in self.missing:
+            raise DatasetError(f"date {self.date(t)} (index {t}) is a missing date of {self.path}")
+        try:
+            raw = self._read((t, slice(None), member, points)).astype(np.float32)[self._index]
         except Exception as exc:  # a corrupt or missing chunk: say where, not deep in zarr
             raise DatasetError(f"cannot read date index {t} of {self.path}: {type(exc).__name__}: {exc}") from exc
         return ((raw - self.mean[:, None]) / self.stdev[:, None]).T.copy()
@@ -69,47 +149,73 @@ class ZarrDataset:
         return x * self.stdev + self.mean
 
     def date(self, t: int) -> str:
-        """The date at time index ``t`` as ISO text (stores keep datetime64 or epoch seconds)."""
-        d = self.dates[t]
-        return str(d if np.issubdtype(self.dates.dtype, np.datetime64) else np.datetime64(int(d), "s"))
+        """The date at time index ``t`` as ISO text."""
+        return str(self.dates[t])
 
     def check_finite(self, block_bytes: int = 16 * 2**20) -> None:
-        """Raise ``DatasetError`` naming the variable, date and point of the first NaN or inf.
+        """Raise ``DatasetError`` naming the variable, member, date and point of the first NaN or
+        inf outside the missing dates (anemoi writes NaN there; no sample reads them).
 
         Reads the store in blocks of whole chunks of at most about ``block_bytes`` (time first,
         then points when one date alone is larger), so memory stays bounded for any store.
         """
-        n_time, n_var, _, n_points = self._data.shape
-        chunk_t, _, _, chunk_p = self._data.chunks
-        row_bytes = n_var * self._data.dtype.itemsize  # one point of one date
+        n_var, n_members = self._data.shape[1], self.n_members
+        chunk_t, chunk_p = self._chunks[0], self._chunks[3]
+        row_bytes = n_var * n_members * 4  # one point of one date, every member
         points_per_block = max(chunk_p, block_bytes // row_bytes // chunk_p * chunk_p)
-        points_per_block = min(points_per_block, n_points)
+        points_per_block = min(points_per_block, self.n_points)
         dates_per_block = max(chunk_t, block_bytes // (row_bytes * points_per_block) // chunk_t * chunk_t)
-        for t0 in range(0, n_time, dates_per_block):
-            dates = range(t0, min(t0 + dates_per_block, n_time))
-            for p0 in range(0, n_points, points_per_block):
-                points = slice(p0, p0 + points_per_block)
-                block = self._read_block(dates, points)[:, self._index]  # (dates, variables, points)
-                finite = np.isfinite(block)
-                if not finite.all():
-                    t, v, p = np.argwhere(~finite)[0]
-                    raise DatasetError(
-                        f"non-finite value {block[t, v, p]} in {self.path}: variable {self.variables[v]!r}, "
-                        f"date {self.date(t0 + t)} (index {t0 + t}), point {p0 + p} "
-                        f"({int((~finite).sum())} non-finite values in date indices {dates.start}..{dates.stop - 1})"
-                    )
+        for t0 in range(0, self.n_times, dates_per_block):
+            block_dates = range(t0, min(t0 + dates_per_block, self.n_times))
+            for run in _runs(block_dates, self.missing):
+                for p0 in range(0, self.n_points, points_per_block):
+                    points = slice(p0, p0 + points_per_block)
+                    block = self._read_block(run, points)[:, self._index]  # (dates, variables, members, points)
+                    finite = np.isfinite(block)
+                    if not finite.all():
+                        self._report(block, finite, run, p0, block_dates)
+
+    def _report(self, block: np.ndarray, finite: np.ndarray, run: range, p0: int, block_dates: range) -> None:
+        t, v, m, p = np.argwhere(~finite)[0]
+        member = f", member {m}" if self.n_members > 1 else ""
+        raise DatasetError(
+            f"non-finite value {block[t, v, m, p]} in {self.path}: variable {self.variables[v]!r}{member}, "
+            f"date {self.date(run.start + t)} (index {run.start + t}), point {p0 + p} "
+            f"({int((~finite).sum())} non-finite values in date indices {block_dates.start}..{block_dates.stop - 1}; "
+            "a date with no data must be listed in the store's missing_dates)"
+        )
 
     def _read_block(self, dates: range, points: slice) -> np.ndarray:
-        """Raw ``(dates, all variables, points)`` of ensemble member 0; a ``DatasetError`` naming the
-        first unreadable date (a corrupt or truncated chunk) otherwise."""
+        """Raw ``(dates, all variables, members, points)``; a ``DatasetError`` naming the first
+        unreadable date (a corrupt or truncated chunk) otherwise."""
         try:
-            return np.asarray(self._data[dates.start : dates.stop, :, 0, points])
+            return self._read((slice(dates.start, dates.stop), slice(None), slice(None), points))
         except Exception:
             for t in dates:  # narrow it down to one date
                 try:
-                    self._data[t, :, 0, points]
+                    self._read((t, slice(None), slice(None), points))
                 except Exception as exc:
                     raise DatasetError(
                         f"cannot read date {self.date(t)} (index {t}) of {self.path}: {type(exc).__name__}: {exc}"
                     ) from exc
             raise
+
+
+def _variable_names(attrs: dict[str, Any]) -> list[str]:
+    """The variables in store order: the ``variables`` attribute, else ``name_to_index``."""
+    if "variables" in attrs:
+        return list(attrs["variables"])
+    mapping = attrs["name_to_index"]
+    return sorted(mapping, key=mapping.get)
+
+
+def _runs(dates: range, missing: frozenset[int]) -> list[range]:
+    """The runs of consecutive indices of ``dates`` that are not ``missing``."""
+    runs, start = [], None
+    for t in [*dates, None]:
+        if t is not None and t not in missing:
+            start = t if start is None else start
+        elif start is not None:
+            runs.append(range(start, t if t is not None else dates.stop))
+            start = None
+    return runs

@@ -6,7 +6,10 @@ travels eastwards unchanged at angular speed ``nu = (R (3 + R) omega - 2 Omega) 
 We superpose a few waves of different R (each moving at its own speed) and add a tracer of
 Gaussian blobs carried by the background rotation, in non-dimensional units
 (radius 1, planetary rotation ``Omega = 1``). Variables: streamfunction ``psi``, relative
-vorticity ``zeta``, winds ``u`` and ``v``, and ``tracer``; one ensemble member.
+vorticity ``zeta``, winds ``u`` and ``v``, and ``tracer``. Ensemble members (``members > 1``)
+shift each wave's phase a little. The store is written exactly as anemoi-datasets lays one out
+(:mod:`training.data.anemoi_layout`): ``anemoi.datasets.open_dataset`` and ``anemoi-datasets
+inspect`` read it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from processor.grids import get_grid
+from training.data.anemoi_layout import write_anemoi_store
 
 VARIABLES = ["psi", "zeta", "u", "v", "tracer"]
 STEP_HOURS = 6
@@ -51,10 +55,22 @@ def _fields(
     return np.stack([psi, zeta, u, v, tracer]).astype(np.float32)
 
 
-def generate_rossby_haurwitz(path: str | Path, grid: str = "o32", steps: int = 400, seed: int = 1) -> Path:
-    """Write ``steps`` 6-hourly states on ``grid`` to a Zarr store at ``path``; return the path."""
-    import zarr
+def generate_rossby_haurwitz(
+    path: str | Path,
+    grid: str | None = "o32",
+    steps: int = 400,
+    seed: int = 1,
+    members: int = 1,
+    missing: tuple[int, ...] = (),
+) -> Path:
+    """Write ``steps`` 6-hourly states on ``grid`` (``None``: o32) to an anemoi-datasets Zarr store
+    at ``path``; return the path.
 
+    ``data`` is ``(steps, 5 variables, members, points)``. The date indices in ``missing`` are
+    written as NaN and listed in ``missing_dates``, as anemoi-datasets does for a date its
+    sources lack.
+    """
+    grid = grid or "o32"
     rng = np.random.default_rng(seed)
     g = get_grid(grid)
     lat, lon = np.radians(g.latitudes), np.radians(g.longitudes)
@@ -73,43 +89,27 @@ def generate_rossby_haurwitz(path: str | Path, grid: str = "o32", steps: int = 4
         for _ in range(4)
     ]
     dt = DAY * STEP_HOURS / 24
-    data = np.stack([_fields(lat, lon, i * dt, waves, omega, blobs) for i in range(steps)])[:, :, None, :]
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".partial")
-    root = zarr.open_group(str(tmp), mode="w", zarr_format=2)
-    arr = root.create_array("data", shape=data.shape, chunks=(1, *data.shape[1:]), dtype="float32")
-    arr[:] = data
+    shifted = [[{**w, "phase": w["phase"] + 0.3 * m * (i + 1)} for i, w in enumerate(waves)] for m in range(members)]
+    data = np.stack(  # (time, variable, member, points)
+        [np.stack([_fields(lat, lon, i * dt, w, omega, blobs) for w in shifted], axis=1) for i in range(steps)]
+    )
     start = np.datetime64("2020-01-01T00:00:00", "s")
     dates = start + np.arange(steps) * np.timedelta64(STEP_HOURS, "h")
-    root.create_array("dates", shape=(steps,), dtype="int64")[:] = dates.astype("datetime64[s]").astype(np.int64)
-    root.create_array("latitudes", shape=lat.shape, dtype="float64")[:] = g.latitudes
-    root.create_array("longitudes", shape=lon.shape, dtype="float64")[:] = g.longitudes
-    flat = data[:, :, 0, :]
-    for name, values in {
-        "mean": flat.mean(axis=(0, 2)),
-        "stdev": flat.std(axis=(0, 2)),
-        "minimum": flat.min(axis=(0, 2)),
-        "maximum": flat.max(axis=(0, 2)),
-    }.items():
-        root.create_array(name, shape=values.shape, dtype="float64")[:] = values
-    root.attrs.update(
-        {
-            "variables": VARIABLES,
-            "frequency": f"{STEP_HOURS}h",
-            "start_date": str(dates[0]),
-            "end_date": str(dates[-1]),
-            "resolution": grid,
-            "ensemble_dimension": 1,
+    return write_anemoi_store(
+        path,
+        data,
+        dates,
+        VARIABLES,
+        g.latitudes,
+        g.longitudes,
+        resolution=grid,
+        missing=missing,
+        extra_attrs={
             "description": "Rossby-Haurwitz waves and an advected tracer (gridshard synthetic dataset)",
             "waves": waves,
-            "dates_unit": "seconds since 1970-01-01",
-        }
+        },
+        recipe={
+            "name": f"rossby_haurwitz_{grid}",
+            "generator": {"grid": grid, "steps": steps, "seed": seed, "members": members},
+        },
     )
-    if path.exists():
-        import shutil
-
-        shutil.rmtree(path)
-    tmp.rename(path)  # a half-written store is never mistaken for a dataset
-    return path

@@ -4,6 +4,7 @@ import zarr
 
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
+from training.data.zarr_compat import open_group_v2, write_array
 from training.trainer import open_dataset
 
 
@@ -46,8 +47,8 @@ def test_missing_path(tmp_path):
 
 
 def test_malformed_store(tmp_path):
-    root = zarr.open_group(str(tmp_path / "bad.zarr"), mode="w", zarr_format=2)
-    root.create_array("data", shape=(3, 2), dtype="float32")
+    root = open_group_v2(tmp_path / "bad.zarr")
+    write_array(root, "data", shape=(3, 2), dtype="float32")
     with pytest.raises(DatasetError, match="not an anemoi-style"):
         ZarrDataset(tmp_path / "bad.zarr")
 

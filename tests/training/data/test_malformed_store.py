@@ -7,11 +7,11 @@ import json
 import shutil
 
 import pytest
-import zarr
 
 from tests.training.conftest import small_config
 from training.app import prepare
 from training.data import DatasetError, ZarrDataset
+from training.data.zarr_compat import open_group_v2, write_array
 
 
 @pytest.fixture
@@ -35,10 +35,12 @@ def _no_variables(store):
 
 
 def _no_members(store):
-    root = zarr.open_group(str(store), mode="a")
+    root = open_group_v2(store, mode="a")
     shape = root["data"].shape
     del root["data"]
-    root.create_array("data", shape=(shape[0], shape[1], 0, shape[3]), dtype="float32")
+    write_array(
+        root, "data", shape=(shape[0], shape[1], 0, shape[3]), dtype="float32", chunks=(1, shape[1], 1, shape[3])
+    )
 
 
 def _plain_file(store):

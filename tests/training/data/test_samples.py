@@ -1,0 +1,81 @@
+"""Samples: lead time in hours against the store's frequency, ensemble members, missing dates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.data import DatasetError, ZarrDataset, generate_rossby_haurwitz
+from training.data.samples import build_samples, lead_steps, select_members
+from training.trainer import dataset_samples, open_dataset
+
+SIX_HOURS = 6 * 3600
+
+
+def test_one_member_no_missing_dates_is_the_old_indexing():
+    """40 dates, 4 for validation: train starts 0..34, validation 36..38, target one step on."""
+    samples = build_samples(40, frozenset(), [0], 1, 0.1)
+    assert samples.train == [(t, 0) for t in range(35)]
+    assert samples.val == [(t, 0) for t in range(36, 39)]
+
+
+def test_lead_time_in_hours():
+    assert lead_steps(None, SIX_HOURS) == 1
+    assert lead_steps(6, SIX_HOURS) == 1
+    assert lead_steps(24, SIX_HOURS) == 4
+    assert lead_steps(1, 3600) == 1
+    for bad in (9, 0, -6):
+        with pytest.raises(DatasetError, match=rf"^data.lead_time = {bad} \(hours\) is not a positive multiple"):
+            lead_steps(bad, SIX_HOURS)
+
+
+def test_samples_touching_a_missing_date_are_skipped():
+    samples = build_samples(40, frozenset({10}), [0, 1], 2, 0.1)
+    starts = {t for t, _ in samples.train}
+    assert 10 not in starts and 8 not in starts  # input missing, target missing
+    assert {9, 11, 12} <= starts and max(starts) == 33  # targets stay before the validation dates
+    assert samples.train[:2] == [(0, 0), (0, 1)]  # date-major, every member its own sample
+    assert samples.val == [(36, 0), (36, 1), (37, 0), (37, 1)]
+
+
+def test_members_are_checked():
+    assert select_members(3, None) == [0, 1, 2]
+    assert select_members(3, [2]) == [2]
+    with pytest.raises(DatasetError, match=r"^data.members = \[3\]: the dataset has 3 ensemble members"):
+        select_members(3, [3])
+
+
+def test_no_sample_left_names_the_keys():
+    with pytest.raises(DatasetError, match="no validation sample: .*data.lead_time"):
+        build_samples(40, frozenset(), [0], 4, 0.1)
+
+
+@pytest.fixture(scope="module")
+def ensemble_store(tmp_path_factory):
+    """2 members on o16, 24 dates, date 7 missing (NaN, listed in missing_dates)."""
+    return generate_rossby_haurwitz(tmp_path_factory.mktemp("ens") / "ens.zarr", "o16", 24, 5, members=2, missing=(7,))
+
+
+def test_members_and_missing_dates_in_the_reader(ensemble_store):
+    ds = ZarrDataset(ensemble_store)
+    assert ds.n_members == 2 and ds.missing == {7} and ds.frequency_s == SIX_HOURS
+    assert not np.allclose(ds.state(3, member=0), ds.state(3, member=1))
+    ds.check_finite()  # NaN only at the missing date: fine
+    with pytest.raises(DatasetError, match="missing date"):
+        ds.state(7)
+
+
+def test_open_dataset_checks_lead_time_and_members(ensemble_store):
+    cfg = {"data": {"path": str(ensemble_store), "variables": None, "grid": None, "val_fraction": 0.25}}
+    cfg["data"]["lead_time"] = 12
+    dataset = open_dataset(cfg)
+    assert cfg["data"]["grid"] == "o16"  # inferred, and recorded in the configuration
+    samples = dataset_samples(cfg, dataset)
+    assert samples.lead == 2 and len(samples.train) == 2 * len({t for t, _ in samples.train})
+    assert all(t not in (5, 7) for t, _ in samples.train)
+    cfg["data"]["lead_time"] = 9
+    with pytest.raises(DatasetError, match=r"data.lead_time = 9 \(hours\) is not a positive multiple .* \(6h\)"):
+        open_dataset(cfg)
+    cfg["data"].update(lead_time=None, members=[0, 2])
+    with pytest.raises(DatasetError, match=r"data.members = \[0, 2\]"):
+        open_dataset(cfg)

@@ -1,0 +1,61 @@
+"""``data.open_dataset``: train on anything ``anemoi.datasets.open_dataset`` opens (optional).
+
+The mapping is passed as is, so every option of anemoi-datasets works: one store with
+``start``/``end``/``frequency``/``select``, or combinations (``join``, ``concat``, ...)::
+
+    data.open_dataset: {dataset: /data/era5-o96.zarr, start: 2020, end: 2021, frequency: 12h, select: [2t, msl]}
+
+The result reads like a :class:`~training.data.dataset.ZarrDataset`: the same normalisation (by
+the combined dataset's ``statistics``), missing dates (anemoi's ``missing``), frequency and
+members. Needs the ``anemoi-datasets`` package (and so zarr 2.18).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from training.data.dataset import DatasetError, ZarrDataset, as_datetime64
+
+
+class AnemoiDataset(ZarrDataset):
+    """A :class:`ZarrDataset` over ``anemoi.datasets.open_dataset(spec)``; ``variables`` picks
+    among its variables (after any ``select`` in ``spec``)."""
+
+    def __init__(self, spec: dict[str, Any], variables: list[str] | None = None) -> None:
+        try:
+            from anemoi.datasets import open_dataset
+        except ImportError as exc:
+            raise DatasetError(
+                f"data.open_dataset needs the anemoi-datasets package ({exc}); install it, or use data.path"
+            ) from None
+        self.path = f"open_dataset({spec})"  # for messages: what was opened
+        try:
+            ds = open_dataset(dict(spec))
+            names = list(ds.variables)
+            statistics = ds.statistics
+            latitudes, longitudes = ds.latitudes, ds.longitudes
+            dates, missing = as_datetime64(ds.dates), {int(i) for i in ds.missing}
+            frequency = ds.frequency
+        except Exception as exc:  # anemoi raises many kinds; say which key, and what it said
+            raise DatasetError(f"data.open_dataset = {spec}: {type(exc).__name__}: {exc}") from exc
+        self._data = ds
+        self._chunks = tuple(getattr(ds, "chunks", None) or (1, *ds.shape[1:]))
+        self._setup(names, latitudes, longitudes, dates, statistics["mean"], statistics["stdev"], variables, missing)
+        self.frequency_s = self._frequency(frequency)
+        self.resolution = _resolution(ds)
+        self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))
+
+    def _read(self, index: tuple) -> np.ndarray:
+        """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""
+        return np.asarray(self._data[index])
+
+
+def _resolution(ds: Any) -> str | None:
+    """The ``resolution`` of an anemoi dataset, None where a combination has none."""
+    try:
+        value = ds.resolution
+    except Exception:
+        return None
+    return str(value) if value is not None else None

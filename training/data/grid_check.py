@@ -1,0 +1,102 @@
+"""Which grid of :mod:`processor.grids` a dataset is on: inferred from the store (``data.grid:
+null``) or checked against the named one, by coordinates, not only by point count."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import numpy as np
+
+from processor.grids import ECMWF_REDUCED_POINTS, get_grid, grid_points
+from training.data.dataset import DatasetError
+
+log = logging.getLogger(__name__)
+
+TOLERANCE_DEG = 1e-3  # float32 coordinates (netCDF) are good to ~1e-5 degrees
+
+
+def _coordinates_error(latitudes: np.ndarray, longitudes: np.ndarray, name: str) -> str | None:
+    """Why ``(points,)`` coordinates in degrees are not the grid ``name`` (None: they are).
+
+    The points may come in another order than the processor's (ring by ring from the north,
+    west to east from longitude 0); longitudes are compared modulo 360.
+    """
+    grid = get_grid(name)
+    if len(latitudes) != grid.n_points:
+        return f"{name} has {grid.n_points} points but the dataset has {len(latitudes)}"
+    ref = np.stack([grid.latitudes, grid.longitudes % 360.0], axis=1)
+    got = np.stack([latitudes, np.asarray(longitudes) % 360.0], axis=1)
+    if _max_distance(got, ref) <= TOLERANCE_DEG:
+        return None
+    order_ref, order_got = (np.lexsort((np.round(c[:, 1], 2), np.round(c[:, 0], 2))) for c in (ref, got))
+    if _max_distance(got[order_got], ref[order_ref]) <= TOLERANCE_DEG:
+        log.info("the dataset's points are those of %s in another order", name)
+        return None
+    worst = int(np.argmax(_distances(got, ref)))
+    return (
+        f"its coordinates are not those of {name} (point {worst}: latitude/longitude "
+        f"({got[worst, 0]:.4f}, {got[worst, 1]:.4f}) where {name} has ({ref[worst, 0]:.4f}, {ref[worst, 1]:.4f}))"
+    )
+
+
+def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per point ``max(|dlat|, |dlon| mod 360)`` in degrees of ``(points, 2)`` coordinate pairs."""
+    dlat = np.abs(a[:, 0] - b[:, 0])
+    dlon = np.abs((a[:, 1] - b[:, 1] + 180.0) % 360.0 - 180.0)
+    dlon = np.where(np.abs(a[:, 0]) > 89.999, 0.0, dlon)  # at a pole every longitude is the same point
+    return np.maximum(dlat, dlon)
+
+
+def _max_distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(_distances(a, b).max(initial=0.0))
+
+
+def _candidates(resolution: str | None, n_points: int) -> list[str]:
+    """Grid names to try: the store's ``resolution`` first, then the oN and fN grids of that size."""
+    names = []
+    if resolution and re.fullmatch(r"[ofnOFN]\d+", str(resolution).strip()):
+        names.append(str(resolution).strip().lower())
+    n_octahedral = (-36 + math.isqrt(1296 + 16 * n_points)) // 8
+    if n_octahedral > 0 and 4 * n_octahedral**2 + 36 * n_octahedral == n_points:
+        names.append(f"o{n_octahedral}")
+    n_regular = math.isqrt(n_points // 8)
+    if n_regular > 0 and 8 * n_regular**2 == n_points:
+        names.append(f"f{n_regular}")
+    return list(dict.fromkeys(names))
+
+
+def check_grid(latitudes: np.ndarray, longitudes: np.ndarray, name: str, where: str) -> None:
+    """Raise ``DatasetError`` naming ``data.grid`` if the coordinates (degrees, ``(points,)``) of
+    the dataset at ``where`` are not those of the grid ``name``."""
+    try:
+        expected = grid_points(name)
+    except ValueError as exc:
+        raise DatasetError(f"data.grid = {name}: {exc}") from None
+    if len(latitudes) != expected:
+        raise DatasetError(f"data.grid = {name} has {expected} points but {where} has {len(latitudes)}")
+    if name.strip().lower().startswith("n"):
+        log.warning("data.grid = %s: no ring table for %s grids, only the point count was checked", name, name[0])
+        return
+    problem = _coordinates_error(latitudes, longitudes, name.strip().lower())
+    if problem:
+        raise DatasetError(f"data.grid = {name} does not fit {where}: {problem}; set data.grid to its grid, or null")
+
+
+def infer_grid(latitudes: np.ndarray, longitudes: np.ndarray, resolution: str | None, where: str) -> str:
+    """The name of the grid of :mod:`processor.grids` whose coordinates the dataset has, trying
+    its ``resolution`` attribute first; ``DatasetError`` naming ``data.grid`` if none fits."""
+    n_points = len(latitudes)
+    for name in _candidates(resolution, n_points):
+        if name.startswith("n"):
+            if ECMWF_REDUCED_POINTS.get(name) == n_points:
+                log.warning("%s says resolution %s: no ring table, only the point count was checked", where, name)
+                return name
+            continue
+        if _coordinates_error(latitudes, longitudes, name) is None:
+            return name
+    raise DatasetError(
+        f"data.grid = null: the grid of {where} ({n_points} points, resolution {resolution!r}) is none of "
+        "processor.grids' oN/fN grids by its coordinates; set data.grid (o<N>, f<N>, n<N>)"
+    )

@@ -1,0 +1,78 @@
+"""Training samples: (start date index, ensemble member) pairs whose target is ``lead`` dates on.
+
+- ``data.lead_time`` (hours; ``null``: one step of the store's frequency) must be a positive
+  multiple of the store's frequency; the target of a sample at index ``t`` is ``t + lead``.
+- Every selected ensemble member (``data.members``; ``null``: all) is a sample of its own:
+  input and target come from the same member.
+- A sample whose input or target date is one of the store's missing dates is skipped, as
+  anemoi does.
+- Train and validation are split by time: the last ``val_fraction`` of the dates (at least 2)
+  are validation dates; a sample belongs to the period holding both its dates.
+
+The sample lists are a function of the dataset and the configuration alone, so a resumed run
+reads exactly the samples of the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from training.data.dataset import DatasetError
+
+Sample = tuple[int, int]  # (start date index, member)
+
+
+@dataclass(frozen=True)
+class Samples:
+    """``train`` and ``val`` samples, date-major then member; ``lead`` dates between input and target."""
+
+    train: list[Sample]
+    val: list[Sample]
+    lead: int
+
+
+def lead_steps(lead_time_h: int | None, frequency_s: int, where: str = "the dataset") -> int:
+    """Dates between input and target for ``data.lead_time`` (hours, None: one step)."""
+    if lead_time_h is None:
+        return 1
+    frequency_h = frequency_s / 3600
+    seconds = int(lead_time_h) * 3600
+    if lead_time_h <= 0 or seconds % frequency_s:
+        raise DatasetError(
+            f"data.lead_time = {lead_time_h} (hours) is not a positive multiple of the frequency of {where} "
+            f"({frequency_h:g}h): use {frequency_h:g}, {2 * frequency_h:g}, ... or null for one step"
+        )
+    return seconds // frequency_s
+
+
+def select_members(n_members: int, members: list[int] | None) -> list[int]:
+    """The ensemble members to train on: ``data.members`` (None: every member), checked."""
+    if members is None:
+        return list(range(n_members))
+    bad = [m for m in members if not 0 <= int(m) < n_members]
+    if bad or not members or len(set(members)) != len(members):
+        raise DatasetError(
+            f"data.members = {list(members)}: the dataset has {n_members} ensemble members "
+            f"(indices 0..{n_members - 1}); give distinct indices among them, or null for all"
+        )
+    return [int(m) for m in members]
+
+
+def build_samples(n_times: int, missing: frozenset[int], members: list[int], lead: int, val_fraction: float) -> Samples:
+    """The train and validation samples of a dataset of ``n_times`` dates (see the module)."""
+    n_val = max(2, int(n_times * val_fraction))
+    boundary = n_times - n_val  # the first validation date
+
+    def starts(first: int, stop: int) -> list[int]:
+        return [t for t in range(first, stop - lead) if t not in missing and t + lead not in missing]
+
+    train = [(t, m) for t in starts(0, boundary) for m in members]
+    val = [(t, m) for t in starts(boundary, n_times) for m in members]
+    if not train or not val:
+        period = "training" if not train else "validation"
+        raise DatasetError(
+            f"no {period} sample: {n_times} dates, {n_val} of them for validation (data.val_fraction), "
+            f"{len(missing)} missing, and a lead of {lead} dates (data.lead_time); use a shorter "
+            "data.lead_time or another data.val_fraction"
+        )
+    return Samples(train, val, lead)
