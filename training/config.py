@@ -70,7 +70,7 @@ class DataConfig:
     members: list[int] | None = None  # ensemble members to train on, each its own sample; None: all
     # Arguments of anemoi.datasets.open_dataset (select, start/end, frequency, join, ...): read through
     # anemoi-datasets instead of data.path, which is then not read. None: the store at data.path.
-    open_dataset: dict[str, Any] | None = None
+    open_dataset: Any = None  # a mapping; typed Any as OmegaConf cannot merge a mapping into a None Dict node
     generate: bool = True  # write the synthetic dataset first if ``path`` does not exist
     generate_steps: int = 400
     generate_seed: int = 1

@@ -30,6 +30,11 @@ class AnemoiDataset(ZarrDataset):
             raise DatasetError(
                 f"data.open_dataset needs the anemoi-datasets package ({exc}); install it, or use data.path"
             ) from None
+        if not isinstance(spec, dict):
+            raise DatasetError(
+                f"data.open_dataset = {spec!r}: give a mapping of anemoi.datasets.open_dataset's arguments, "
+                "e.g. {dataset: /path/store.zarr, start: 2020, select: [2t]}"
+            )
         self.path = f"open_dataset({spec})"  # for messages: what was opened
         try:
             ds = open_dataset(dict(spec))
