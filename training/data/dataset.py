@@ -11,11 +11,14 @@ as NaN. ``resolution`` and ``field_shape`` name its grid when present.
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class DatasetError(ValueError):
@@ -65,10 +68,17 @@ class ZarrDataset:
             attrs = dict(root.attrs)
             names = _variable_names(attrs)
             latitudes, longitudes = root["latitudes"][:], root["longitudes"][:]
-            dates = as_datetime64(root["dates"][:])
+            dates = root["dates"][:]
             mean, stdev = np.asarray(root["mean"][:]), np.asarray(root["stdev"][:])
         except (KeyError, FileNotFoundError, ValueError, TypeError) as exc:
             raise DatasetError(f"{self.path} is not an anemoi-style Zarr dataset: {exc!r}") from exc
+        if not np.issubdtype(dates.dtype, np.datetime64):
+            log.warning(
+                "%s has integer dates (an earlier gridshard wrote it): anemoi-datasets cannot read it; "
+                "delete it to have the built-in dataset written again in the anemoi layout",
+                self.path,
+            )
+        dates = as_datetime64(dates)
         self._chunks = tuple(self._data.chunks)
         missing_dates = {np.datetime64(d, "s") for d in attrs.get("missing_dates", [])}
         missing = {i for i, d in enumerate(dates) if d in missing_dates}

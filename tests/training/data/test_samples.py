@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
+import zarr
 
+from tests.training.conftest import small_config
+from training.app import run
 from training.data import DatasetError, ZarrDataset, generate_rossby_haurwitz
 from training.data.samples import build_samples, lead_steps, select_members
 from training.trainer import dataset_samples, open_dataset
@@ -79,3 +84,19 @@ def test_open_dataset_checks_lead_time_and_members(ensemble_store):
     cfg["data"].update(lead_time=None, members=[0, 2])
     with pytest.raises(DatasetError, match=r"data.members = \[0, 2\]"):
         open_dataset(cfg)
+
+
+def test_nonfinite_outside_the_missing_dates_names_the_member(tmp_path, ensemble_store):
+    store = shutil.copytree(ensemble_store, tmp_path / "store.zarr")
+    zarr.open_group(str(store), mode="a")["data"][9, 2, 1, 77] = np.inf
+    with pytest.raises(DatasetError, match=r"variable 'u', member 1, date 2020-01-03T06:00:00 \(index 9\), point 77"):
+        ZarrDataset(store).check_finite()
+
+
+def test_training_on_members_a_missing_date_and_a_lead_time(tmp_path, ensemble_store):
+    """The app, one rank: 2 members each its own sample, date 7 missing, 12 h lead, grid inferred."""
+    overrides = ["data.grid=null", "data.lead_time=12", "data.val_fraction=0.25", "trainer.steps=3"]
+    overrides += ["trainer.val_interval=3", "trainer.nprocs=1", "trainer.ranks_per_model=1", "strategy=none"]
+    result = run(small_config(tmp_path, ensemble_store, *overrides, "logging.mlflow=false"))
+    losses = [m["train/loss"] for _, m in result["history"]]
+    assert len(losses) == 3 and np.isfinite(losses).all() and np.isfinite(result["history"][-1][1]["val/loss"])
