@@ -35,12 +35,13 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["run_dir"] = str(Path(resolved["run_dir"]).resolve())
     data = resolved["data"]
-    data["path"] = str(Path(data["path"]).resolve())
-    if not Path(data["path"]).exists() and data["generate"] and int(os.environ.get("RANK", "0")) == 0:
+    if data["path"] is not None and not data.get("open_dataset"):
+        data["path"] = str(Path(data["path"]).resolve())
+    if data["path"] and not Path(data["path"]).exists() and data["generate"] and int(os.environ.get("RANK", "0")) == 0:
         from training.data import generate_rossby_haurwitz
 
         log.info("writing the built-in dataset to %s", data["path"])
-        generate_rossby_haurwitz(data["path"], data["grid"], data["generate_steps"], data["generate_seed"])
+        generate_rossby_haurwitz(data["path"], data["grid"] or "o32", data["generate_steps"], data["generate_seed"])
     from training.trainer import check_resumable, open_dataset
 
     dataset = open_dataset(resolved)  # fails here, clearly, on a missing or mismatched dataset

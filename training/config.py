@@ -63,7 +63,7 @@ class StrategyConfig:
 
 @dataclass
 class DataConfig:
-    path: str = MISSING  # an anemoi-datasets Zarr store
+    path: str | None = None  # an anemoi-datasets Zarr store (None: data.open_dataset must be set)
     grid: str | None = "o32"  # grid of the dataset's points, checked by coordinates; None: inferred from the store
     variables: list[str] | None = None  # None: every variable in the store
     lead_time: int | None = None  # hours from input to target, a multiple of the store's frequency; None: one step

@@ -59,6 +59,10 @@ def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
         from training.data.anemoi_source import AnemoiDataset
 
         dataset: ZarrDataset = AnemoiDataset(data["open_dataset"], data["variables"])
+    elif data["path"] is None:
+        raise DatasetError(
+            "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
+        )
     else:
         dataset = ZarrDataset(data["path"], data["variables"])
     if data["grid"] is None:

@@ -148,6 +148,23 @@ def _state_dict_from_anemoi(module: nn.Module, state_dict: dict, prefix: str, *a
     if not theirs:
         return  # gridshard's own names load as they are
     converted = from_anemoi_state_dict({key: state_dict[key] for key in theirs}, prefix=prefix)
+    _check_fits(module.processor, converted)
     for key in theirs:
         del state_dict[key]
     state_dict.update({prefix + _INNER + key: tensor for key, tensor in converted.items()})
+
+
+def _check_fits(processor: TransformerProcessor, converted: dict[str, Tensor]) -> None:
+    """One line naming the first difference between a checkpoint and this processor."""
+    layers = len({key.split(".")[1] for key in converted})
+    if layers != processor.config.num_layers:
+        raise AnemoiConversionError(
+            f"the checkpoint has {layers} processor layers, this processor num_layers = {processor.config.num_layers}"
+        )
+    own = processor.state_dict()
+    for key, tensor in converted.items():
+        if key in own and own[key].shape != tensor.shape:
+            raise AnemoiConversionError(
+                f"{key}: the checkpoint's is {tuple(tensor.shape)}, this processor's {tuple(own[key].shape)} "
+                "(num_channels, num_heads or mlp_hidden_ratio differ)"
+            )

@@ -156,3 +156,20 @@ def test_the_processor_takes_keywords_or_a_config_not_both():
     with pytest.raises(TypeError, match="not both"):
         TransformerProcessor(config, num_layers=2)
     assert TransformerProcessor(num_layers=1, num_channels=8, num_heads=2).config == config
+
+
+def test_the_adapter_refuses_a_checkpoint_of_another_shape_in_one_line():
+    from processor.interop.anemoi_processor import AnemoiTransformerProcessor
+
+    theirs = to_anemoi_state_dict(_model().state_dict())
+    wider = AnemoiTransformerProcessor(**{**ANEMOI_PROCESSOR, "mlp_hidden_ratio": 4.0})
+    with pytest.raises(AnemoiConversionError, match=r"blocks.0.mlp.0.weight: the checkpoint's is \(40, 16\)"):
+        wider.load_state_dict(theirs)
+    deeper = AnemoiTransformerProcessor(**{**ANEMOI_PROCESSOR, "num_layers": 3})
+    with pytest.raises(AnemoiConversionError, match="2 processor layers, this processor num_layers = 3"):
+        deeper.load_state_dict(theirs)
+    adapter = AnemoiTransformerProcessor(**ANEMOI_PROCESSOR)
+    adapter.load_state_dict(theirs)
+    assert adapter.state_dict().keys() == theirs.keys()
+    with pytest.raises(ValueError, match="shard sizes"):
+        adapter(torch.zeros(2 * 10, 16), batch_size=2, shard_shapes=[[7, 16]])
