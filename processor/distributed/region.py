@@ -184,10 +184,16 @@ def _plain(sizes: Sequence[int] | None) -> list[int] | None:
 
 
 def _split_full(
-    what: str, x: Tensor, group: dist.ProcessGroup | None, dim: int, sizes: Sequence[int] | None, check: bool
-) -> tuple[int, tuple[int, ...]] | None:
-    """``(dim, sizes)`` for splitting ``x``, a full ``N`` rows on ``dim`` on every rank; ``None``
-    on one rank. Checked on every rank together unless ``check`` is False."""
+    what: str,
+    x: Tensor,
+    group: dist.ProcessGroup | None,
+    dim: int,
+    sizes: Sequence[int] | None,
+    check: bool,
+    transport: Transport | None,
+) -> _Blocks | None:
+    """The blocks to split ``x`` into, a full ``N`` rows on ``dim`` on every rank; ``None`` on one
+    rank. Checked on every rank together unless ``check`` is False."""
     world = _world(group)
     problem = _dim_problem(x, dim) or _sizes_problem(sizes, world)
     d = dim % x.dim() if x.dim() else dim
@@ -200,14 +206,21 @@ def _split_full(
         raise ValueError(f"{what}: {problem}")
     if world == 1:
         return None
-    return d, tuple(_plain(sizes) or shard_sizes(x.shape[d], world))
+    sizes = tuple(_plain(sizes) or shard_sizes(x.shape[d], world))
+    return _Blocks(sizes, dist.get_rank(group), d, group, transport or Transport())
 
 
 def _split_local(
-    x: Tensor, group: dist.ProcessGroup | None, dim: int, sizes: Sequence[int] | None, downstream: str, check: bool
-) -> tuple[int, tuple[int, ...]] | None:
-    """``(dim, sizes)`` of the blocks ``x`` is one of, gathered from the ranks (or, with ``check``
-    False and ``sizes`` given, trusted); ``None`` on one rank."""
+    x: Tensor,
+    group: dist.ProcessGroup | None,
+    dim: int,
+    sizes: Sequence[int] | None,
+    downstream: str,
+    check: bool,
+    transport: Transport | None,
+) -> _Blocks | None:
+    """The blocks ``x`` is one of, their sizes gathered from the ranks (or, with ``check`` False
+    and ``sizes`` given, trusted); ``None`` on one rank."""
     world = _world(group)
     problem = _dim_problem(x, dim) or _sizes_problem(sizes, world)
     if downstream not in _DOWNSTREAM:
@@ -226,7 +239,9 @@ def _split_local(
         sizes = actual
     elif problem:
         raise ValueError(f"gather_points: {problem}")
-    return None if world == 1 else (d, tuple(_plain(sizes) or ()))
+    if world == 1:
+        return None
+    return _Blocks(tuple(_plain(sizes) or ()), rank, d, group, transport or Transport())
 
 
 def shard_points(
@@ -256,10 +271,9 @@ def shard_points(
         ValueError: on every rank, if any rank's dim, sizes, shape, dtype or ``requires_grad`` is
             wrong or differs from the others'.
     """
-    split = _split_full("shard_points", x, group, dim, sizes, check)
-    if split is None:
+    blocks = _split_full("shard_points", x, group, dim, sizes, check, transport)
+    if blocks is None:
         return x
-    blocks = _Blocks(split[1], dist.get_rank(group), split[0], group, transport or Transport())
     return _ShardPoints.apply(x, blocks)
 
 
@@ -286,10 +300,9 @@ def reduce_scatter_points(
     Raises:
         ValueError: on every rank, as :func:`shard_points`.
     """
-    split = _split_full("reduce_scatter_points", x, group, dim, sizes, check)
-    if split is None:
+    blocks = _split_full("reduce_scatter_points", x, group, dim, sizes, check, transport)
+    if blocks is None:
         return x
-    blocks = _Blocks(split[1], dist.get_rank(group), split[0], group, transport or Transport())
     return _ReduceScatterPoints.apply(x, blocks)
 
 
@@ -326,8 +339,7 @@ def gather_points(
         ValueError: on every rank, if any rank's dim, sizes, ``downstream``, other dims, dtype or
             ``requires_grad`` is wrong or differs from the others'.
     """
-    split = _split_local(x_local, group, dim, sizes, downstream, check)
-    if split is None:
+    blocks = _split_local(x_local, group, dim, sizes, downstream, check, transport)
+    if blocks is None:
         return x_local
-    blocks = _Blocks(split[1], dist.get_rank(group), split[0], group, transport or Transport())
     return _GatherPoints.apply(x_local, blocks, downstream)
