@@ -27,7 +27,6 @@ import numpy as np
 from training.data.zarr_compat import open_group_v2, write_array
 
 FORMAT_VERSION = "0.22"  # what anemoi-datasets 0.5.47 writes
-STATISTICS = ("mean", "stdev", "minimum", "maximum")
 
 
 def frequency_to_string(seconds: int) -> str:
@@ -78,17 +77,21 @@ def _iso(date: np.datetime64) -> str:
 
 
 def _attributes(
-    data: np.ndarray, dates: np.ndarray, variables: list[str], resolution: str, missing: list[int], frequency_s: int
+    data: np.ndarray,
+    dates: np.ndarray,
+    variables: list[str],
+    resolution: str,
+    present: np.ndarray,
+    frequency_s: int,
 ) -> dict[str, Any]:
-    present = np.ones(len(dates), dtype=bool)
-    present[missing] = False
+    """The store's attributes; ``present`` ``(time,)`` is False at the missing dates."""
     field_shape = [int(data.shape[-1])]
     return {
         "version": FORMAT_VERSION,
         "frequency": frequency_to_string(frequency_s),
         "start_date": _iso(dates[0]),
         "end_date": _iso(dates[-1]),
-        "missing_dates": [_iso(dates[i]) for i in missing],
+        "missing_dates": [_iso(d) for d in dates[~present]],
         "resolution": resolution.upper(),
         "field_shape": field_shape,
         "constant_fields": constant_fields(data, present, variables),
@@ -156,7 +159,7 @@ def write_anemoi_store(
     for name, (values, chunks, dims) in arrays.items():
         fill = np.nan if name == "data" else None
         write_array(root, name, values, chunks=chunks, fill_value=fill).attrs["_ARRAY_DIMENSIONS"] = dims
-    attrs = _attributes(data, dates, list(variables), resolution, missing, frequency_s)
+    attrs = _attributes(data, dates, list(variables), resolution, present, frequency_s)
     attrs["recipe"] = {"description": (extra_attrs or {}).get("description", ""), **(recipe or {})}
     root.attrs.update({**attrs, **(extra_attrs or {})})
     if path.exists():
