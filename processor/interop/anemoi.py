@@ -223,13 +223,10 @@ _ANEMOI_PROCESSOR = "anemoi.models.layers.processor.TransformerProcessor"
 _REQUIRED = ("num_layers", "num_channels", "num_heads", "mlp_hidden_ratio")
 _COPIED = ("num_layers", "num_channels", "num_heads", "window_size", "num_chunks", "dropout_p", "qk_norm")
 # Keys that change how anemoi runs, not what it computes.
-_IGNORED = (
-    "_convert_",
-    "_recursive_",
-    "attention_implementation",
-    "cpu_offload",
+_IGNORED = ("_convert_", "_recursive_", "attention_implementation", "cpu_offload", "edge_dim")
+# Keys read or checked below: what they ask for is mapped, or refused when gridshard lacks it.
+_CHECKED = (
     "gradient_checkpointing",
-    "edge_dim",
     "layer_kernels",
     "mlp_implementation",
     "attn_channels",
@@ -237,6 +234,7 @@ _IGNORED = (
     "use_alibi_slopes",
     "use_rotary_embeddings",
 )
+_KNOWN = frozenset({*_REQUIRED, *_COPIED, *_IGNORED, *_CHECKED})
 
 
 def _refuse_unsupported(settings: Mapping[str, Any]) -> None:
@@ -255,11 +253,11 @@ def _refuse_unsupported(settings: Mapping[str, Any]) -> None:
     for key, ok, what in rules:
         if key in settings and not ok(settings[key]):
             raise AnemoiConversionError(f"{key} = {settings[key]!r}: gridshard's processor has no {what}")
-    unknown = sorted(set(settings) - set(_COPIED) - set(_REQUIRED) - set(_IGNORED))
+    unknown = sorted(set(settings) - _KNOWN)
     if unknown:
         raise AnemoiConversionError(
             f"{unknown[0]} is not a setting of anemoi's TransformerProcessor that gridshard knows "
-            f"(it knows {sorted({*_COPIED, *_REQUIRED, *_IGNORED})})"
+            f"(it knows {sorted(_KNOWN)})"
         )
 
 
