@@ -1,0 +1,339 @@
+"""Forecast verification as WeatherBench 2 scores it, sharded like training.
+
+- Scores are area-weighted over the grid's points, in physical units: :func:`area_weights`
+  (Gaussian quadrature weights on ``oN``/``fN`` grids, cos(latitude) otherwise).
+- Per forecast (a *sample*: one start date and member) and lead time: the weighted MSE and the
+  uncentred anomaly correlation ``ACC = Σw f'o' / sqrt(Σw f'² Σw o'²)``, anomalies taken from
+  a :func:`climatology`; then averaged over samples. ``RMSE = sqrt(mean over samples of MSE)``
+  (WB2 convention: not the mean of per-sample RMSEs).
+- Baselines: ``persistence`` (the initial state as forecast for every lead) and ``climatology``
+  (the climatological mean as forecast; its ACC is undefined, NaN).
+
+Sharding: each model-parallel rank holds a contiguous block of points and adds local sums; data-
+parallel replicas add different samples. :meth:`SkillAccumulator.finalize` sums points over the
+model-parallel group and samples over the data-parallel group; every rank gets the same table.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from processor.grids import Grid, gaussian_latitudes, get_grid
+
+GAUSSIAN = "gaussian quadrature"
+COS_LATITUDE = "cos latitude"
+KINDS = ("model", "persistence", "climatology")
+_N_SUMS = 5  # Σw(f-o)², Σw, Σw f'o', Σw f'², Σw o'²
+
+
+def _gaussian_grid(grid: str | None) -> Grid | None:
+    """The ``oN``/``fN`` grid called ``grid``, or None where no ring table is known."""
+    if grid is None:
+        return None
+    try:
+        return get_grid(grid)
+    except ValueError:
+        return None
+
+
+def area_weight_kind(grid: str | None) -> str:
+    """``"gaussian quadrature"`` for ``oN``/``fN`` grids, ``"cos latitude"`` otherwise (None,
+    ``nN`` without a ring table, unknown names)."""
+    return GAUSSIAN if _gaussian_grid(grid) is not None else COS_LATITUDE
+
+
+def area_weights(latitudes: np.ndarray, grid: str | None) -> np.ndarray:
+    """``(points,)`` float64 area weights of the points at ``latitudes`` (degrees), mean 1 over
+    the whole grid.
+
+    On a Gaussian grid (``oN``, ``fN``; see :func:`area_weight_kind`) a point weighs its ring's
+    Gaussian quadrature weight divided by the ring's number of points; points are matched to
+    rings by latitude (any order; a point off every ring raises ``ValueError``). The
+    normalisation uses the grid's own point count, so a block of points gets the same weights
+    as in the full grid. Otherwise the weight is cos(latitude), normalised to mean 1 over the
+    given latitudes: pass the whole grid's latitudes and slice out a rank's block afterwards.
+    """
+    lat = np.asarray(latitudes, dtype=np.float64).reshape(-1)
+    found = _gaussian_grid(grid)
+    if found is None:
+        w = np.clip(np.cos(np.radians(lat)), 0.0, None)
+        if not len(w) or w.mean() <= 0:
+            raise ValueError("cos-latitude weights need at least one point off the poles")
+        return w / w.mean()
+    ring = _ring_of(lat, found)
+    _, quadrature = gaussian_latitudes(found.n_rings // 2)
+    per_point = quadrature / found.points_per_ring
+    return per_point[ring] / (quadrature.sum() / found.n_points)
+
+
+def _ring_of(lat: np.ndarray, grid: Grid) -> np.ndarray:
+    """``(points,)`` index of the ring of ``grid`` nearest each latitude; ``ValueError`` if a
+    point is not on a ring or a ring holds more points than the grid has there."""
+    order = np.argsort(grid.ring_latitudes)
+    rings = grid.ring_latitudes[order]
+    right = np.clip(np.searchsorted(rings, lat), 1, len(rings) - 1)
+    nearest = np.where(lat - rings[right - 1] <= rings[right] - lat, right - 1, right)
+    off = np.abs(lat - rings[nearest]) > 0.05 * np.diff(rings).min()
+    if off.any():
+        i = int(np.argmax(off))
+        raise ValueError(
+            f"{int(off.sum())} points are not on a ring of grid {grid.name} (e.g. point {i} at latitude "
+            f"{lat[i]:.6f}): the data is not on that grid"
+        )
+    ring = order[nearest]
+    crowded = np.bincount(ring, minlength=grid.n_rings) > grid.points_per_ring
+    if crowded.any():
+        k = int(np.argmax(crowded))
+        raise ValueError(
+            f"more points at latitude {grid.ring_latitudes[k]:.6f} than ring {k} of grid {grid.name} "
+            f"holds ({grid.points_per_ring[k]}): the data is not on that grid"
+        )
+    return ring
+
+
+def climatology(dataset: Any, dates: list[int], points: slice, member: int = 0) -> np.ndarray:
+    """``(local points, variables)`` float64 mean state in physical units over the date indices
+    ``dates`` (the store's missing dates skipped), read one date at a time."""
+    total: np.ndarray | None = None
+    count = 0
+    for t in dates:
+        if t in dataset.missing:
+            continue
+        state = dataset.denormalise(dataset.state(t, points, member).astype(np.float64))
+        total = state if total is None else total + state
+        count += 1
+    if total is None:
+        raise ValueError(f"no date to average: all {len(dates)} date indices given are missing or none were given")
+    return total / count
+
+
+class SkillRow(NamedTuple):
+    kind: str
+    variable: str
+    lead_h: float
+    rmse: float
+    acc: float
+    n_samples: int
+
+
+def _fmt(x: float, spec: str = ".4g") -> str:
+    return "–" if not math.isfinite(x) else format(x, spec)
+
+
+@dataclass
+class SkillTable:
+    """Scores per (kind, variable, lead): RMSE (physical units), uncentred ACC, samples averaged."""
+
+    rows: list[SkillRow]
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(dict.fromkeys(r.kind for r in self.rows))
+
+    @property
+    def variables(self) -> list[str]:
+        return list(dict.fromkeys(r.variable for r in self.rows))
+
+    @property
+    def lead_hours(self) -> list[float]:
+        return list(dict.fromkeys(r.lead_h for r in self.rows))
+
+    def _series(self, kind: str, variable: str, field: str) -> list[float]:
+        found = {r.lead_h: getattr(r, field) for r in self.rows if r.kind == kind and r.variable == variable}
+        if not found:
+            raise KeyError(f"no scores for kind {kind!r}, variable {variable!r}; kinds {self.kinds}")
+        return [float(found[h]) for h in self.lead_hours]
+
+    def rmse(self, kind: str, variable: str) -> list[float]:
+        """RMSE of ``kind`` for ``variable``, one per lead (in :attr:`lead_hours` order)."""
+        return self._series(kind, variable, "rmse")
+
+    def acc(self, kind: str, variable: str) -> list[float]:
+        """Uncentred ACC of ``kind`` for ``variable``, one per lead (NaN for climatology)."""
+        return self._series(kind, variable, "acc")
+
+    def n_samples(self, kind: str, variable: str) -> list[int]:
+        return [int(n) for n in self._series(kind, variable, "n_samples")]
+
+    def _present(self) -> list[str]:
+        """Kinds with at least one sample."""
+        return [k for k in self.kinds if any(r.n_samples for r in self.rows if r.kind == k)]
+
+    def to_markdown(self) -> str:
+        """One table per variable, one row per lead: RMSE of each kind, skill vs persistence
+        (``1 - RMSE model / RMSE persistence``, positive: better), ACC of each kind that has one."""
+        kinds = self._present()
+        skill = "model" in kinds and "persistence" in kinds
+        lines = [
+            "Area-weighted scores in physical units, averaged over samples: RMSE = sqrt(mean MSE), "
+            "ACC uncentred (anomalies from climatology), as WeatherBench 2."
+        ]
+        for var in self.variables:
+            with_acc = [k for k in kinds if any(math.isfinite(a) for a in self.acc(k, var))]
+            head = ["lead (h)", *(f"{k} RMSE" for k in kinds)]
+            head += ["skill vs persistence"] * skill + [f"{k} ACC" for k in with_acc] + ["samples"]
+            lines += ["", f"### {var}", "", "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+            for i, lead in enumerate(self.lead_hours):
+                cells = [f"{lead:g}", *(_fmt(self.rmse(k, var)[i]) for k in kinds)]
+                if skill:
+                    cells.append(_fmt(1 - self.rmse("model", var)[i] / self.rmse("persistence", var)[i], "+.3f"))
+                cells += [_fmt(self.acc(k, var)[i], ".4f") for k in with_acc]
+                counts = sorted({self.n_samples(k, var)[i] for k in kinds})
+                cells.append("/".join(map(str, counts)))
+                lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the rows (``kind,variable,lead_h,rmse,acc,n_samples``) to ``path``; return it."""
+        path = Path(path)
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(SkillRow._fields)
+            for r in self.rows:
+                writer.writerow([r.kind, r.variable, f"{r.lead_h:g}", repr(r.rmse), repr(r.acc), r.n_samples])
+        return path
+
+    def metrics(self) -> dict[str, dict[int, float]]:
+        """``eval/rmse/<variable>/<kind>`` and ``eval/acc/<variable>/<kind>`` -> {lead hours: value}
+        (MLflow-ready: the lead is the step); NaN values (no samples, climatology ACC) left out."""
+        out: dict[str, dict[int, float]] = {}
+        for r in self.rows:
+            for name, value in (("rmse", r.rmse), ("acc", r.acc)):
+                if math.isfinite(value):
+                    key = f"eval/{name}/{_metric_part(r.variable)}/{r.kind}"
+                    out.setdefault(key, {})[int(round(r.lead_h))] = float(value)
+        return out
+
+
+def _metric_part(name: str) -> str:
+    """``name`` with characters MLflow refuses in metric names replaced by ``_``."""
+    return re.sub(r"[^\w\-. /]", "_", name)
+
+
+class SkillAccumulator:
+    """Sums of one rank's points for each (sample, kind, lead, variable); see :meth:`finalize`.
+
+    ``weights`` ``(local points,)`` are this rank's block of :func:`area_weights`;
+    ``climatology`` ``(local points, variables)`` its block of :func:`climatology`.
+
+    Contract for :meth:`finalize`: the ranks of a model-parallel group (one model replica) must
+    add the same (sample_id, kind, lead_index) triples, each on its own block of points (the
+    order of ``add`` calls does not matter; a mismatch raises ``ValueError`` on every rank of the
+    group). Data-parallel replicas may add different samples and different numbers of them; a
+    sample id must be unique across replicas (e.g. its position in the validation list).
+    """
+
+    def __init__(
+        self,
+        variables: list[str],
+        lead_hours: list[float],
+        kinds: tuple[str, ...] = KINDS,
+        weights: np.ndarray | None = None,
+        climatology: np.ndarray | None = None,
+    ) -> None:
+        if weights is None or climatology is None:
+            raise TypeError("SkillAccumulator needs weights (local points,) and climatology (local points, variables)")
+        self.variables, self.lead_hours, self.kinds = list(variables), [float(h) for h in lead_hours], tuple(kinds)
+        self.weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        self.climatology = np.asarray(climatology, dtype=np.float64)
+        expected = (len(self.weights), len(self.variables))
+        if self.climatology.shape != expected:
+            raise ValueError(
+                f"climatology has shape {self.climatology.shape}, expected (local points, variables) = {expected}"
+            )
+        self._sums: dict[tuple[int, int, int], np.ndarray] = {}  # -> (5, variables)
+
+    def add(self, kind: str, lead_index: int, forecast: np.ndarray, truth: np.ndarray, sample_id: int) -> None:
+        """Add one forecast of ``kind`` at lead ``lead_index``: ``forecast``, ``truth`` are
+        ``(local points, variables)`` in physical units."""
+        if kind not in self.kinds:
+            raise ValueError(f"unknown kind {kind!r}: this accumulator scores {self.kinds}")
+        if not 0 <= lead_index < len(self.lead_hours):
+            raise ValueError(f"lead_index {lead_index} is not one of the {len(self.lead_hours)} leads")
+        f, o = np.asarray(forecast, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+        if f.shape != self.climatology.shape or o.shape != self.climatology.shape:
+            raise ValueError(
+                f"forecast {f.shape} and truth {o.shape} must be (local points, variables) = {self.climatology.shape}"
+            )
+        key = (int(sample_id), self.kinds.index(kind), int(lead_index))
+        if key in self._sums:
+            raise ValueError(f"sample {sample_id}, kind {kind!r}, lead index {lead_index} was already added")
+        w = self.weights[:, None]
+        fa, oa = f - self.climatology, o - self.climatology
+        self._sums[key] = np.stack(
+            [
+                (w * (f - o) ** 2).sum(0),
+                np.full(len(self.variables), self.weights.sum()),
+                (w * fa * oa).sum(0),
+                (w * fa**2).sum(0),
+                (w * oa**2).sum(0),
+            ]
+        )
+
+    def finalize(
+        self, mp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None
+    ) -> SkillTable:
+        """The scores of every sample added on every rank: a collective over ``mp_group`` (the
+        points; None: one rank per model) then ``dp_group`` (the samples; None: one replica).
+        Every rank returns the same :class:`SkillTable`."""
+        keys = sorted(self._sums)
+        _check_same_keys(keys, mp_group)
+        n_var = len(self.variables)
+        sums = np.stack([self._sums[k] for k in keys]) if keys else np.zeros((0, _N_SUMS, n_var))
+        sums_t = torch.from_numpy(sums.copy())
+        if mp_group is not None and keys:
+            dist.all_reduce(sums_t, group=mp_group)
+        totals = self._over_samples(keys, sums_t.numpy())
+        totals_t = torch.from_numpy(totals)
+        if dp_group is not None:
+            dist.all_reduce(totals_t, group=dp_group)
+        return self._table(totals_t.numpy())
+
+    def _over_samples(self, keys: list[tuple[int, int, int]], sums: np.ndarray) -> np.ndarray:
+        """``(kinds, leads, 3, variables)``: sums over samples of MSE and ACC, and sample counts,
+        from the per-sample sums ``(samples, 5, variables)`` over all points."""
+        out = np.zeros((len(self.kinds), len(self.lead_hours), 3, len(self.variables)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for (_, kind, lead), s in zip(keys, sums):
+                sq_err, weight, cross, f_sq, o_sq = s
+                out[kind, lead, 0] += sq_err / weight
+                out[kind, lead, 1] += cross / np.sqrt(f_sq * o_sq)
+                out[kind, lead, 2] += 1
+        return out
+
+    def _table(self, totals: np.ndarray) -> SkillTable:
+        rows = []
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for k, kind in enumerate(self.kinds):
+                for v, var in enumerate(self.variables):
+                    for i, lead in enumerate(self.lead_hours):
+                        mse_sum, acc_sum, n = totals[k, i, :, v]
+                        mean_mse = mse_sum / n if n else math.nan
+                        rmse = math.sqrt(mean_mse) if mean_mse >= 0 else math.nan
+                        rows.append(SkillRow(kind, var, lead, rmse, float(acc_sum / n) if n else math.nan, int(n)))
+        return SkillTable(rows)
+
+
+def _check_same_keys(keys: list[tuple[int, int, int]], group: dist.ProcessGroup | None) -> None:
+    """Raise ``ValueError`` on every rank of ``group`` unless all added the same samples."""
+    if group is None:
+        return
+    fingerprint = float(zlib.crc32(repr(keys).encode()))
+    t = torch.tensor([len(keys), fingerprint, -len(keys), -fingerprint], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    if t[0] != -t[2] or t[1] != -t[3]:
+        raise ValueError(
+            "the ranks of a model-parallel group added different (sample, kind, lead) triples "
+            f"(this rank: {len(keys)}; most on a rank: {int(t[0])}): every rank of a model replica "
+            "must add the same samples, each on its own points"
+        )
