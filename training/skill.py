@@ -31,7 +31,7 @@ import torch.distributed as dist
 from processor.grids import Grid, gaussian_latitudes, get_grid
 
 GAUSSIAN = "gaussian quadrature"
-COS_LATITUDE = "cos latitude"
+COS_LATITUDE = "latitude bands or cos latitude"
 KINDS = ("model", "persistence", "climatology")
 _N_SUMS = 5  # Σw(f-o)², Σw, Σw f'o', Σw f'², Σw o'²
 
@@ -47,8 +47,8 @@ def _gaussian_grid(grid: str | None) -> Grid | None:
 
 
 def area_weight_kind(grid: str | None) -> str:
-    """``"gaussian quadrature"`` for ``oN``/``fN`` grids, ``"cos latitude"`` otherwise (None,
-    ``nN`` without a ring table, unknown names)."""
+    """``"gaussian quadrature"`` for ``oN``/``fN`` grids; otherwise (None, ``nN`` without a ring
+    table, unknown names) ``"latitude bands or cos latitude"``: see :func:`area_weights`."""
     return GAUSSIAN if _gaussian_grid(grid) is not None else COS_LATITUDE
 
 
@@ -60,13 +60,18 @@ def area_weights(latitudes: np.ndarray, grid: str | None) -> np.ndarray:
     Gaussian quadrature weight divided by the ring's number of points; points are matched to
     rings by latitude (any order; a point off every ring raises ``ValueError``). The
     normalisation uses the grid's own point count, so a block of points gets the same weights
-    as in the full grid. Otherwise the weight is cos(latitude), normalised to mean 1 over the
-    given latitudes: pass the whole grid's latitudes and slice out a rank's block afterwards.
+    as in the full grid. Otherwise, when the points lie on rings of latitude (at least 4 points
+    per latitude on average: regular or reduced grids such as ``nN``), a point weighs its ring's
+    latitude band (edges halfway between rings) over the ring's number of points; else
+    cos(latitude). Both are normalised to mean 1 over the given latitudes: pass the whole
+    grid's latitudes and slice out a rank's block afterwards.
     """
     lat = np.asarray(latitudes, dtype=np.float64).reshape(-1)
     found = _gaussian_grid(grid)
     if found is None:
-        w = np.clip(np.cos(np.radians(lat)), 0.0, None)
+        w = _latitude_band_weights(lat)
+        if w is None:
+            w = np.clip(np.cos(np.radians(lat)), 0.0, None)
         if not len(w) or w.mean() <= 0:
             raise ValueError("cos-latitude weights need at least one point off the poles")
         return w / w.mean()
@@ -74,6 +79,18 @@ def area_weights(latitudes: np.ndarray, grid: str | None) -> np.ndarray:
     _, quadrature = gaussian_latitudes(found.n_rings // 2)
     per_point = quadrature / found.points_per_ring
     return per_point[ring] / (quadrature.sum() / found.n_points)
+
+
+def _latitude_band_weights(lat: np.ndarray) -> np.ndarray | None:
+    """``(points,)`` weights of points on rings of latitude (regular or reduced grids such as
+    ECMWF's ``nN``): the area of the ring's band (edges halfway between rings) shared by its
+    points; None when the points are not on rings (fewer than 4 points per latitude)."""
+    rings, ring = np.unique(np.round(lat, 6), return_inverse=True)
+    if len(rings) < 2 or len(rings) * 4 > len(lat):
+        return None
+    sines = np.sin(np.radians(rings))
+    edges = np.concatenate([[-1.0], (sines[:-1] + sines[1:]) / 2, [1.0]])
+    return (np.diff(edges) / np.bincount(ring))[ring]
 
 
 def _ring_of(lat: np.ndarray, grid: Grid) -> np.ndarray:
