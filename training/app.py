@@ -5,6 +5,20 @@ python -m training strategy=shard_heads trainer.steps=100
 python -m training strategy=none trainer.nprocs=1 trainer.ranks_per_model=1
 torchrun --nproc-per-node 4 -m training trainer.ranks_per_model=2    # 2 replicas x 2 ranks
 python -m training --multirun strategy=shard_heads,shard_sequence
+
+Run directory: Hydra's output directory (``hydra.run.dir``, ``outputs/<date>/<time>``). Under
+torchrun only rank 0 creates one: the other ranks start Hydra with overrides that give them no
+output directory, ``.hydra`` record or log file (:func:`follower_overrides`), and train in rank
+0's run directory, as they take rank 0's resolved configuration; only rank 0 logs the
+``finished`` line. Under ``--multirun`` with ``logging.tracking_uri: null`` the members share
+one MLflow store, ``<hydra.sweep.dir>/mlflow.db``, so they appear side by side (each member's
+files stay in its own directory; the store's artifacts are beside it, a folder per run).
+
+Errors: a configuration or data error (an unknown or out-of-range key, a missing or mismatched
+dataset, a checkpoint of another model; also when a spawned or torchrun rank raised it) prints
+``error: <message>`` and a hint, and exits with code 2. ``HYDRA_FULL_ERROR=1`` (Hydra's own
+switch, which also unfolds Hydra's composition errors) shows its traceback instead. Any other
+exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +26,10 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +40,20 @@ from training.config import check_config
 
 log = logging.getLogger(__name__)
 
+EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
+DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
+# What a user fixes in the command line, the configs or the data; the rest are bugs. By name
+# too, as a spawned rank's exception reaches the parent as text (see user_error).
+_USER_ERRORS = ("ConfigValueError", "DatasetError", "CheckpointError", "ConfigError")
+
 
 def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def _rank() -> int:
+    """This process's torchrun rank; 0 outside torchrun."""
+    return int(os.environ["RANK"]) if _under_torchrun() else 0
 
 
 def prepare(cfg: DictConfig) -> dict[str, Any]:
@@ -34,6 +63,7 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg, world)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["run_dir"] = str(Path(resolved["run_dir"]).resolve())
+    share_sweep_store(resolved)
     data = resolved["data"]
     if data["path"] is not None and not data.get("open_dataset"):
         data["path"] = str(Path(data["path"]).resolve())
@@ -50,6 +80,23 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     Path(resolved["run_dir"]).mkdir(parents=True, exist_ok=True)
     check_resumable(resolved)  # and here on a checkpoint of another model
     return resolved
+
+
+def share_sweep_store(resolved: dict[str, Any]) -> None:
+    """Under ``--multirun``, with no ``logging.tracking_uri``, log to the sqlite store in the sweep
+    directory rather than one in each member's run directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from training.tracking import local_store_uri
+
+    if resolved["logging"]["tracking_uri"] is not None or not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        sweep_dir = (Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir).resolve()  # hydra.job.chdir aside
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        resolved["logging"]["tracking_uri"] = local_store_uri(sweep_dir)
 
 
 def _rank_main(resolved: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +131,15 @@ def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
         # Each rank composed its own configuration (its own command line and config files);
         # rank 0's is the one used, so any difference is an error, on every rank at once.
         from processor.distributed.consistency import agree_on_values
+        from training.config import ConfigValueError
         from training.tracking import flatten
 
-        agree_on_values(flatten(OmegaConf.to_container(cfg, resolve=False)), what="composed configurations")
+        try:
+            agree_on_values(flatten(OmegaConf.to_container(cfg, resolve=False)), what="composed configurations")
+        except ValueError as exc:  # the same on every rank: rank 0 reports it
+            if dist.get_rank() != 0:
+                sys.exit(EXIT_USER_ERROR)
+            raise ConfigValueError(str(exc)) from None
         payload: list[Any] = [None]
         if dist.get_rank() == 0:
             try:
@@ -96,6 +149,8 @@ def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
         dist.broadcast_object_list(payload, src=0)
         status, value = payload[0]
         if status == "error":
+            if dist.get_rank() != 0 and user_error(value) is not None:
+                sys.exit(EXIT_USER_ERROR)  # rank 0 reports it
             raise value
         return _rank_main(value)
     finally:
@@ -126,10 +181,88 @@ def _init_torchrun_group(backend: str, timeout_s: float) -> None:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
+def follower_overrides(scratch: str) -> list[str]:
+    """Hydra overrides for torchrun ranks other than 0: the current directory as output directory
+    (nothing is created), no ``.hydra`` record, logs to stdout only, and a ``--multirun`` sweep
+    record in ``scratch`` (removed after). Rank 0's Hydra decides the run directory."""
+    return [
+        "hydra.run.dir=.",
+        f"hydra.sweep.dir={scratch}",
+        "hydra.sweep.subdir=.",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=stdout",
+    ]
+
+
+def main() -> None:
+    """``python -m training``: Hydra composes the configuration from ``configs/`` and the command
+    line, then :func:`run`; torchrun ranks other than 0 get :func:`follower_overrides` first."""
+    scratch = None
+    if _rank() != 0:
+        scratch = tempfile.mkdtemp(prefix="gridshard-hydra-")
+        sys.argv += follower_overrides(scratch)
+    try:
+        _hydra_main()
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
-def main(cfg: DictConfig) -> float:
-    result = run(cfg)
+def _hydra_main(cfg: DictConfig) -> float:
+    try:
+        result = run(cfg)
+    except Exception as exc:
+        exit_on_user_error(exc)
+        raise
     history = result["history"]
     final = history[-1][1]["train/loss"] if history else float("nan")
-    log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], cfg.run_dir)
+    if _rank() == 0:
+        log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], cfg.run_dir)
     return final
+
+
+def exit_on_user_error(exc: BaseException) -> None:
+    """For a configuration or data error (:func:`user_error`): print ``error: <message>`` and the
+    hint, and exit with :data:`EXIT_USER_ERROR`. Returns (the caller re-raises) for a bug, or
+    when ``HYDRA_FULL_ERROR=1`` asks for the traceback."""
+    message = user_error(exc)
+    if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return
+    where = f"rank {_rank()}: " if _rank() != 0 else ""
+    print(f"error: {where}{message}", file=sys.stderr)
+    print(f"({DEBUG_HINT})", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+_REPORT = re.compile(r"\d+ of \d+ ranks failed:\n")
+_RANK_LINE = re.compile(r"^  rank \d+: (?:\w+\.)*(\w+): (.*)$", re.MULTILINE)
+_EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*(\w+): (.*)$")
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The message of a configuration or data error, else None (a bug).
+
+    :func:`processor.runtime.run_local` reports what its spawned ranks raised as the text of a
+    ``RuntimeError`` (a line per rank, ``<module>.<Type>: <message>``, then the first rank's
+    traceback); the type and message are read back from it, so an error on a rank is reported
+    as if the parent had raised it.
+    """
+    from processor import ConfigError
+    from training.checkpoint import CheckpointError
+    from training.config import ConfigValueError
+    from training.data import DatasetError
+
+    if isinstance(exc, (ConfigValueError, DatasetError, CheckpointError, ConfigError)):
+        return str(exc)
+    if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
+        return None
+    report = str(exc)
+    for name, message in _RANK_LINE.findall(report):
+        if name in _USER_ERRORS:
+            return message
+    # A message of several lines: the rank lines hold its last; the traceback ends with the rest.
+    headers = [m for line in report.splitlines() if (m := _EXCEPTION_LINE.match(line))]
+    if headers and headers[-1][1] in _USER_ERRORS:
+        return headers[-1][2]
+    return None

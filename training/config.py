@@ -158,25 +158,85 @@ _RANGES: list[tuple[str, Any, str]] = [
 
 
 def check_config(cfg: Any, world_size: int | None = None) -> None:
-    """Raise ``ValueError`` naming the first key whose value is out of range."""
+    """Raise :class:`ConfigValueError` naming the first key that the schema does not know (see
+    :func:`added_keys`) or whose value is out of range."""
     from omegaconf import OmegaConf
 
+    added = added_keys(cfg)
+    if added:
+        key, near = added[0]
+        hint = f": did you mean {near}?" if near else ""
+        raise ConfigValueError(f"config key {key} is not a setting of the schema{hint}")
     for key, ok, expected in _RANGES:
         value = OmegaConf.select(cfg, key)
         if not ok(value):
-            raise ValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
+            raise ConfigValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
     world = cfg.trainer.nprocs if world_size is None else world_size
     if world % cfg.trainer.ranks_per_model:
-        raise ValueError(
+        raise ConfigValueError(
             f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
         )
-    processor = processor_config(cfg.model, cfg.strategy.name)
     try:
+        processor = processor_config(cfg.model, cfg.strategy.name)
         processor.check_world_size(cfg.trainer.ranks_per_model)
     except ConfigError as exc:
-        raise ValueError(
+        raise ConfigValueError(
             f"strategy={cfg.strategy.name} with trainer.ranks_per_model = {cfg.trainer.ranks_per_model}: {exc.message}"
         ) from None
+    except ValueError as exc:  # processor_config's, naming the key
+        raise ConfigValueError(str(exc)) from None
+
+
+class ConfigValueError(ValueError):
+    """A configuration the run cannot start with: an unknown key or a value out of range. The
+    app prints it as one line (it is the user's to fix, not a bug)."""
+
+
+def schema_keys(node: Any = None, prefix: str = "") -> dict[str, bool]:
+    """Every key of the schema (:class:`TrainConfig`, or the typed section ``node``) as a dotted
+    path, mapped to whether it is a typed section itself (whose keys are checked in turn).
+    Fields typed ``Any`` or ``dict`` (``data.open_dataset``, ``trainer.loss.variable_weights``)
+    are not sections: they take any keys."""
+    from omegaconf import DictConfig, OmegaConf
+
+    node = OmegaConf.structured(TrainConfig) if node is None else node
+    keys: dict[str, bool] = {}
+    for key in node:
+        child = node._get_node(key)
+        typed = isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child))
+        keys[prefix + str(key)] = typed
+        if typed:
+            keys.update(schema_keys(child, f"{prefix}{key}."))
+    return keys
+
+
+def added_keys(cfg: Any) -> list[tuple[str, str | None]]:
+    """The keys of ``cfg`` that the schema does not have, each with the nearest known key (or None).
+
+    Hydra keeps the schema's struct flag through composition, so ``trainer.stpes=5`` fails
+    there; but ``+trainer.stpes=5`` is Hydra's explicit *add*, which bypasses the struct flag
+    (Hydra's own error for the first form even suggests it), so the added key is caught here.
+    """
+    import difflib
+
+    from omegaconf import DictConfig, OmegaConf
+
+    known = schema_keys()
+    plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
+    plain.pop("hydra", None)  # present when composed with return_hydra_config=True
+    found: list[tuple[str, str | None]] = []
+
+    def walk(section: dict[str, Any], prefix: str) -> None:
+        for key, value in section.items():
+            path = f"{prefix}{key}"
+            if path not in known:
+                near = difflib.get_close_matches(path, list(known), n=1, cutoff=0.6)
+                found.append((path, near[0] if near else None))
+            elif known[path] and isinstance(value, dict):
+                walk(value, path + ".")
+
+    walk(plain, "")
+    return found
 
 
 register_configs()  # importing the schema makes it available to Hydra's compose API too

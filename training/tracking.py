@@ -6,6 +6,16 @@ thread that talks to the tracking store. The default store is an embedded sqlite
 the run directory. When a tracking server (``logging.tracking_uri``) cannot be reached, stops
 answering, or answers too slowly, the thread warns once, starts the run again in the local
 store and replays everything logged so far into it, so the local store holds every metric.
+
+A run that resumes from a checkpoint continues its MLflow run: once a run is created, the run
+directory records it in ``mlflow_run.json`` (tracking URI, experiment id, run id), and a
+``Tracker(..., resume=True)`` on that directory and URI re-opens it (status back to RUNNING).
+Params new to the run are logged; params are immutable in MLflow, so one whose value changed
+(the strategy or the rank count, say) is recorded in a ``resume.<step>.changed`` tag instead,
+and ``resumed_from_steps`` lists the steps each segment began at. Metrics carry their steps,
+so the history of a run resumed several times is continuous (the steps a segment re-runs
+after its last checkpoint appear twice). ``metrics.jsonl`` is appended by every segment:
+:func:`read_history` reads it back as one history.
 """
 
 from __future__ import annotations
@@ -22,11 +32,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _BATCH = 100  # metric events sent in one request at most
+RECORD = "mlflow_run.json"  # the run directory's record of its MLflow run
 
 
 def local_store_uri(directory: Path) -> str:
     """The embedded sqlite store kept in ``directory``."""
     return f"sqlite:///{(directory / 'mlflow.db').resolve()}"
+
+
+def artifact_dir(uri: str, run_dir: Path) -> Path:
+    """Where a new experiment keeps its artifacts: beside an sqlite store (so that runs sharing
+    one store, as the members of a multirun do, do not write into one member's directory), else
+    in ``run_dir``. Each run's artifacts are in a folder of its own (its run id) below."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
+    return run_dir / "mlartifacts"
 
 
 def open_experiment(client, name: str, artifact_dir: Path | None) -> str:
@@ -50,6 +70,7 @@ def log_params(client, run_id: str, params: dict[str, Any]) -> None:
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``."""
     out: dict[str, str] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
@@ -60,6 +81,56 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def read_record(run_dir: Path) -> dict[str, str] | None:
+    """The run directory's record of its MLflow run (``tracking_uri``, ``experiment_id``,
+    ``run_id``), or None when there is none or it cannot be read."""
+    path = run_dir / RECORD
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read %s (%s): starting a new MLflow run", path, exc)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def write_record(run_dir: Path, tracking_uri: str, experiment_id: str, run_id: str, params: dict[str, Any]) -> None:
+    """Record the MLflow run of ``run_dir`` and the params of its latest segment (a resumed
+    segment's changes are against these), written whole, then renamed into place."""
+    record = {"tracking_uri": tracking_uri, "experiment_id": experiment_id, "run_id": run_id, "params": params}
+    tmp = run_dir / f"{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, run_dir / RECORD)
+
+
+def continue_run(client, run, params: dict[str, Any], tags: dict[str, str], previous: dict[str, Any]) -> None:
+    """Re-open ``run`` for another segment: status RUNNING, ``tags`` set, params new to the run
+    logged; params whose value changed since the ``previous`` segment are immutable in MLflow,
+    so they go into a ``resume.<step>.changed`` tag (``key: old -> new; ...``), and ``<step>``
+    is added to the ``resumed_from_steps`` tag (the ``resumed_from_step`` tag of ``tags``)."""
+    from mlflow.entities import RunTag
+
+    run_id = run.info.run_id
+    old = {**run.data.params, **{k: str(v)[:6000] for k, v in previous.items()}}
+    steps = [s for s in run.data.tags.get("resumed_from_steps", "").split(",") if s]
+    step = str(tags.get("resumed_from_step") or f"segment{len(steps) + 2}")
+    new = {k: v for k, v in params.items() if k not in run.data.params}
+    changed = [f"{k}: {old[k]} -> {v}" for k, v in params.items() if k in old and old[k] != str(v)[:6000]]
+    extra = {**tags, "resumed_from_steps": ",".join([*steps, step])}
+    if changed:
+        extra[f"resume.{step}.changed"] = "; ".join(changed)
+        log.info("params changed since MLflow run %s began (tag resume.%s.changed): %s", run_id, step, changed)
+    if "failure_reason" in run.data.tags:  # the last segment's failure; this one may well finish
+        extra[f"resume.{step}.previous_failure"] = run.data.tags["failure_reason"]
+        client.delete_tag(run_id, "failure_reason")
+    client.update_run(run_id, status="RUNNING")
+    log_params(client, run_id, new)
+    items = [RunTag(k, str(v)[:5000]) for k, v in extra.items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, tags=items[i : i + 100])
+
+
 class Tracker:
     """Logs one run from a background thread; falls back to the local sqlite store on failure.
 
@@ -67,6 +138,8 @@ class Tracker:
         run_dir: where ``metrics.jsonl`` and the fall-back store live.
         tracking_uri: an MLflow tracking URI; ``None`` for the local store.
         finish_timeout_s: how long :meth:`finish` waits for the thread to deliver the rest.
+        resume: continue the MLflow run recorded in ``run_dir`` (``mlflow_run.json``) if it is
+            in the store at ``tracking_uri`` and still exists; else (warning) start a new one.
     """
 
     def __init__(
@@ -78,15 +151,17 @@ class Tracker:
         params: dict[str, str],
         tags: dict[str, str],
         finish_timeout_s: float = 60.0,
+        resume: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.uri = tracking_uri or local_store_uri(run_dir)
+        self.configured_uri, self.resume = self.uri, resume
         self.experiment, self.run_name = experiment, run_name
         self.params, self.tags = params, tags
         self.finish_timeout_s = finish_timeout_s
         self.fallback = False
         self.client, self.run_id = None, None
-        self._jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in finish()
+        self._jsonl = _open_jsonl(run_dir / "metrics.jsonl")
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._delivered: list[tuple[str, Any]] = []  # every event taken so far, replayed on fall-back
         self._finished = False
@@ -145,9 +220,48 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)
-        exp_id = open_experiment(self.client, self.experiment, self.run_dir / "mlartifacts")
-        self.run_id = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags).info.run_id
-        log_params(self.client, self.run_id, self.params)
+        record = read_record(self.run_dir) if self.resume else None
+        run = self._recorded_run(record) if record is not None else None
+        if run is not None:
+            continue_run(self.client, run, self.params, self.tags, record.get("params") or {})
+        else:
+            exp_id = open_experiment(self.client, self.experiment, artifact_dir(self.uri, self.run_dir))
+            run = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags)
+            log_params(self.client, run.info.run_id, self.params)
+        self.run_id = run.info.run_id
+        if self.uri == self.configured_uri:  # a fall-back run is not the one the directory continues
+            write_record(self.run_dir, self.uri, run.info.experiment_id, self.run_id, self.params)
+
+    def _recorded_run(self, record: dict[str, Any]):
+        """The MLflow run ``record`` names, if it is in this store and still active."""
+        from mlflow.exceptions import MlflowException
+
+        if record.get("tracking_uri") != self.uri:
+            if not self.fallback:
+                log.warning(
+                    "%s records MLflow run %s in %s, but this run logs to %s: starting a new MLflow run",
+                    self.run_dir / RECORD,
+                    record.get("run_id"),
+                    record.get("tracking_uri"),
+                    self.uri,
+                )
+            return None
+        try:
+            run = self.client.get_run(str(record.get("run_id")))
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise  # the store failed: the fall-back handles it
+            run = None
+        if run is None or run.info.lifecycle_stage != "active":
+            log.warning(
+                "MLflow run %s recorded in %s no longer exists in %s: starting a new MLflow run",
+                record.get("run_id"),
+                self.run_dir / RECORD,
+                self.uri,
+            )
+            return None
+        log.info("continuing MLflow run %s", run.info.run_id)
+        return run
 
     def _apply(self, events: list[tuple[str, Any]]) -> None:
         from mlflow.entities import Metric
@@ -203,3 +317,35 @@ class NullTracker:
     def log_artifact(self, path: Path) -> None: ...
 
     def finish(self, status: str = "FINISHED", reason: str | None = None) -> None: ...
+
+
+def _open_jsonl(path: Path):
+    """``metrics.jsonl`` opened for appending. A last line cut short (a crash mid-write) is
+    ended first, so that this segment's first record starts a line of its own."""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            cut = f.read(1) != b"\n"
+        if cut:
+            with open(path, "a") as f:
+                f.write("\n")
+    return open(path, "a")  # noqa: SIM115 - closed in Tracker.finish()
+
+
+def read_history(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
+    """The metrics of every segment of the run in ``run_dir`` (its ``metrics.jsonl``, appended by
+    each), by step, sorted. A resumed segment re-runs the steps after its last checkpoint: a
+    later record of a step replaces the earlier one's values key by key. Lines that cannot be
+    read (cut short by a crash) are skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_step: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            step = int(record.pop("step"))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        by_step.setdefault(step, {}).update(record)
+    return sorted(by_step.items())
