@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,22 @@ def _rank() -> int:
     return int(os.environ["RANK"]) if _under_torchrun() else 0
 
 
-def prepare(cfg: DictConfig) -> dict[str, Any]:
+RankMain = Callable[[dict[str, Any]], Any]
+Adopt = Callable[[dict[str, Any]], None]
+
+
+def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
     """Check the configuration and the dataset (writing the built-in one if asked) before any
-    rank starts; return the resolved configuration as plain data."""
+    rank starts; return the resolved configuration as plain data.
+
+    ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
+    checkpoint's model; without it this is a training run, whose checkpoint is checked."""
     world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else cfg.trainer.nprocs
     check_config(cfg, world)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["run_dir"] = str(Path(resolved["run_dir"]).resolve())
+    if adopt is not None:
+        adopt(resolved)
     share_sweep_store(resolved)
     data = resolved["data"]
     if data["path"] is not None and not data.get("open_dataset"):
@@ -78,7 +88,8 @@ def prepare(cfg: DictConfig) -> dict[str, Any]:
     if data["check_finite"]:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(resolved["run_dir"]).mkdir(parents=True, exist_ok=True)
-    check_resumable(resolved)  # and here on a checkpoint of another model
+    if adopt is None:
+        check_resumable(resolved)  # and here on a checkpoint of another model
     return resolved
 
 
@@ -105,22 +116,23 @@ def _rank_main(resolved: dict[str, Any]) -> dict[str, Any]:
     return train(resolved)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Train with ``cfg``: on the torchrun ranks, or on ``trainer.nprocs`` spawned local ranks."""
+def run(cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None = None) -> Any:
+    """Run ``rank_main`` (default: training) with ``cfg`` on the torchrun ranks, or on
+    ``trainer.nprocs`` spawned local ranks; return rank 0's result."""
     if _under_torchrun():
-        return _run_torchrun(cfg)
-    resolved = prepare(cfg)
+        return _run_torchrun(cfg, rank_main, adopt)
+    resolved = prepare(cfg, adopt)
     t = resolved["trainer"]
     if t["nprocs"] == 1:
-        return _rank_main(resolved)
+        return rank_main(resolved)
     from processor.runtime import run_local
 
     return run_local(
-        _rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
+        rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
     )[0]
 
 
-def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
+def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> Any:
     """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
     resolved configuration, so all ranks share one run directory; its failure fails all."""
     import torch
@@ -143,7 +155,7 @@ def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
         payload: list[Any] = [None]
         if dist.get_rank() == 0:
             try:
-                payload = [("ok", prepare(cfg))]
+                payload = [("ok", prepare(cfg, adopt))]
             except Exception as exc:
                 payload = [("error", exc)]
         dist.broadcast_object_list(payload, src=0)
@@ -152,7 +164,7 @@ def _run_torchrun(cfg: DictConfig) -> dict[str, Any]:
             if dist.get_rank() != 0 and user_error(value) is not None:
                 sys.exit(EXIT_USER_ERROR)  # rank 0 reports it
             raise value
-        return _rank_main(value)
+        return rank_main(value)
     finally:
         dist.destroy_process_group()
 
@@ -194,15 +206,16 @@ def follower_overrides(scratch: str) -> list[str]:
     ]
 
 
-def main() -> None:
-    """``python -m training``: Hydra composes the configuration from ``configs/`` and the command
-    line, then :func:`run`; torchrun ranks other than 0 get :func:`follower_overrides` first."""
+def main(hydra_main: Callable[[], Any] | None = None) -> None:
+    """``python -m training`` (or another app's ``hydra_main``): Hydra composes the configuration
+    from ``configs/`` and the command line, then :func:`run`; torchrun ranks other than 0 get
+    :func:`follower_overrides` first."""
     scratch = None
     if _rank() != 0:
         scratch = tempfile.mkdtemp(prefix="gridshard-hydra-")
         sys.argv += follower_overrides(scratch)
     try:
-        _hydra_main()
+        (hydra_main or _hydra_main)()
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

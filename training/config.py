@@ -79,6 +79,23 @@ class DataConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """Autoregressive rollout of the training loss, raised on a schedule as anemoi does: the
+    loss at step ``s`` averages ``min(max, start + s // increase_every)`` forecast steps, each
+    fed the previous one's output, with gradients through all of them."""
+
+    start: int = 1
+    max: int = 1
+    increase_every: int = 0  # optimiser steps between raises; 0: always ``start``
+
+
+@dataclass
+class LossConfig:
+    area_weights: bool = False  # weight points by area (grid quadrature weights, else cos latitude)
+    variable_weights: dict[str, float] = field(default_factory=dict)  # unlisted variables weigh 1
+
+
+@dataclass
 class TrainerConfig:
     steps: int = 300
     batch_size: int = 1  # samples per data-parallel replica
@@ -102,6 +119,8 @@ class TrainerConfig:
     # fragment: turn off when memory, not time, is what limits the grid.
     retain_freed_memory: bool = True
     seed: int = 0
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     fault_at_step: int | None = None  # test hook: fault_rank SIGKILLs itself in this step, once
     fault_rank: int = 1
 
@@ -116,12 +135,34 @@ class LoggingConfig:
 
 
 @dataclass
+class EvaluateConfig:
+    """Skill by lead time (``python -m training.evaluate``, and at the end of a training run)."""
+
+    checkpoint: str | None = None  # a training checkpoint; None: the run directory's latest
+    steps: int = 8  # forecast steps of the data's lead time to roll out to
+    samples: int = 16  # initial dates, evenly spread over the validation period
+    at_end_of_training: bool = True  # a training run evaluates its final model
+
+
+@dataclass
+class PredictConfig:
+    """Forecasts to Zarr stores in the anemoi-datasets layout (``python -m training.predict``)."""
+
+    checkpoint: str | None = None  # a training checkpoint; None: the run directory's latest
+    initial_dates: list[str] | None = None  # ISO dates in the dataset; None: the first validation date
+    steps: int = 8  # forecast steps of the data's lead time
+    output: str | None = None  # directory of the stores; None: <run_dir>/predictions
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    predict: PredictConfig = field(default_factory=PredictConfig)
     run_dir: str = "."
 
 
@@ -154,6 +195,12 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("trainer.fault_rank", lambda v: v >= 0, ">= 0"),
     ("logging.log_interval", lambda v: v >= 1, ">= 1"),
     ("trainer.stop_at_step", lambda v: v is None or v >= 1, ">= 1 or null"),
+    ("trainer.rollout.start", lambda v: v >= 1, ">= 1"),
+    ("trainer.rollout.max", lambda v: v >= 1, ">= 1 (and >= trainer.rollout.start)"),
+    ("trainer.rollout.increase_every", lambda v: v >= 0, ">= 0 (0: no schedule)"),
+    ("evaluate.steps", lambda v: v >= 1, ">= 1"),
+    ("evaluate.samples", lambda v: v >= 1, ">= 1"),
+    ("predict.steps", lambda v: v >= 1, ">= 1"),
 ]
 
 
@@ -171,6 +218,11 @@ def check_config(cfg: Any, world_size: int | None = None) -> None:
         value = OmegaConf.select(cfg, key)
         if not ok(value):
             raise ConfigValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
+    rollout = cfg.trainer.rollout
+    if rollout.start > rollout.max:
+        raise ConfigValueError(
+            f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
+        )
     world = cfg.trainer.nprocs if world_size is None else world_size
     if world % cfg.trainer.ranks_per_model:
         raise ConfigValueError(

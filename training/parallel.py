@@ -51,6 +51,11 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, (world // ranks_per_model, ranks_per_model), mesh_dim_names=("dp", "mp"))
         return cls(world, ranks_per_model, rank, mesh, mesh["mp"].get_group() if ranks_per_model > 1 else None)
 
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The mesh's "dp" group (this rank and its peers in the other replicas); None with one replica."""
+        return None if self.mesh is None or self.dp == 1 else self.mesh["dp"].get_group()
+
     def parallelize(self, model: nn.Module) -> nn.Module:
         """``model`` with gradients summed over ``mp`` and averaged over ``dp`` in backward."""
         return model if self.mesh is None else parallelize_gradients(model, self.mesh)

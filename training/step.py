@@ -1,4 +1,5 @@
-"""One optimisation step of the forecaster: the training run's, and the benchmarks' too.
+"""One optimisation step of the forecaster (a one-step or rollout loss): the training run's, and
+the benchmarks' too.
 
 The model passed in is already parallelised (:meth:`training.parallel.ParallelDims.parallelize`):
 backward leaves the one-rank gradients, summed over the model-parallel ranks and averaged over
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from processor.distributed import Transport, clip_grad_norm_
+from training.rollout import rollout
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -41,11 +43,13 @@ def build_optimiser(
 
 @dataclass
 class TrainStep:
-    """Forward, loss, backward, clipping, optimiser and schedule for one batch on this rank.
+    """Forward (a rollout of one or more steps), loss, backward, clipping, optimiser and
+    schedule for one batch on this rank.
 
     ``points_per_replica``: data points x variables x batch of one replica; each rank's loss
-    is its points' share of its replica's mean squared error, so summed over the
-    model-parallel ranks it is the replica's loss.
+    is its points' share of its replica's (weighted) mean squared error averaged over the
+    rollout's steps, so summed over the model-parallel ranks it is the replica's loss.
+    ``weights``: ``(local points, variables)`` weights of the squared errors, or None.
     """
 
     model: nn.Module  # parallelised: backward reduces the gradients
@@ -54,12 +58,19 @@ class TrainStep:
     grad_clip: float
     autocast: AbstractContextManager
     points_per_replica: int
+    weights: Tensor | None = None
 
     def loss(self, x: Tensor, y: Tensor, grids: Any, group: dist.ProcessGroup | None, transport: Transport) -> Tensor:
-        """This rank's share of the replica's mean squared error of the one-step forecast."""
-        with self.autocast:
-            pred = self.model(x, grids, group, transport=transport)
-        return (pred.float() - y).pow(2).sum() / self.points_per_replica
+        """This rank's share of the replica's loss. ``x`` ``(batch, local points, variables)``;
+        ``y`` the same shape for one step, or ``(steps, batch, local points, variables)`` for a
+        rollout in which each forecast is fed the one before, gradients through all of them."""
+        targets = y.unsqueeze(0) if y.dim() == x.dim() else y
+        forecasts = rollout(self.model, x, len(targets), grids, group, transport, self.autocast)
+        total = x.new_zeros((), dtype=torch.float32)
+        for forecast, target in zip(forecasts, targets):
+            squared = (forecast - target).pow(2)
+            total = total + (squared if self.weights is None else squared * self.weights).sum()
+        return total / (self.points_per_replica * len(targets))
 
     def __call__(
         self,

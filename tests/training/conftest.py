@@ -32,6 +32,8 @@ def small_overrides(run_dir: Path, dataset: Path) -> list[str]:
         "trainer.checkpoint_interval=3",
         "trainer.warmup_steps=2",
         "trainer.timeout_s=120",
+        "evaluate.steps=2",  # the last validation dates: 2 leads from 2 initial dates
+        "evaluate.samples=2",
     ]
 
 

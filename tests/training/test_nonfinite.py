@@ -16,7 +16,7 @@ from training.app import run
 from training.checkpoint import load_checkpoint
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
-from training.trainer import sample_times
+from training.trainer import sample_positions
 
 
 def _poison(store, t: int, variable: int, point: int, value: float) -> None:
@@ -38,7 +38,7 @@ def _first_unseen_time(n_train: int) -> tuple[int, int]:
     """A step >= 3 and a date that it reads (as input or target) but no earlier step does."""
     seen: set[int] = set()
     for step in range(6):
-        (t,) = sample_times(step, 0, 1, 1, n_train, seed=0)
+        (t,) = sample_positions(step, 0, 1, 1, n_train, seed=0)
         if step >= 3:
             for candidate in (t, t + 1):
                 if candidate not in seen:

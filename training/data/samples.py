@@ -6,6 +6,7 @@
   input and target come from the same member.
 - A sample whose input or target date is one of the store's missing dates is skipped, as
   anemoi does.
+- A rollout of ``horizon`` steps needs every target up to ``t + horizon * lead`` present.
 - Train and validation are split by time: the last ``val_fraction`` of the dates (at least 2)
   are validation dates; a sample belongs to the period holding both its dates.
 
@@ -58,13 +59,18 @@ def select_members(n_members: int, members: list[int] | None) -> list[int]:
     return [int(m) for m in members]
 
 
-def build_samples(n_times: int, missing: frozenset[int], members: list[int], lead: int, val_fraction: float) -> Samples:
-    """The train and validation samples of a dataset of ``n_times`` dates (see the module)."""
+def build_samples(
+    n_times: int, missing: frozenset[int], members: list[int], lead: int, val_fraction: float, horizon: int = 1
+) -> Samples:
+    """The train and validation samples of a dataset of ``n_times`` dates (see the module) whose
+    ``horizon`` successive targets (``t + lead``, ..., ``t + horizon * lead``; a rollout's) are
+    all present in the same period."""
     n_val = max(2, int(n_times * val_fraction))
     boundary = n_times - n_val  # the first validation date
+    offsets = [k * lead for k in range(horizon + 1)]
 
     def starts(first: int, stop: int) -> list[int]:
-        return [t for t in range(first, stop - lead) if t not in missing and t + lead not in missing]
+        return [t for t in range(first, stop - offsets[-1]) if not any(t + o in missing for o in offsets)]
 
     train = [(t, m) for t in starts(0, boundary) for m in members]
     val = [(t, m) for t in starts(boundary, n_times) for m in members]
@@ -72,7 +78,7 @@ def build_samples(n_times: int, missing: frozenset[int], members: list[int], lea
         period = "training" if not train else "validation"
         raise DatasetError(
             f"no {period} sample: {n_times} dates, {n_val} of them for validation (data.val_fraction), "
-            f"{len(missing)} missing, and a lead of {lead} dates (data.lead_time); use a shorter "
-            "data.lead_time or another data.val_fraction"
+            f"{len(missing)} missing, and {horizon} step(s) of {lead} dates (data.lead_time); use a shorter "
+            "data.lead_time, fewer rollout or evaluation steps, or another data.val_fraction"
         )
     return Samples(train, val, lead)

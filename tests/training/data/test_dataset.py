@@ -5,7 +5,7 @@ import zarr
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
 from training.data.zarr_compat import open_group_v2, write_array
-from training.trainer import open_dataset
+from training.session import open_dataset
 
 
 def test_generated_store_has_the_anemoi_layout(small_dataset):

@@ -1,0 +1,101 @@
+"""The rollout loss: its schedule, its weights, and the same loss and gradients on any number of
+ranks and strategies as on one rank."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+import torch
+
+from processor import ProcessorConfig, TransformerProcessor
+from processor.distributed import Transport, shard_offsets, shard_sizes, sum_model_parallel_gradients
+from processor.grids import get_grid
+from training.model import Forecaster, ShardedGrids
+from training.rollout import RolloutSchedule, loss_weights
+from training.step import TrainStep
+
+VARIABLES = ["u", "v", "tracer"]
+STEPS = 3
+
+
+def test_schedule_raises_the_rollout_up_to_its_max():
+    schedule = RolloutSchedule(start=1, max=3, increase_every=4)
+    assert [schedule.steps_at(s) for s in range(0, 14, 2)] == [1, 1, 2, 2, 3, 3, 3]
+    assert RolloutSchedule(start=2, max=5).steps_at(1000) == 2  # no schedule: stays at start
+    with pytest.raises(ValueError, match=r"trainer.rollout.start = 4 and trainer.rollout.max = 2"):
+        RolloutSchedule(start=4, max=2)
+
+
+def _cfg(area: bool, variable_weights: dict) -> dict:
+    return {"trainer": {"loss": {"area_weights": area, "variable_weights": variable_weights}}, "data": {"grid": "o12"}}
+
+
+def test_loss_weights_have_mean_one_and_name_bad_keys():
+    lat = get_grid("o12").latitudes
+    assert loss_weights(_cfg(False, {}), VARIABLES, lat, slice(None)) is None
+    w = loss_weights(_cfg(True, {"tracer": 2.0}), VARIABLES, lat, slice(None)).double()
+    assert w.shape == (len(lat), 3)
+    np.testing.assert_allclose(w.mean(0).numpy(), [0.75, 0.75, 1.5], rtol=1e-6)  # area weights: mean 1
+    assert float(w[0, 0]) < float(w[len(lat) // 2, 0])  # polar points weigh less than equatorial ones
+    part = loss_weights(_cfg(True, {}), VARIABLES, lat, slice(10, 30))
+    torch.testing.assert_close(part, loss_weights(_cfg(True, {}), VARIABLES, lat, slice(None))[10:30])
+    with pytest.raises(ValueError, match=r"trainer.loss.variable_weights names \['q'\]"):
+        loss_weights(_cfg(False, {"q": 1.0}), VARIABLES, lat, slice(None))
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        loss_weights(_cfg(False, {"u": -1.0}), VARIABLES, lat, slice(None))
+
+
+def _model(strategy: str) -> Forecaster:
+    torch.manual_seed(0)
+    processor = TransformerProcessor(ProcessorConfig(2, 16, 4, window_size=30, strategy=strategy, num_chunks=0))
+    return Forecaster(len(VARIABLES), 16, processor)
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    n = get_grid("o12").n_points
+    return torch.randn(2, n, 3, generator=g), torch.randn(STEPS, 2, n, 3, generator=g)
+
+
+def _rollout_loss(model, x, y, ranks: int, rank: int, group, rows: slice):
+    data, hidden = get_grid("o12"), get_grid("o6")
+    grids = ShardedGrids.build(data.latitudes, data.longitudes, hidden, ranks, rank, encoder_k=4, decoder_k=3)
+    weights = loss_weights(_cfg(True, {"tracer": 3.0}), VARIABLES, data.latitudes, rows)
+    step = TrainStep(model, None, None, 0.0, nullcontext(), x.shape[0] * x.shape[1] * 3, weights)
+    x_local = x[:, rows].clone().requires_grad_()
+    loss = step.loss(x_local, y[:, :, rows], grids, group, Transport())
+    loss.backward()
+    return loss.item(), x_local.grad
+
+
+def rollout_case(group, strategy: str) -> dict:
+    import torch.distributed as dist
+
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    model = _model(strategy)
+    x, y = _data()
+    sizes = shard_sizes(x.shape[1], ranks)
+    rows = slice(shard_offsets(sizes)[rank], shard_offsets(sizes)[rank] + sizes[rank])
+    loss, dx = _rollout_loss(model, x, y, ranks, rank, group, rows)
+    sum_model_parallel_gradients(model.parameters(), group)
+    return {"loss": loss, "dx": dx.numpy(), "grads": {n: p.grad.numpy() for n, p in model.named_parameters()}}
+
+
+@pytest.mark.parametrize("strategy,ranks", [("shard_sequence", 2), ("shard_sequence", 3), ("shard_heads", 2)])
+def test_rollout_loss_and_gradients_equal_one_rank(rank_pool, strategy, ranks):
+    parts = rank_pool.run_ok(rollout_case, ranks, strategy)
+    model = _model("none")
+    x, y = _data()
+    loss, dx = _rollout_loss(model, x, y, 1, 0, None, slice(None))
+    one_step = _model("none")
+    one_loss, _ = _rollout_loss(one_step, x, y[:1], 1, 0, None, slice(None))
+    assert abs(loss - one_loss) > 1e-3 * one_loss  # the later steps do count
+    np.testing.assert_allclose(sum(p["loss"] for p in parts), loss, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.concatenate([p["dx"] for p in parts], 1), dx.numpy(), rtol=0, atol=1e-5 * float(dx.abs().max())
+    )
+    for name, p in model.named_parameters():
+        scale = float(p.grad.abs().max()) or 1.0
+        np.testing.assert_allclose(parts[0]["grads"][name], p.grad.numpy(), rtol=0, atol=1e-5 * scale, err_msg=name)

@@ -1,0 +1,94 @@
+"""Skill by lead time of a forecaster, sharded like training: the area-weighted RMSE and the
+anomaly correlation per variable and lead, beside persistence and climatology.
+
+Initial dates are spread evenly over the validation period; data-parallel replicas take
+turns with them, and every rank scores its own block of points (see
+:class:`training.skill.SkillAccumulator`). Used at the end of a training run and by
+``python -m training.evaluate``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.data import DatasetError
+from training.data.samples import Sample
+from training.rollout import rollout
+from training.session import Session, dataset_samples
+from training.skill import SkillAccumulator, SkillTable, area_weights, climatology
+
+log = logging.getLogger(__name__)
+
+CLIMATOLOGY_DATES = 365  # training dates averaged into the climatology, at most (evenly spread)
+
+
+def evaluation_samples(session: Session, steps: int, count: int) -> list[Sample]:
+    """Up to ``count`` validation samples with targets ``steps`` leads on, evenly spread."""
+    try:
+        val = dataset_samples(session.cfg, session.dataset, horizon=steps).val
+    except DatasetError as exc:
+        raise DatasetError(f"evaluate.steps = {steps}: {exc}") from None
+    picks = np.unique(np.linspace(0, len(val) - 1, min(count, len(val))).round().astype(int))
+    return [val[i] for i in picks]
+
+
+def climatology_dates(session: Session) -> list[int]:
+    """Start dates of the training period (at most :data:`CLIMATOLOGY_DATES`, evenly spread)."""
+    dates = sorted({t for t, _ in session.samples.train})
+    picks = np.unique(np.linspace(0, len(dates) - 1, min(CLIMATOLOGY_DATES, len(dates))).round().astype(int))
+    return [dates[i] for i in picks]
+
+
+def lead_hours(session: Session, steps: int) -> list[float]:
+    step_h = session.samples.lead * session.dataset.frequency_s / 3600
+    return [step_h * (k + 1) for k in range(steps)]
+
+
+def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
+    """Roll the model out ``steps`` leads from ``count`` validation dates and score it, with
+    persistence and climatology, on every rank; the same table on every rank."""
+    dataset, dims, model = session.dataset, session.dims, session.model
+    samples = evaluation_samples(session, steps, count)
+    mine = samples[dims.dp_rank :: dims.dp]
+    weights = area_weights(dataset.latitudes, session.cfg["data"]["grid"])[session.points]
+    clim = climatology(dataset, climatology_dates(session), session.points)
+    scores = SkillAccumulator(dataset.variables, lead_hours(session, steps), weights=weights, climatology=clim)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for sample_id, sample in enumerate(mine):
+            x, targets = session.batches([sample], steps)
+            forecasts = rollout(model, x, steps, session.grids, dims.mp_group, session.transport)
+            initial = dataset.denormalise(x[0].numpy())
+            for k, (forecast, target) in enumerate(zip(forecasts, targets)):
+                truth = dataset.denormalise(target[0].numpy())
+                scores.add("model", k, dataset.denormalise(forecast[0].numpy()), truth, sample_id)
+                scores.add("persistence", k, initial, truth, sample_id)
+                scores.add("climatology", k, clim, truth, sample_id)
+    model.train(was_training)
+    return scores.finalize(dims.mp_group, dims.dp_group)
+
+
+def report_skill(table: SkillTable, directory: Path, tracker) -> str:
+    """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``) to
+    ``directory``, log them and the metrics (step = lead hours) with ``tracker``; return the
+    table as markdown."""
+    from training.plots import rmse_by_lead
+
+    directory.mkdir(parents=True, exist_ok=True)
+    text = table.to_markdown()
+    (directory / "skill.md").write_text(text + "\n")
+    table.to_csv(directory / "skill.csv")
+    by_lead: dict[int, dict[str, float]] = {}
+    for name, values in table.metrics().items():
+        for lead, value in values.items():
+            by_lead.setdefault(int(round(lead)), {})[name] = value
+    for lead in sorted(by_lead):
+        tracker.log_metrics(lead, by_lead[lead])
+    for path in (directory / "skill.md", directory / "skill.csv", rmse_by_lead(table, directory / "rmse_by_lead.png")):
+        tracker.log_artifact(path)
+    return text

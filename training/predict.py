@@ -1,0 +1,127 @@
+"""``python -m training.predict``: forecasts of a saved forecaster to Zarr stores in the
+anemoi-datasets layout.
+
+python -m training.predict predict.checkpoint=outputs/.../checkpoints/latest.pt \
+    'predict.initial_dates=["2020-03-01T00:00:00"]' predict.steps=20
+
+One store per initial date, ``<predict.output>/forecast_<date>.zarr`` (default output: the run
+directory's ``predictions/``), whose dates are the initial date plus 0, 1, ... ``steps`` leads
+(the first holds the initial state), in physical units, with the source dataset's statistics.
+The model-parallel ranks write their own blocks of points (no rank holds the whole grid);
+data-parallel replicas take turns with the initial dates.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from training.data import DatasetError
+from training.evaluate import adopt_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def initial_indices(session, dates: list[str] | None) -> list[int]:
+    """Date indices of ``predict.initial_dates`` (None: the first validation date), checked."""
+    dataset = session.dataset
+    if dates is None:
+        return [session.samples.val[0][0]]
+    indices = []
+    for text in dates:
+        try:
+            wanted = np.datetime64(str(text), "s")
+        except ValueError:
+            raise DatasetError(f"predict.initial_dates: cannot read {text!r} as a date (2020-03-01T00:00)") from None
+        found = np.flatnonzero(dataset.dates == wanted)
+        if len(found) == 0 or int(found[0]) in dataset.missing:
+            raise DatasetError(
+                f"predict.initial_dates: {text} is not a date with data in {dataset.path} "
+                f"({dataset.date(0)} .. {dataset.date(dataset.n_times - 1)}, every {dataset.frequency_s // 3600} h)"
+            )
+        indices.append(int(found[0]))
+    return indices
+
+
+def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dict[str, Any]) -> Path:
+    """Roll out ``steps`` leads from date index ``t`` and write them (with the initial state)
+    to ``output/forecast_<date>.zarr``; collective over the model-parallel group."""
+    from training.data.forecast_store import ForecastStore
+    from training.rollout import rollout
+
+    dataset, dims = session.dataset, session.dims
+    lead_s = session.samples.lead * dataset.frequency_s
+    start = dataset.dates[t]
+    dates = np.array([start + np.timedelta64(k * lead_s, "s") for k in range(steps + 1)], dtype="datetime64[s]")
+    path = output / f"forecast_{str(start).replace(':', '')[:15]}.zarr"
+    store = ForecastStore.create(
+        path,
+        variables=dataset.variables,
+        latitudes=dataset.latitudes,
+        longitudes=dataset.longitudes,
+        dates=dates,
+        frequency_s=lead_s,
+        mean=dataset.mean,
+        stdev=dataset.stdev,
+        attributes={**attributes, "initial_date": str(start)},
+        layout=session.grids.data_layout,
+        group=dims.mp_group,
+    )
+    x = torch.from_numpy(dataset.state(t, session.points))[None]
+    store.write(0, dataset.denormalise(x[0].numpy()))
+    with torch.no_grad():
+        for k, state in enumerate(rollout(session.model, x, steps, session.grids, dims.mp_group, session.transport)):
+            store.write(k + 1, dataset.denormalise(state[0].numpy()))
+    store.close()
+    return path
+
+
+def predict_on_rank(cfg: dict[str, Any]) -> list[str]:
+    """Every rank: load the checkpoint and write its share of the forecasts; return the stores."""
+    from training.resume import load_model_weights
+    from training.session import join_ranks, open_session
+
+    dims, heartbeat = join_ranks(cfg)
+    with heartbeat:
+        session = open_session(cfg, dims)
+        p_cfg = cfg["predict"]
+        step = load_model_weights(p_cfg["checkpoint"], cfg, dims, session.model)
+        session.model.eval()
+        output = Path(p_cfg["output"] or Path(cfg["run_dir"]) / "predictions")
+        attributes = {"checkpoint": p_cfg["checkpoint"], "checkpoint_step": step, "source": str(session.dataset.path)}
+        written = []
+        for t in initial_indices(session, p_cfg["initial_dates"])[dims.dp_rank :: dims.dp]:
+            written.append(str(forecast_to_store(session, t, p_cfg["steps"], output, attributes)))
+            if dims.mp_rank == 0:
+                log.info("wrote %s", written[-1])
+        return written
+
+
+def run(cfg: DictConfig) -> list[str]:
+    """:func:`predict_on_rank` on the configured ranks (local or torchrun), after the checks."""
+    from training.app import run as run_app
+
+    return run_app(cfg, predict_on_rank, adopt=lambda resolved: adopt_checkpoint(resolved, "predict"))
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    from training.app import exit_on_user_error
+
+    try:
+        run(cfg)
+    except Exception as exc:
+        exit_on_user_error(exc)
+        raise
+
+
+if __name__ == "__main__":
+    from training.app import main
+
+    main(_hydra_main)

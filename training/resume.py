@@ -1,0 +1,129 @@
+"""Training state in and out of checkpoints, and what a checkpoint may continue under.
+
+Checkpoints hold full tensors whatever the strategy (split parameters are gathered over the
+model group), so a run continues under any strategy and any rank count; only what changes
+the model is refused: its architecture, the grid and the variables.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from processor.distributed.parameter_split import (
+    full_optimizer_state,
+    full_state_dict,
+    load_full_optimizer_state,
+    load_full_state_dict,
+)
+from training.checkpoint import LATEST, CheckpointError, load_training_checkpoint, save_checkpoint
+from training.parallel import ParallelDims
+
+log = logging.getLogger(__name__)
+
+# Settings that do not change the parameters: a checkpoint continues under other values (noted).
+_RUNTIME_MODEL_KEYS = ("num_chunks",)
+_NOTED_DATA_KEYS = ("lead_time", "members")
+
+
+def check_compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """The differences between a checkpoint's configuration and this run's that it continues
+    under (strategy, ranks, lead time, ...), as notes; a ``CheckpointError`` naming the key for
+    one that changes the model (architecture, grid, variables)."""
+    notes = []
+    saved_model, model = dict(saved.get("model") or {}), dict(cfg["model"])
+    for key in sorted(set(saved_model) | set(model)):
+        if saved_model.get(key) != model.get(key):
+            message = f"model.{key} = {saved_model.get(key)} in the checkpoint, {model.get(key)} in this run"
+            if key not in _RUNTIME_MODEL_KEYS:
+                raise CheckpointError(f"checkpoint was written with {message}: it is another model")
+            notes.append(message)
+    saved_data = saved.get("data") or {}
+    for key in ("grid", "variables"):
+        if saved_data.get(key) != cfg["data"][key]:
+            raise CheckpointError(
+                f"checkpoint was written with data.{key} = {saved_data.get(key)}, this run has {cfg['data'][key]}"
+            )
+    for key in _NOTED_DATA_KEYS:
+        if saved_data.get(key) != cfg["data"].get(key):
+            notes.append(f"data.{key} = {saved_data.get(key)} in the checkpoint, {cfg['data'].get(key)} in this run")
+    saved_strategy = (saved.get("strategy") or {}).get("name")
+    if saved_strategy != cfg["strategy"]["name"]:
+        notes.append(f"strategy = {saved_strategy} in the checkpoint, {cfg['strategy']['name']} in this run")
+    saved_trainer, trainer = saved.get("trainer") or {}, cfg["trainer"]
+    for key in ("nprocs", "ranks_per_model", "rollout", "loss"):
+        if key in saved_trainer and saved_trainer[key] != trainer.get(key):
+            notes.append(f"trainer.{key} = {saved_trainer[key]} in the checkpoint, {trainer.get(key)} in this run")
+    return notes
+
+
+def latest_checkpoint(cfg: dict[str, Any]) -> Path:
+    return Path(cfg["run_dir"]) / "checkpoints" / LATEST
+
+
+def check_resumable(cfg: dict[str, Any]) -> None:
+    """If this run will resume, the checkpoint must be readable and of the same model."""
+    latest = latest_checkpoint(cfg)
+    if cfg["trainer"]["resume"] and latest.exists():
+        check_compatible(load_training_checkpoint(latest)[1], cfg)
+
+
+def restore_training_state(
+    path: Path, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module, optimiser, schedule
+) -> int:
+    """Load the checkpoint at ``path`` into the training state (this rank's share of split
+    parameters); return its step. Rank 0 logs what differs from the run that wrote it."""
+    state, saved_cfg = load_training_checkpoint(path)
+    notes = check_compatible(saved_cfg, cfg)
+    if dims.rank == 0:
+        for note in notes:
+            log.warning("continuing step %d of %s with a change: %s", state["step"], path, note)
+    try:
+        load_full_state_dict(model, state["model"], dims.mp_rank)
+        load_full_optimizer_state(optimiser, state["optimizer"], dims.mp_rank)
+        schedule.load_state_dict(state["scheduler"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
+    if len(state["rng"]) == dims.world:  # the same ranks: every rank's random stream continues
+        torch.set_rng_state(state["rng"][dims.rank])
+    return int(state["step"])
+
+
+def save_training_state(
+    directory: Path, step: int, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module, optimiser, schedule
+) -> None:
+    """Write the training state after ``step`` (every rank calls; rank 0 writes, atomically)."""
+    rng = [torch.get_rng_state()]
+    if dims.world > 1:
+        rng = [torch.empty_like(rng[0]) for _ in range(dims.world)]
+        torch.distributed.all_gather(rng, torch.get_rng_state())
+    # Full tensors, whatever the strategy: split parameters are gathered over the model group.
+    model_state = full_state_dict(model, dims.mp_group)
+    optimiser_state = full_optimizer_state(optimiser, dims.mp_group)
+    if dims.rank == 0:
+        state = {
+            "step": step,
+            "model": model_state,
+            "optimizer": optimiser_state,
+            "scheduler": schedule.state_dict(),
+            "rng": rng,
+            "config": yaml.safe_dump(cfg),
+        }
+        save_checkpoint(directory, state)
+
+
+def load_model_weights(path: str | Path, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module) -> int:
+    """Load a training checkpoint's parameters into ``model`` (evaluation, prediction); return
+    its step. The checkpoint must be of this model (grid, variables, architecture)."""
+    state, saved_cfg = load_training_checkpoint(path)
+    check_compatible(saved_cfg, cfg)
+    try:
+        load_full_state_dict(model, state["model"], dims.mp_rank)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
+    return int(state["step"])

@@ -1,0 +1,91 @@
+"""Autoregressive rollout: the schedule of its length, the loss weights, and the forecast loop
+shared by training, evaluation and prediction."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from processor.distributed import Transport
+from training.config import ConfigValueError
+
+
+@dataclass(frozen=True)
+class RolloutSchedule:
+    """Forecast steps in the loss at each optimiser step: ``start``, raised by one every
+    ``increase_every`` steps (0: never) up to ``max``, as anemoi raises its rollout."""
+
+    start: int = 1
+    max: int = 1
+    increase_every: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start <= self.max:
+            raise ConfigValueError(
+                f"trainer.rollout.start = {self.start} and trainer.rollout.max = {self.max}: need 1 <= start <= max"
+            )
+
+    @classmethod
+    def from_config(cls, rollout: dict[str, Any] | None) -> RolloutSchedule:
+        return cls(**(rollout or {}))
+
+    def steps_at(self, step: int) -> int:
+        """Forecast steps of the loss at optimiser step ``step``."""
+        if self.increase_every == 0:
+            return self.start
+        return min(self.max, self.start + step // self.increase_every)
+
+
+def loss_weights(cfg: dict[str, Any], variables: list[str], latitudes: np.ndarray, points: slice) -> Tensor | None:
+    """``(local points, variables)`` weights of the squared errors, or None when unweighted.
+
+    Area weights (``trainer.loss.area_weights``; see :func:`training.skill.area_weights`) have
+    mean 1 over the whole grid, and variable weights (``trainer.loss.variable_weights``) mean 1
+    over the variables, so a weighted loss is on the scale of the plain mean squared error.
+    """
+    loss = cfg["trainer"].get("loss") or {}
+    by_name = dict(loss.get("variable_weights") or {})
+    unknown = sorted(set(by_name) - set(variables))
+    if unknown:
+        raise ConfigValueError(
+            f"trainer.loss.variable_weights names {unknown}, which are not among the variables {variables}"
+        )
+    if any(float(w) < 0 for w in by_name.values()) or (by_name and not any(float(w) > 0 for w in by_name.values())):
+        raise ConfigValueError(f"trainer.loss.variable_weights = {by_name}: weights must be >= 0, and not all 0")
+    if not loss.get("area_weights") and not by_name:
+        return None
+    per_variable = np.array([float(by_name.get(v, 1.0)) for v in variables])
+    per_variable = per_variable / per_variable.mean()
+    per_point = np.ones(len(latitudes))
+    if loss.get("area_weights"):
+        from training.skill import area_weights
+
+        per_point = area_weights(latitudes, cfg["data"]["grid"])
+    return torch.from_numpy(np.outer(per_point[points], per_variable).astype(np.float32))
+
+
+def rollout(
+    model: nn.Module,
+    x: Tensor,
+    steps: int,
+    grids: Any,
+    group: dist.ProcessGroup | None,
+    transport: Transport,
+    autocast: AbstractContextManager | None = None,
+) -> list[Tensor]:
+    """``steps`` forecasts from ``x`` ``(batch, local points, variables)``, each fed the one
+    before: a list of ``(batch, local points, variables)`` tensors (gradients flow through
+    the whole chain unless called under ``torch.no_grad``), in ``x``'s dtype."""
+    states, state = [], x
+    for _ in range(steps):
+        with autocast or nullcontext():
+            state = model(state, grids, group, transport=transport)
+        state = state.to(x.dtype)  # autocast may leave a lower precision
+        states.append(state)
+    return states

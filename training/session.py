@@ -1,0 +1,172 @@
+"""What training, evaluation and prediction set up alike on every rank: the dataset (checked
+against the configuration), this rank's blocks of the grids, the model, and batches of this
+rank's data points."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from processor import TransformerProcessor
+from processor.distributed import CommCounter, Transport, agree_on_values
+from processor.grids import get_grid
+from processor.runtime import Heartbeat, set_freed_memory_policy
+from training.config import processor_config
+from training.data import DatasetError, ZarrDataset
+from training.data.grid_check import check_grid, infer_grid
+from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
+from training.model import Forecaster, ShardedGrids
+from training.parallel import ParallelDims
+from training.tracking import flatten
+
+
+def join_ranks(cfg: dict[str, Any]) -> tuple[ParallelDims, AbstractContextManager]:
+    """This rank's data- x model-parallel dims, and the heartbeat to run under on several ranks:
+    when a collective fails because another rank died, hung or raised, this rank raises
+    :class:`~processor.runtime.PeerFailureError` naming it, within ``trainer.timeout_s`` (plus
+    three heartbeats)."""
+    t_cfg = cfg["trainer"]
+    dims = ParallelDims.build(t_cfg["ranks_per_model"])
+    if dims.world == 1:
+        return dims, nullcontext()
+    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg["heartbeat_s"], t_cfg["timeout_s"])
+
+
+def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
+    """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
+    ``data.path``) and check it against the configuration: its grid by coordinates, the lead
+    time against its frequency, the members, and that there are samples.
+
+    ``data.grid: null`` is inferred from the store and written into ``cfg`` (the resolved
+    configuration records the grid it trained on).
+    """
+    data = cfg["data"]
+    if data.get("open_dataset"):
+        from training.data.anemoi_source import AnemoiDataset
+
+        dataset: ZarrDataset = AnemoiDataset(data["open_dataset"], data["variables"])
+    elif data["path"] is None:
+        raise DatasetError(
+            "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
+        )
+    else:
+        dataset = ZarrDataset(data["path"], data["variables"])
+    if data["grid"] is None:
+        data["grid"] = infer_grid(dataset.latitudes, dataset.longitudes, dataset.resolution, str(dataset.path))
+    else:
+        check_grid(dataset.latitudes, dataset.longitudes, data["grid"], str(dataset.path))
+    if dataset.n_times < 8:
+        raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
+    dataset_samples(cfg, dataset, rollout_horizon(cfg))  # fails here on a bad lead_time, members or rollout
+    return dataset
+
+
+def rollout_horizon(cfg: dict[str, Any]) -> int:
+    """The most forecast steps one training sample needs (``trainer.rollout.max``)."""
+    rollout = cfg["trainer"].get("rollout") or {}
+    return max(1, int(rollout.get("max", 1)))
+
+
+def dataset_samples(cfg: dict[str, Any], dataset: ZarrDataset, horizon: int = 1) -> Samples:
+    """The train and validation samples of ``dataset`` under ``data.lead_time`` and ``data.members``
+    whose ``horizon`` successive targets are present (see :mod:`training.data.samples`)."""
+    data = cfg["data"]
+    lead = lead_steps(data.get("lead_time"), dataset.frequency_s, str(dataset.path))
+    members = select_members(dataset.n_members, data.get("members"))
+    return build_samples(dataset.n_times, dataset.missing, members, lead, data["val_fraction"], horizon)
+
+
+def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
+    processor = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"]["name"]))
+    return Forecaster(num_variables, cfg["model"]["num_channels"], processor)
+
+
+def check_ranks_agree(cfg: dict[str, Any], dataset: ZarrDataset, dims: ParallelDims) -> None:
+    """Every rank must run the same resolved configuration on the same dataset: one all_gather
+    of a hash, and the same ``ValueError`` on every rank, naming ranks and keys, if not."""
+    if dims.world == 1:
+        return
+    values: dict[str, object] = {
+        **flatten(cfg),
+        "dataset.shape": (dataset.n_times, dataset.n_points),
+        "dataset.members": dataset.n_members,
+        "dataset.variables": dataset.variables,
+        "dataset.missing_dates": len(dataset.missing),
+        "dataset.dates": f"{dataset.date(0)}..{dataset.date(dataset.n_times - 1)}",
+    }
+    agree_on_values(values, what="configuration or dataset")
+
+
+class Batches:
+    """States of one member for this rank's block of data points: an input and the targets of a
+    rollout, ``lead`` dates apart."""
+
+    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids, lead: int) -> None:
+        self.dataset = dataset
+        self.lead = lead
+        layout = grids.data_layout
+        self.points = slice(layout.start, layout.stop)
+
+    def __call__(self, samples: list[Sample], steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``(batch, local points, variables)`` at each sample's date and the targets
+        ``(steps, batch, local points, variables)`` at ``lead``, ..., ``steps * lead`` dates on."""
+        x = np.stack([self.dataset.state(t, self.points, m) for t, m in samples])
+        y = np.stack(
+            [
+                np.stack([self.dataset.state(t + k * self.lead, self.points, m) for t, m in samples])
+                for k in range(1, steps + 1)
+            ]
+        )
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+
+@dataclass
+class Session:
+    """One rank's view of a run: configuration, ranks, data, grids and model."""
+
+    cfg: dict[str, Any]
+    dims: ParallelDims
+    dataset: ZarrDataset
+    grids: ShardedGrids
+    model: Forecaster
+    samples: Samples
+    batches: Batches
+    counter: CommCounter
+    transport: Transport
+
+    @property
+    def points(self) -> slice:
+        """This rank's block of the data grid's points."""
+        return self.batches.points
+
+
+def open_session(cfg: dict[str, Any], dims: ParallelDims, horizon: int = 1) -> Session:
+    """Set this rank up for ``cfg``: threads, dataset (checked, the same on every rank), the
+    grids' shards and graphs, and the model (the same initial parameters on every rank; split
+    when the strategy splits them). ``horizon``: forecast steps each sample must have targets for."""
+    t_cfg = cfg["trainer"]
+    torch.set_num_threads(t_cfg["threads_per_rank"])
+    set_freed_memory_policy(t_cfg["retain_freed_memory"])
+    dataset = open_dataset(cfg)
+    check_ranks_agree(cfg, dataset, dims)
+    grids = ShardedGrids.build(
+        dataset.latitudes,
+        dataset.longitudes,
+        get_grid(cfg["model"]["hidden_grid"]),
+        dims.mp,
+        dims.mp_rank,
+        cfg["model"]["encoder_neighbours"],
+        cfg["model"]["decoder_neighbours"],
+    )
+    torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank
+    model = build_model(cfg, len(dataset.variables))
+    model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
+    samples = dataset_samples(cfg, dataset, horizon)
+    counter = CommCounter()
+    return Session(
+        cfg, dims, dataset, grids, model, samples, Batches(dataset, grids, samples.lead), counter, Transport(counter)
+    )
