@@ -27,7 +27,15 @@ from omegaconf import DictConfig, OmegaConf
 import benchmarks.config  # noqa: F401 - registers the schema
 from benchmarks.config import check_point, skip_reason
 from benchmarks.point import machine, run_point
-from benchmarks.results import POINT_KEYS, append_row
+from benchmarks.results import (
+    ANALYTIC_LAYER_COLUMN,
+    MIB,
+    PEAK_COLUMN,
+    POINT_KEYS,
+    SENT_LAYER_COLUMN,
+    SENT_STEP_COLUMN,
+    append_row,
+)
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,19 @@ def _metrics(row: dict[str, Any]) -> dict[str, float]:
     return {
         k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool) and k not in POINT_KEYS
     }
+
+
+def done_line(overrides: str, row: dict[str, Any]) -> str:
+    """The console line of a measured point, its bytes under the names results.md uses."""
+    return (
+        f"done  {overrides}: {row['step_time_s']:.3f} s/step "
+        f"({row['step_time_min_s']:.3f}-{row['step_time_max_s']:.3f}), "
+        f"{row['processor_flop_per_s'] / 1e9:.1f} GFLOP/s, "
+        f"{PEAK_COLUMN} {row['peak_increase_bytes_max'] / MIB:.0f}, "
+        f"{SENT_STEP_COLUMN} {row['bytes_sent_per_step_max'] / MIB:.2f}, "
+        f"{SENT_LAYER_COLUMN} {row['bytes_sent_per_layer_max'] / MIB:.2f}, "
+        f"{ANALYTIC_LAYER_COLUMN} {row['analytic_bytes_per_layer_max'] / MIB:.2f}"
+    )
 
 
 @hydra.main(config_path="pkg://configs.benchmark", config_name="benchmark", version_base=None)
@@ -71,13 +92,7 @@ def main(cfg: DictConfig) -> None:
                 append_row(directory, row)
                 raise
         else:
-            print(
-                f"done  {overrides}: {row['step_time_s']:.3f} s/step "
-                f"({row['step_time_min_s']:.3f}-{row['step_time_max_s']:.3f}), "
-                f"{row['processor_flop_per_s'] / 1e9:.1f} GFLOP/s, "
-                f"peak/rank {row['peak_increase_bytes_max'] / 2**20:.0f} MiB, "
-                f"sent/rank {row['bytes_sent_max'] / 2**20:.2f} MiB (analytic {row['analytic_bytes_max'] / 2**20:.2f})"
-            )
+            print(done_line(overrides, row))
     append_row(directory, row)
     tracker = tracker_for(cfg)
     if tracker is not None and row["status"] != "skipped":

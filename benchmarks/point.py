@@ -69,7 +69,8 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
 
 
 def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """One row: step time (slowest rank per step), throughput, FLOP/s, memory and bytes per rank."""
+    """One row: step time (slowest rank per step), throughput, FLOP/s, memory and bytes per rank
+    (per step, and per step over the layer count: the most loaded rank's, in bytes)."""
     m = cfg["model"]
     steps = [max(r["times_s"][i] for r in reports) for i in range(cfg["steps"])]
     median = statistics.median(steps)
@@ -97,11 +98,12 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
         "peak_increase_bytes_max": max(r["peak_increase_bytes"] for r in reports),
         "bytes_sent_per_rank": counted,
         "bytes_sent_by_kind_per_rank": [r["bytes_sent"] for r in reports],
-        "bytes_sent_max": max(counted),
-        "analytic_bytes_per_rank": analytic,
-        "analytic_bytes_max": max(analytic),
-        "bytes_rel_error_max": max(errors),
+        "bytes_sent_per_step_max": max(counted),
         "bytes_sent_per_layer_max": max(counted) / m["num_layers"],
+        "analytic_bytes_per_rank": analytic,
+        "analytic_bytes_per_step_max": max(analytic),
+        "analytic_bytes_per_layer_max": max(analytic) / m["num_layers"],
+        "bytes_rel_error_max": max(errors),
         "gemm_flop_per_s": min(r["gemm_flop_per_s"] for r in reports),
     }
     # Useful FLOP/s per rank against what one rank's threads do on a big matmul.

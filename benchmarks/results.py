@@ -1,13 +1,29 @@
-"""A sweep's results on disk: one JSON line per point, a CSV of the scalar columns, a table."""
+"""A sweep's results on disk: one JSON line per point, a CSV of the scalar columns, a table.
+
+Bytes are stored in bytes under keys that say what they count (``bytes_sent_per_step_max``,
+``bytes_sent_per_layer_max``: the most loaded rank, forward+backward); the console, the tables
+and the plots show them in MiB (2**20 bytes) under the column names below.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RESULTS = "results.jsonl"
+MIB = 2**20
+
+# One name per quantity wherever it is shown: console, results.md, plots, docs/benchmarks.md.
+PEAK_COLUMN = "peak/rank (MiB)"
+SENT_STEP_COLUMN = "sent/rank/step (MiB)"
+SENT_LAYER_COLUMN = "sent/rank/layer (MiB)"
+ANALYTIC_LAYER_COLUMN = "analytic/rank/layer (MiB)"
+
+# Keys of rows stored before the bytes keys said per step: old name -> today's.
+_RENAMED = {"bytes_sent_max": "bytes_sent_per_step_max", "analytic_bytes_max": "analytic_bytes_per_step_max"}
 
 # What identifies a point, in the order tables and CSV show it.
 POINT_KEYS = [
@@ -36,11 +52,26 @@ def append_row(directory: Path, row: dict[str, Any]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` under today's keys: older rows' per-step bytes renamed, per-layer bytes filled in."""
+    row = {_RENAMED.get(k, k): v for k, v in row.items()}
+    layers = row.get("num_layers")
+    if row.get("status") == "ok" and layers:
+        for kind in ("bytes_sent", "analytic_bytes"):
+            step, layer = f"{kind}_per_step_max", f"{kind}_per_layer_max"
+            if layer not in row and step in row:
+                row[layer] = row[step] / layers
+            if step not in row and layer in row:
+                row[step] = row[layer] * layers
+    return row
+
+
 def load_rows(directory: Path) -> list[dict[str, Any]]:
+    """The rows of ``directory/results.jsonl`` (old rows read under today's keys)."""
     path = directory / RESULTS
     if not path.exists():
         raise FileNotFoundError(f"no benchmark results in {directory} (expected {RESULTS})")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [upgrade_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -60,18 +91,81 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The measured points as a Markdown table (skipped and failed points left out)."""
     head = (
         "| target | grid | points | layers | strategy | P | step time (s) | spread (s) | points/s | GFLOP/s "
-        "| peak/rank (MiB) | sent/rank/layer (MiB) | analytic (MiB) |"
+        f"| {PEAK_COLUMN} | {SENT_LAYER_COLUMN} | {ANALYTIC_LAYER_COLUMN} |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r.get("status") != "ok":
             continue
-        layers = r["num_layers"]
         lines.append(
-            f"| {r['target']} | {r['grid']} | {r['points']} | {layers} | {r['strategy']} | {r['ranks']} "
+            f"| {r['target']} | {r['grid']} | {r['points']} | {r['num_layers']} | {r['strategy']} | {r['ranks']} "
             f"| {r['step_time_s']:.3f} | {r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f} "
             f"| {r['points_per_s']:.0f} | {r['processor_flop_per_s'] / 1e9:.1f} "
-            f"| {r['peak_increase_bytes_max'] / 2**20:.0f} | {r['bytes_sent_max'] / layers / 2**20:.2f} "
-            f"| {r['analytic_bytes_max'] / layers / 2**20:.2f} |"
+            f"| {r['peak_increase_bytes_max'] / MIB:.0f} | {r['bytes_sent_per_layer_max'] / MIB:.2f} "
+            f"| {r['analytic_bytes_per_layer_max'] / MIB:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _mib(text: str) -> float:
+    """Bytes from a MiB cell."""
+    return float(text) * MIB
+
+
+def _spread(text: str) -> dict[str, float]:
+    """The fastest and slowest step from a ``min–max`` cell."""
+    low, high = text.replace("-", "–").split("–")
+    return {"step_time_min_s": float(low), "step_time_max_s": float(high)}
+
+
+# Columns of a results.md table (or one copied into the docs) and the row keys they hold.
+_MARKDOWN_COLUMNS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "target": ("target", str),
+    "grid": ("grid", str),
+    "points": ("points", int),
+    "layers": ("num_layers", int),
+    "strategy": ("strategy", str),
+    "P": ("ranks", int),
+    "step time (s)": ("step_time_s", float),
+    PEAK_COLUMN: ("peak_increase_bytes_max", _mib),
+    SENT_LAYER_COLUMN: ("bytes_sent_per_layer_max", _mib),
+    ANALYTIC_LAYER_COLUMN: ("analytic_bytes_per_layer_max", _mib),
+    "analytic (MiB)": ("analytic_bytes_per_layer_max", _mib),  # the header before the rename
+}
+
+
+def _table_lines(text: str, after: str | None) -> list[str]:
+    """The first Markdown table in ``text`` (after the first line starting with ``after``)."""
+    lines = text.splitlines()
+    if after is not None:
+        starts = [i for i, line in enumerate(lines) if line.startswith(after)]
+        if not starts:
+            raise ValueError(f"no line starting with {after!r}")
+        lines = lines[starts[0] :]
+    first = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if first is None:
+        raise ValueError("no Markdown table found")
+    table = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    return table
+
+
+def markdown_rows(text: str, after: str | None = None, defaults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rows read back from a results table (MiB and seconds as printed); ``defaults`` fill in
+    what the table leaves out, e.g. ``num_layers`` of a docs table without that column."""
+    head, _, *body = _table_lines(text, after)
+    names = [c.strip() for c in head.strip("|").split("|")]
+    rows = []
+    for line in body:
+        row: dict[str, Any] = {"status": "ok", **(defaults or {})}
+        for name, cell in zip(names, (c.strip() for c in line.strip("|").split("|"))):
+            if name == "spread (s)":
+                row |= _spread(cell)
+            elif name in _MARKDOWN_COLUMNS:
+                key, parse = _MARKDOWN_COLUMNS[name]
+                row[key] = parse(cell)
+        rows.append(upgrade_row(row))
+    return rows

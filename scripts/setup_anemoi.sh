@@ -8,12 +8,19 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=.venv-anemoi
 CONSTRAINTS="$VENV/constraints.txt"
-quiet() { "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The command's own exit status; only pip's note about a --find-links folder this machine lacks
+# is dropped.
+quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 printf "torch==2.13.0\nzarr==2.18.7\n" >"$CONSTRAINTS"
-quiet "$VENV/bin/python" -m pip install -q --upgrade pip
-quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" torch==2.13.0
-quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "anemoi-datasets==0.5.47" eccodes -e ".[dev]"
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# numpy with torch: torch built without it warns "Failed to initialize NumPy" on import.
+quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" torch==2.13.0 numpy
+# setuptools reports every lenient editable install of a flat layout ("Editable installation.
+# Please be careful with folders ... same name as your package"): information, not a problem.
+PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+    quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "anemoi-datasets==0.5.47" eccodes -e ".[dev]"
 quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-models==0.19.0"
 quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" typeguard networkx
 "$VENV/bin/python" -c "import anemoi.datasets, anemoi.models.layers.processor, processor, zarr; assert zarr.__version__.startswith('2.')"

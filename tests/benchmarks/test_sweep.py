@@ -44,7 +44,10 @@ def test_a_small_sweep_writes_all_outputs(tmp_path):
         "processor_time_memory_vs_grid.png",
         "processor_time_memory_vs_ranks.png",
     ]
-    assert "| processor | o12 |" in (sweep / "results.md").read_text()
+    table = (sweep / "results.md").read_text()
+    assert "| processor | o12 |" in table
+    assert "| sent/rank/layer (MiB) | analytic/rank/layer (MiB) |" in table.splitlines()[0]
+    assert "sent/rank/step (MiB)" in out.stdout and "sent/rank/layer (MiB)" in out.stdout
 
     from mlflow.tracking import MlflowClient
 
@@ -54,7 +57,7 @@ def test_a_small_sweep_writes_all_outputs(tmp_path):
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 6
-    assert all("step_time_s" in r.data.metrics and "bytes_sent_max" in r.data.metrics for r in children)
+    assert all("step_time_s" in r.data.metrics and "bytes_sent_per_step_max" in r.data.metrics for r in children)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"results.csv", "processor_bytes_vs_ranks.png"} <= artifacts
 

@@ -53,7 +53,8 @@ def test_counted_bytes_match_the_analytic_model(rank_pool, case):
 def test_one_rank_sends_nothing(rank_pool):
     cfg = point(strategy="none", ranks=1, grid="o8")
     row = summarise(cfg, rank_pool.run_ok(measure, 1, cfg))
-    assert row["bytes_sent_max"] == 0 == row["analytic_bytes_max"]
+    assert row["bytes_sent_per_step_max"] == 0 == row["analytic_bytes_per_step_max"]
+    assert row["bytes_sent_per_layer_max"] == 0 == row["analytic_bytes_per_layer_max"]
     assert row["peak_bytes_per_rank"][0] > 0
 
 
@@ -63,7 +64,7 @@ def test_o96_sequence_sends_over_20x_fewer_bytes_than_heads(rank_pool):
         sent = {}
         for strategy in ("shard_heads", "shard_sequence"):
             cfg = point(strategy=strategy, ranks=ranks, grid="o96", steps=1, model=dict(num_layers=1, window_size=512))
-            sent[strategy] = summarise(cfg, rank_pool.run_ok(measure, ranks, cfg))["bytes_sent_max"]
+            sent[strategy] = summarise(cfg, rank_pool.run_ok(measure, ranks, cfg))["bytes_sent_per_step_max"]
         assert sent["shard_heads"] >= 20 * sent["shard_sequence"], (ranks, sent)
 
 
