@@ -45,7 +45,7 @@ EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
 DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
 # What a user fixes in the command line, the configs or the data; the rest are bugs. By name
 # too, as a spawned rank's exception reaches the parent as text (see user_error).
-_USER_ERRORS = ("ConfigValueError", "DatasetError", "CheckpointError", "ConfigError")
+_USER_ERRORS = ("ConfigValueError", "DatasetError", "CheckpointError", "ConfigError", "FileExistsError")
 
 
 def _under_torchrun() -> bool:
@@ -231,8 +231,25 @@ def _hydra_main(cfg: DictConfig) -> float:
     history = result["history"]
     final = history[-1][1]["train/loss"] if history else float("nan")
     if _rank() == 0:
+        log_skill(result.get("skill"), cfg.run_dir)
         log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], cfg.run_dir)
     return final
+
+
+def log_skill(skill: Any, run_dir: str) -> None:
+    """Log the skill summary of rank 0's result (the ranks may be spawned processes, whose logs
+    do not reach the console), and where the full tables and the plot are."""
+    if skill is None or _rank() != 0:
+        return
+    from training.evaluation import skill_summary
+
+    log.info(
+        "RMSE by lead time (area-weighted, physical units), model / persistence:\n%s\n"
+        "full tables (climatology, ACC): %s/skill.md; plot: %s/rmse_by_lead.png",
+        skill_summary(skill),
+        run_dir,
+        run_dir,
+    )
 
 
 def exit_on_user_error(exc: BaseException) -> None:
@@ -266,7 +283,7 @@ def user_error(exc: BaseException) -> str | None:
     from training.config import ConfigValueError
     from training.data import DatasetError
 
-    if isinstance(exc, (ConfigValueError, DatasetError, CheckpointError, ConfigError)):
+    if isinstance(exc, (ConfigValueError, DatasetError, CheckpointError, ConfigError, FileExistsError)):
         return str(exc)
     if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
         return None

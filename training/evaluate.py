@@ -82,8 +82,7 @@ def evaluate_on_rank(cfg: dict[str, Any]) -> dict[str, Any]:
         tags = {"kind": "evaluation", **source_run_tags(checkpoint, step)}
         tracker = open_tracker(cfg, dims, 0, tags)
         if dims.rank == 0:
-            text = report_skill(table, Path(cfg["run_dir"]), tracker)
-            log.info("skill of %s (step %d) by lead time:\n%s", checkpoint, step, text)
+            report_skill(table, Path(cfg["run_dir"]), tracker)
         tracker.finish()
         return {"skill": table, "run_id": tracker.run_id, "checkpoint_step": step}
 
@@ -100,10 +99,13 @@ def _hydra_main(cfg: DictConfig) -> None:
     from training.app import exit_on_user_error
 
     try:
-        run(cfg)
+        result = run(cfg)
     except Exception as exc:
         exit_on_user_error(exc)
         raise
+    from training.app import log_skill
+
+    log_skill(result["skill"], cfg.run_dir)
 
 
 if __name__ == "__main__":

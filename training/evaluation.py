@@ -73,6 +73,24 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     return scores.finalize(dims.mp_group, dims.dp_group)
 
 
+def skill_summary(table: SkillTable) -> str:
+    """A markdown table of the model's RMSE by lead time beside persistence's, one column per
+    variable (``model / persistence``, physical units) and their mean ratio: what a run prints
+    at its end."""
+    variables = table.variables
+    lines = [
+        "| lead (h) | " + " | ".join(f"{v}: model / persistence" for v in variables) + " | mean RMSE ratio |",
+        "|---:|" + "---:|" * (len(variables) + 1),
+    ]
+    model = {v: table.rmse("model", v) for v in variables}
+    persistence = {v: table.rmse("persistence", v) for v in variables}
+    for k, lead in enumerate(table.lead_hours):
+        cells = [f"{model[v][k]:.4g} / {persistence[v][k]:.4g}" for v in variables]
+        ratio = float(np.mean([model[v][k] / persistence[v][k] for v in variables]))
+        lines.append(f"| {lead:g} | " + " | ".join(cells) + f" | {ratio:.3f} |")
+    return "\n".join(lines)
+
+
 def report_skill(table: SkillTable, directory: Path, tracker) -> str:
     """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``) to
     ``directory``, log them and the metrics (step = lead hours) with ``tracker``; return the

@@ -218,8 +218,7 @@ class Trainer:
             if dims.rank == 0:
                 final_pictures(self.tracker, self.run_dir, s.dataset, np.concatenate(parts, axis=1))
         if skill is not None and dims.rank == 0:
-            text = report_skill(skill, self.run_dir, self.tracker)
-            log.info("skill by lead time (area-weighted, physical units):\n%s", text)
+            report_skill(skill, self.run_dir, self.tracker)
         return skill
 
 
