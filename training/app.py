@@ -223,11 +223,7 @@ def main(hydra_main: Callable[[], Any] | None = None) -> None:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
-    try:
-        result = run(cfg)
-    except Exception as exc:
-        exit_on_user_error(exc)
-        raise
+    result = run_reporting_errors(run, cfg)
     history = result["history"]
     final = history[-1][1]["train/loss"] if history else float("nan")
     if _rank() == 0:
@@ -250,6 +246,16 @@ def log_skill(skill: Any, run_dir: str) -> None:
         run_dir,
         run_dir,
     )
+
+
+def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """``fn(cfg)``; a configuration or data error it raises is printed as one line (see
+    :func:`exit_on_user_error`), any other exception propagates."""
+    try:
+        return fn(cfg)
+    except Exception as exc:
+        exit_on_user_error(exc)
+        raise
 
 
 def exit_on_user_error(exc: BaseException) -> None:

@@ -96,15 +96,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from training.app import exit_on_user_error
+    from training.app import log_skill, run_reporting_errors
 
-    try:
-        result = run(cfg)
-    except Exception as exc:
-        exit_on_user_error(exc)
-        raise
-    from training.app import log_skill
-
+    result = run_reporting_errors(run, cfg)
     log_skill(result["skill"], cfg.run_dir)
 
 

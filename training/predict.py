@@ -98,8 +98,6 @@ def predict_on_rank(cfg: dict[str, Any]) -> list[str]:
         written = []
         for t in initial_indices(session, p_cfg["initial_dates"])[dims.dp_rank :: dims.dp]:
             written.append(str(forecast_to_store(session, t, p_cfg["steps"], output, attributes)))
-            if dims.mp_rank == 0:
-                log.info("wrote %s", written[-1])
         return written
 
 
@@ -112,13 +110,10 @@ def run(cfg: DictConfig) -> list[str]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from training.app import exit_on_user_error
+    from training.app import run_reporting_errors
 
-    try:
-        run(cfg)
-    except Exception as exc:
-        exit_on_user_error(exc)
-        raise
+    for path in run_reporting_errors(run, cfg):
+        log.info("wrote %s", path)
 
 
 if __name__ == "__main__":
