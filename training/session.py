@@ -67,7 +67,7 @@ def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
 
 def rollout_horizon(cfg: dict[str, Any]) -> int:
     """The most forecast steps one training sample needs (``trainer.rollout.max``)."""
-    rollout = cfg["trainer"].get("rollout") or {}
+    rollout = (cfg.get("trainer") or {}).get("rollout") or {}
     return max(1, int(rollout.get("max", 1)))
 
 
