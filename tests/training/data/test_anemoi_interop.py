@@ -99,7 +99,14 @@ def test_reader_on_a_store_anemoi_built(built_by_anemoi):
 
 
 def _train(tmp_path: Path, store: Path, *overrides: str) -> dict:
-    settings = ["data.grid=null", "trainer.steps=3", "trainer.val_interval=3", "logging.mlflow=false", *overrides]
+    settings = [
+        "data.grid=null",
+        "trainer.steps=3",
+        "trainer.val_interval=3",
+        "logging.mlflow=false",
+        "evaluate.at_end_of_training=false",
+        *overrides,
+    ]
     result = run(small_config(tmp_path, store, *settings))
     losses = [m["train/loss"] for _, m in result["history"]]
     assert len(losses) == 3 and all(np.isfinite(losses)), losses
