@@ -26,21 +26,25 @@ log = logging.getLogger(__name__)
 CLIMATOLOGY_DATES = 365  # training dates averaged into the climatology, at most (evenly spread)
 
 
+def evenly_spread(items: list, count: int) -> list:
+    """At most ``count`` of ``items``, evenly spread from the first to the last, in order."""
+    picks = np.unique(np.linspace(0, len(items) - 1, min(count, len(items))).round().astype(int))
+    return [items[i] for i in picks]
+
+
 def evaluation_samples(session: Session, steps: int, count: int) -> list[Sample]:
     """Up to ``count`` validation samples with targets ``steps`` leads on, evenly spread."""
     try:
         val = dataset_samples(session.cfg, session.dataset, horizon=steps).val
     except DatasetError as exc:
         raise DatasetError(f"evaluate.steps = {steps}: {exc}") from None
-    picks = np.unique(np.linspace(0, len(val) - 1, min(count, len(val))).round().astype(int))
-    return [val[i] for i in picks]
+    return evenly_spread(val, count)
 
 
 def climatology_dates(session: Session) -> list[int]:
     """Start dates of the training period (at most :data:`CLIMATOLOGY_DATES`, evenly spread)."""
     dates = sorted({t for t, _ in session.samples.train})
-    picks = np.unique(np.linspace(0, len(dates) - 1, min(CLIMATOLOGY_DATES, len(dates))).round().astype(int))
-    return [dates[i] for i in picks]
+    return evenly_spread(dates, CLIMATOLOGY_DATES)
 
 
 def lead_hours(session: Session, steps: int) -> list[float]:
