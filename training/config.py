@@ -92,7 +92,9 @@ class RolloutConfig:
 @dataclass
 class LossConfig:
     area_weights: bool = False  # weight points by area (grid quadrature weights, else cos latitude)
-    variable_weights: dict[str, float] = field(default_factory=dict)  # unlisted variables weigh 1
+    # {name: weight}, unlisted variables weigh 1. Typed Any: a struct Dict node refuses the
+    # new keys of `trainer.loss.variable_weights={u: 2}` (Hydra would ask for a `+`).
+    variable_weights: Any = None
 
 
 @dataclass

@@ -22,6 +22,13 @@ def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
 
+@pytest.mark.parametrize("override", ["trainer.loss.variable_weights={u: 4.0}", "+trainer.loss.variable_weights.u=4"])
+def test_variable_weights_take_new_names_as_the_readme_writes_them(override):
+    cfg = _compose(override)
+    assert dict(cfg.trainer.loss.variable_weights) == {"u": 4.0}
+    check_config(cfg)
+
+
 def test_unknown_key_fails_naming_it():
     with pytest.raises((ConfigCompositionException, ValidationError), match="num_layer"):
         _compose("model.num_layer=3")
