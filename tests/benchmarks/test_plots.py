@@ -56,22 +56,24 @@ def tick_labels(fig: Figure) -> list[str]:
     return [t for t in labels if t]
 
 
-def test_a_narrow_log_axis_labels_its_ticks_plainly():
+def log_axis_labels(y: list[float]) -> list[str]:
+    """The tick labels of ``y`` against ranks 1, 2, 4 on :func:`log_axes`."""
     fig, ax = plt.subplots()
-    ax.plot([1, 2, 4], [0.13, 0.2, 0.3])
+    ax.plot([1, 2, 4], y)
     log_axes(ax, [1, 2, 4], 2)
     labels = tick_labels(fig)
     plt.close(fig)
+    return labels
+
+
+def test_a_narrow_log_axis_labels_its_ticks_plainly():
+    labels = log_axis_labels([0.13, 0.2, 0.3])
     assert {"1", "2", "4", "0.15", "0.2", "0.3"} <= set(labels)
     assert not [t for t in labels if "$" in t or "times" in t or "e" in t], labels
 
 
 def test_a_wide_log_axis_labels_decades_only():
-    fig, ax = plt.subplots()
-    ax.plot([1, 2, 4], [0.01, 1, 100])
-    log_axes(ax, [1, 2, 4], 2)
-    labels = tick_labels(fig)
-    plt.close(fig)
+    labels = log_axis_labels([0.01, 1, 100])
     assert {"0.01", "0.1", "1", "10", "100"} <= set(labels)
     assert "0.2" not in labels and "50" not in labels
 

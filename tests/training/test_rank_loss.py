@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 
+from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from training.app import run
 from training.checkpoint import load_checkpoint
@@ -57,16 +56,8 @@ def test_torchrun_restart_resumes_bit_for_bit(tmp_path, small_dataset):
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # Its own session, so that a hang is ended with every worker, not only the launcher.
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    launcher = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True, **pipes)
-    try:
-        _, stderr = launcher.communicate(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-    assert launcher.returncode == 0, stderr[-5000:]
+    rc, _, stderr = run_in_own_session(command, tmp_path, env, timeout_s=300)
+    assert rc == 0, stderr[-5000:]
     assert (faulty / MARKER).exists()  # the fault did happen, on the first attempt
     assert re.search(r"exitcode: -9\) local_rank: 1", stderr), stderr[-3000:]  # torchrun saw it die
 

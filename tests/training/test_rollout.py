@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from processor import ProcessorConfig, TransformerProcessor
-from processor.distributed import Transport, shard_offsets, shard_sizes, sum_model_parallel_gradients
+from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model_parallel_gradients
 from processor.grids import get_grid
 from training.model import Forecaster, ShardedGrids
 from training.rollout import RolloutSchedule, loss_weights
@@ -76,8 +76,8 @@ def rollout_case(group, strategy: str) -> dict:
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     model = _model(strategy)
     x, y = _data()
-    sizes = shard_sizes(x.shape[1], ranks)
-    rows = slice(shard_offsets(sizes)[rank], shard_offsets(sizes)[rank] + sizes[rank])
+    layout = ShardLayout(tuple(shard_sizes(x.shape[1], ranks)), rank)
+    rows = slice(layout.start, layout.stop)
     loss, dx = _rollout_loss(model, x, y, ranks, rank, group, rows)
     sum_model_parallel_gradients(model.parameters(), group)
     return {"loss": loss, "dx": dx.numpy(), "grads": {n: p.grad.numpy() for n, p in model.named_parameters()}}

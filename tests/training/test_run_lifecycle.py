@@ -12,8 +12,6 @@ import json
 import logging
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from processor.runtime import run_local
+from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
 from training.app import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.config import schema_keys
@@ -45,15 +44,7 @@ def _launch(args: list[str], cwd: Path, **env: str) -> tuple[int, str, str]:
     """``python <args>`` in its own session (a hang is ended with every worker); rc, stdout, stderr."""
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     environ.update(OMP_NUM_THREADS="1", **env)
-    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=environ, start_new_session=True, **pipes)
-    try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, out, err
+    return run_in_own_session([sys.executable, *args], cwd, environ, timeout_s=240)
 
 
 def _segment(run_dir: Path, steps: range, params: dict[str, str], start: int, resume: bool = True) -> Tracker:

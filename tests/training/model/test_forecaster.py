@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from processor import ProcessorConfig, TransformerProcessor
-from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
+from processor.distributed import ShardLayout, shard_sizes, sum_model_parallel_gradients
 from processor.grids import get_grid
 from training.model import Forecaster, ShardedGrids
 
@@ -54,8 +54,8 @@ def forecaster_case(group, strategy: str) -> dict:
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     model = _model(strategy)
     x, y = _data()
-    sizes = shard_sizes(x.shape[1], ranks)
-    rows = slice(shard_offsets(sizes)[rank], shard_offsets(sizes)[rank] + sizes[rank])
+    layout = ShardLayout(tuple(shard_sizes(x.shape[1], ranks)), rank)
+    rows = slice(layout.start, layout.stop)
     grids = _grids(ranks, rank)
     pred, dx = _loss_and_grads(model, x[:, rows], y[:, rows], grids, group)
     sum_model_parallel_gradients(model.parameters(), group)
