@@ -11,7 +11,10 @@ processor layer, with ``batch`` samples of ``channels`` values of ``element_size
 - ``shard_sequence``: forward sends every row of mine that lies within W of another rank's
   block (W rows to each neighbour when shards are at least W long); backward returns the
   gradient of every halo row received, ``min(W, start) + min(W, N - stop)`` rows. C values per
-  row (the normed layer input is exchanged, not k and v).
+  row (the normed layer input is exchanged, not k and v). When a window reaches past a
+  neighbour's block (global attention among them) the ring runs instead: forward sends my k
+  and v (2C per row, ``2 n_r`` rows' worth) to every rank whose block my window meets;
+  backward sends them again, and each partner's dk, dv of its block home, ``2 n_p`` each.
 - ``shard_channels``: per layer two all-gathers of the normed points (before ``qkv`` and the
   MLP's first layer) and two reduce-scatters of partial sums (after the output projection and
   the MLP's second layer), each sending ``(P - 1) max_r n_r`` rows per rank (gloo gathers
@@ -27,7 +30,8 @@ With activation checkpointing the forward exchange runs again when backward reco
 
 from __future__ import annotations
 
-from processor.distributed.shards import shard_offsets, shard_sizes
+from processor.distributed.ring import reaches_beyond_neighbours
+from processor.distributed.shards import ShardLayout, shard_offsets, shard_sizes
 
 
 def halo_rows(sizes: list[int], rank: int, width: int | None) -> tuple[int, int]:
@@ -50,6 +54,34 @@ def halo_bytes(sizes: list[int], rank: int, width: int | None, row_bytes: int, f
     """Bytes one rank sends for a halo-padded tensor in forward (``forward_passes`` times) and backward."""
     sent, received = halo_rows(sizes, rank, width)
     return (forward_passes * sent + received) * row_bytes
+
+
+def ring_partners(sizes: list[int], rank: int, width: int | None) -> list[int]:
+    """The ranks whose block holds a point within ``width`` of one of mine (None: every
+    non-empty block), other than mine."""
+    starts = shard_offsets(sizes)
+    if sizes[rank] == 0:
+        return []
+    lo, hi = starts[rank], starts[rank] + sizes[rank] - 1  # my first and last point
+    w = sum(sizes) if width is None else width
+    return [
+        p
+        for p, (start, size) in enumerate(zip(starts, sizes))
+        if p != rank and size > 0 and start - hi <= w and lo - (start + size - 1) <= w
+    ]
+
+
+def ring_bytes(sizes: list[int], rank: int, width: int | None, row_bytes: int, forward_passes: int = 1) -> int:
+    """Bytes one rank sends for one layer's ring passes (``row_bytes``: one point's C values)."""
+    partners = ring_partners(sizes, rank, width)
+    blocks_out = (forward_passes + 1) * len(partners) * 2 * sizes[rank]  # my k and v, forward and backward
+    grads_home = sum(2 * sizes[p] for p in partners)  # dk, dv of each partner's block
+    return (blocks_out + grads_home) * row_bytes
+
+
+def sequence_uses_ring(sizes: list[int], width: int | None) -> bool:
+    """Whether ``shard_sequence`` runs this split and window by ring passes (its default choice)."""
+    return len(sizes) > 1 and reaches_beyond_neighbours(ShardLayout(tuple(sizes), 0), width)
 
 
 def shard_heads_bytes(sizes: list[int], rank: int, num_heads: int, row_bytes: int, forward_passes: int = 1) -> int:
@@ -92,6 +124,8 @@ def processor_bytes(
     passes = 2 if checkpointed else 1
     if strategy == "shard_heads":
         per_layer = shard_heads_bytes(sizes, rank, num_heads, row_bytes, passes)
+    elif strategy == "shard_sequence" and sequence_uses_ring(sizes, window_size):
+        per_layer = ring_bytes(sizes, rank, window_size, row_bytes, passes)
     elif strategy == "shard_sequence":
         per_layer = halo_bytes(sizes, rank, window_size, row_bytes, passes)
     elif strategy == "shard_channels":
@@ -106,11 +140,11 @@ def processor_bytes(
 
 def segment_id_bytes(strategy: str, sizes: list[int], rank: int, window_size: int | None) -> int:
     """Bytes one rank sends to share the segment ids (int64, one row per point) once per
-    forward: ``shard_sequence`` a halo of them, the others an all-gather (padded like
-    ``shard_channels``' rows). Integer ids have no gradient: no backward."""
+    forward: ``shard_sequence`` a halo of them (unless it runs the ring), the others an
+    all-gather (padded like ``shard_channels``' rows). Integer ids have no gradient: no backward."""
     if len(sizes) == 1 or strategy == "none":
         return 0
-    if strategy == "shard_sequence":
+    if strategy == "shard_sequence" and not sequence_uses_ring(sizes, window_size):
         return halo_rows(sizes, rank, window_size)[0] * 8
     return (len(sizes) - 1) * max(sizes) * 8
 

@@ -9,7 +9,9 @@ Backward costs twice the forward. Norms, softmax and activations are not counted
 
 from __future__ import annotations
 
+from benchmarks.analytic import sequence_uses_ring
 from processor.config import mlp_hidden_channels
+from processor.distributed.shards import shard_sizes
 
 
 def window_pairs(n: int, window: int | None) -> int:
@@ -39,7 +41,8 @@ def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, stra
     (LayerNorm 2), its normed value (MLP input) and the hidden pre-activation: ``8 C + hidden``
     values (the GELU MLP recomputes its post-activation in backward; other activations keep it:
     ``8 C + 2 hidden``), plus per-head log-sum-exp and the two LayerNorms' mean and rstd.
-    ``shard_sequence`` adds k and v of the 2W halo rows; with checkpointing only the chunk
+    ``shard_sequence`` adds k and v of the 2W halo rows (none through the ring, which keeps
+    nothing remote); with checkpointing only the chunk
     inputs and one chunk's activations are kept.
     """
     c, h = model["num_channels"], model["num_heads"]
@@ -47,7 +50,13 @@ def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, stra
     local = -(-n // ranks)
     hidden_kept = hidden if model.get("activation", "gelu") in ("gelu", "gelu_tanh") else 2 * hidden
     per_point = 8 * c + hidden_kept + h + 4
-    halo_rows = 0 if ranks == 1 or strategy != "shard_sequence" else 2 * min(model["window_size"] or n, n)
+    halo_rows = 0
+    if (
+        ranks > 1
+        and strategy == "shard_sequence"
+        and not sequence_uses_ring(shard_sizes(n, ranks), model["window_size"])
+    ):
+        halo_rows = 2 * min(model["window_size"] or n, n)
     per_layer = local * per_point + halo_rows * 2 * c
     layers = model["num_layers"]
     if model["num_chunks"] > 0:

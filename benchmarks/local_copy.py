@@ -17,10 +17,14 @@ from processor.distributed import Posted, Transport
 
 @dataclass(frozen=True)
 class LocalCopyTransport(Transport):
-    """Halo exchanges and all-to-alls as local copies; counts nothing."""
+    """Halo exchanges, ring passes and all-to-alls as local copies; counts nothing."""
 
     def post(
-        self, outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup
+        self,
+        outgoing: list[tuple[int, Tensor]],
+        incoming: list[tuple[int, Tensor]],
+        group: dist.ProcessGroup,
+        kind: str = "halo",
     ) -> Posted:
         sent = [t.clone() for _, t in outgoing]
         return Posted([], sent, [t.zero_() for _, t in incoming])

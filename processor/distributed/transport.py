@@ -22,7 +22,7 @@ from torch import Tensor
 @dataclass
 class CommCounter:
     """Bytes sent and calls made, per kind of operation (``"all_to_all"``, ``"halo"``,
-    ``"all_gather"``, ``"reduce_scatter"``). Safe to share between the forward thread and
+    ``"ring"``, ``"all_gather"``, ``"reduce_scatter"``). Safe to share between the forward thread and
     autograd's backward thread."""
 
     bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -69,16 +69,21 @@ class Transport:
             self.counter.record(kind, nbytes)
 
     def post(
-        self, outgoing: list[tuple[int, Tensor]], incoming: list[tuple[int, Tensor]], group: dist.ProcessGroup
+        self,
+        outgoing: list[tuple[int, Tensor]],
+        incoming: list[tuple[int, Tensor]],
+        group: dist.ProcessGroup,
+        kind: str = "halo",
     ) -> Posted:
         """Post every send ``(peer, tensor)`` and receive ``(peer, buffer)`` at once (peers are
-        ranks of ``group``; tensors contiguous) and return without waiting."""
+        ranks of ``group``; tensors contiguous) and return without waiting. The bytes count
+        under ``kind`` (``"halo"``, ``"ring"``)."""
         ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, p), group) for p, t in outgoing]
         ops += [dist.P2POp(dist.irecv, t, dist.get_global_rank(group, p), group) for p, t in incoming]
         if not ops:
             return Posted([], [], [])
         works = dist.batch_isend_irecv(ops)
-        self._record("halo", sum(t.numel() * t.element_size() for _, t in outgoing))
+        self._record(kind, sum(t.numel() * t.element_size() for _, t in outgoing))
         return Posted(works, [t for _, t in outgoing], [t for _, t in incoming])
 
     def all_to_all(self, x: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup) -> Tensor:

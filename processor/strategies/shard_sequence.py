@@ -1,4 +1,5 @@
-"""``shard_sequence``: keep the local points, borrow a halo of W rows from the neighbours.
+"""``shard_sequence``: keep the local points, borrow a halo of W rows from the neighbours, or
+pass key blocks around a ring when the window reaches farther.
 
 Per layer the normed input ``h`` of the halo rows (W from each side, gathered across several
 ranks if a neighbour's shard is shorter than W) is exchanged, not k and v: C values per row
@@ -9,30 +10,69 @@ The exchange is overlapped with attention: it is posted first, then the *interio
 whose window holds local rows only, attend while it travels; the *edge* queries (W rows at
 each end with a neighbour) attend once the halo is in. Backward runs the same overlap in
 reverse (see :class:`processor.distributed.halo.HaloExchange`).
+
+When some rank's window reaches past its neighbours (global attention, or W wider than a
+neighbour's shard), the halo would gather most of the sequence onto every rank. Then the
+keys and values travel instead, a block at a time, only to the ranks whose window reaches
+them (:func:`processor.distributed.ring.ring_attention`): memory per rank stays ``O(N / P)``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from processor.distributed.halo import HaloConfig, halo_pad, start_halo_exchange
+from processor.distributed.ring import reaches_beyond_neighbours, ring_attention
+from processor.distributed.shards import ShardLayout
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext
 
 
+@dataclass(frozen=True)
 class ShardSequence(PointSharded):
-    """Any window works on any number of ranks: a halo wider than a neighbour's shard is
-    gathered from as many ranks as it spans."""
+    """Any window works on any number of ranks.
 
+    Args:
+        ring: pass key blocks around a ring (True), gather a halo from as many ranks as it
+            spans (False), or choose by the window's reach (None: the ring when a window
+            reaches past a neighbour, the halo otherwise). The halo supports attention
+            dropout, the ring does not.
+    """
+
+    ring: bool | None = None
     name = "shard_sequence"
 
+    def uses_ring(self, layout: ShardLayout, window: int | None) -> bool:
+        """Whether this split and window run by ring passes (the same answer on every rank)."""
+        return reaches_beyond_neighbours(layout, window) if self.ring is None else self.ring
+
     def share_segment_ids(self, segment_ids: Tensor, ctx: ShardContext) -> Tensor:
-        """The ids of the halo-padded keys, ``(batch or 1, left + local_points + right)``: the ids
-        travel with the halo once per forward, not per layer."""
+        """The ids of the keys the attention calls see: the halo-padded ones,
+        ``(batch or 1, left + local_points + right)``, travelling with the halo once per forward
+        (not per layer); with the ring, every point's."""
+        if self.uses_ring(ctx.layout, ctx.window_size):
+            return super().share_segment_ids(segment_ids, ctx)
         config = HaloConfig(width=ctx.window_size, dim=1)
         return halo_pad(segment_ids, config, ctx.layout, ctx.group, ctx.transport)
 
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
+        if self.uses_ring(ctx.layout, attn.window_size):
+            return self._ring(attn, h, ctx)
+        return self._halo(attn, h, ctx)
+
+    def _ring(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
+        if getattr(attn, "dropout_p", 0.0) > 0 and getattr(attn, "training", False):
+            raise ValueError(
+                "shard_sequence: attention dropout (dropout_p > 0) does not run through ring passes; "
+                "set dropout_p=0, or ShardSequence(ring=False) to gather the halo instead"
+            )
+        q, (k, v) = attn.queries(h), attn.keys_values(h)
+        out = ring_attention(q, k, v, attn.window_size, ctx.layout, ctx.group, ctx.transport, ctx.key_segment_ids)
+        return attn.merge_heads([out])
+
+    def _halo(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         window = attn.window_size
         exchange = start_halo_exchange(h, HaloConfig(width=window, dim=1), ctx.layout, ctx.group, ctx.transport)
         left, right = exchange.plan.left, exchange.plan.right

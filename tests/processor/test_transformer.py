@@ -93,7 +93,7 @@ def test_a_strategy_instance_plugs_in():
     strategy = _CountingStrategy()
     model = _build(strategy=strategy)
     assert isinstance(model.strategy, Strategy) and model.strategy is strategy
-    assert "_CountingStrategy()" in model.config.describe()["strategy"]
+    assert "_CountingStrategy(ring=None)" in model.config.describe()["strategy"]
     torch.testing.assert_close(model(torch.randn(1, 30, 16)).shape, torch.Size([1, 30, 16]))
     assert strategy.calls == 0  # one rank never reaches a strategy: SingleRank runs it
 

@@ -9,11 +9,12 @@ import torch
 from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
 from processor.distributed.parameter_split import gather_full, split_of
+from processor.strategies import ShardSequence, Strategy
 
 RTOL = 1e-5
 
 
-def _model(case: dict, strategy: str) -> TransformerProcessor:
+def _model(case: dict, strategy: str | Strategy) -> TransformerProcessor:
     torch.manual_seed(case["seed"])
     config = ProcessorConfig(
         num_layers=case.get("layers", 2),
@@ -143,6 +144,11 @@ def _cases() -> list[tuple[str, int, dict]]:
         many = dict(points=700, window=40, batch=2, heads=4, seed=17, block=16, segments="per_member")
         cases.append((strategy, 4, {**many, "repeat_ids": True}))
         cases.append((strategy, 4, dict(points=523, window=23, batch=1, heads=4, seed=8, qk_norm=True)))
+    # shard_sequence chooses the ring when a window reaches past a neighbour; force each way too.
+    for ranks in (2, 4):
+        forced = dict(points=n, batch=2, heads=4, seed=90 + ranks, qk_norm=True)
+        cases.append((ShardSequence(ring=True), ranks, {**forced, "window": 6, "segments": "shared"}))
+        cases.append((ShardSequence(ring=False), ranks, {**forced, "window": None, "chunks": 1}))
     # Arbitrary (not balanced) shards, one shorter than the window: the halo spans several ranks.
     for strategy in ("shard_sequence", "shard_heads", "shard_channels"):
         cases.append(
@@ -180,7 +186,7 @@ CASES = _cases()
         for i, (s, p, c) in enumerate(CASES)
     ],
 )
-def test_matches_one_rank(rank_pool, strategy: str, ranks: int, case: dict) -> None:
+def test_matches_one_rank(rank_pool, strategy: str | Strategy, ranks: int, case: dict) -> None:
     case = {**case, "strategy": strategy}
     parts = rank_pool.run_ok(sharded_run, ranks, case)
     reference = one_rank_run(case)

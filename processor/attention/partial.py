@@ -1,0 +1,222 @@
+"""Attention of a block of queries over a block of keys held elsewhere, with its log-sum-exp.
+
+The ring (:mod:`processor.distributed.ring`) computes a rank's attention one key block at a
+time: each block gives a partial output and the log-sum-exp of its scores, and
+:func:`merge_partial` folds the partials into the exact softmax over every key. Backward needs
+no partials: given the *merged* output and log-sum-exp, the softmax gradient of each block is
+exact on its own (``P = exp(S - lse)``, ``D = rowsum(dO * O)``), so
+:func:`partial_attention_backward` returns that block's share of dq and its dk, dv.
+
+Positions are global: query row ``i`` sits at ``q_start + i``, key row ``j`` at ``k_start + j``,
+and the query sees the key if ``|q_start + i - k_start - j| <= window`` (``None``: always) and,
+with segment ids, if their ids are equal. Query rows are cut into spans: rows that reach no
+key are skipped (output 0, log-sum-exp ``-inf``), rows that reach every key go through one
+unmasked call, the rest in chunks under an additive mask of at most ``_MASK_ELEMENTS``.
+
+On CPU in full precision the calls are PyTorch's fused flash kernel and its backward (the
+ones :mod:`processor.attention.banded` uses); elsewhere an explicit chunked softmax, in
+float32 or better.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from processor.attention.masks import additive
+
+_MASK_ELEMENTS = 1 << 21  # per chunk: 8 MiB of float32 mask, or of scores on the explicit path
+_forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+@dataclass(frozen=True)
+class BlockPair:
+    """A query block meeting a key block: global positions of their first rows, the window,
+    and the segment ids of each (``(rows, n_q)`` and ``(rows, n_k)``, rows 1 or the batch)."""
+
+    q_start: int
+    k_start: int
+    window: int | None
+    q_ids: Tensor | None = None
+    k_ids: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Query rows ``[q_lo, q_hi)`` against key rows ``[k_lo, k_hi)``; ``masked``: needs a mask."""
+
+    q_lo: int
+    q_hi: int
+    k_lo: int
+    k_hi: int
+    masked: bool
+
+
+def _spans(pair: BlockPair, n_q: int, n_k: int, q: Tensor) -> list[_Span]:
+    """The calls that cover every (query, key) pair in reach, in query order. The explicit
+    path (not :func:`_fused`) cuts unmasked spans too, to bound its scores per call."""
+    spans = _plan(pair, n_q, n_k)
+    if _fused(q):
+        return spans
+    rows = max(1, _MASK_ELEMENTS // max(q.shape[0] * q.shape[1] * n_k, 1))
+    return [
+        _Span(a, min(a + rows, s.q_hi), s.k_lo, s.k_hi, s.masked) for s in spans for a in range(s.q_lo, s.q_hi, rows)
+    ]
+
+
+def _plan(pair: BlockPair, n_q: int, n_k: int) -> list[_Span]:
+    ids = pair.q_ids is not None
+    if n_q == 0 or n_k == 0:
+        return []
+    if pair.window is None:
+        return _chunked(pair, 0, n_q, n_k) if ids else [_Span(0, n_q, 0, n_k, False)]
+    w, shift = pair.window, pair.q_start - pair.k_start  # query i sits at key position i + shift
+    reach_lo, reach_hi = _clip(-w - shift, n_q), _clip(n_k + w - shift, n_q)  # rows reaching a key
+    full_lo, full_hi = _clip(n_k - 1 - w - shift, n_q), _clip(w - shift + 1, n_q)  # rows reaching all
+    full_lo, full_hi = max(full_lo, reach_lo), min(full_hi, reach_hi)
+    if full_lo >= full_hi or ids:
+        return _chunked(pair, reach_lo, reach_hi, n_k)
+    spans = _chunked(pair, reach_lo, full_lo, n_k)
+    spans.append(_Span(full_lo, full_hi, 0, n_k, False))
+    return spans + _chunked(pair, full_hi, reach_hi, n_k)
+
+
+def _clip(row: int, n: int) -> int:
+    return min(max(row, 0), n)
+
+
+def _chunked(pair: BlockPair, lo: int, hi: int, n_k: int) -> list[_Span]:
+    """Masked spans over query rows ``[lo, hi)``, each with the key rows its rows reach."""
+    spans = []
+    rows = max(16, _MASK_ELEMENTS // max(n_k, 1))
+    for a in range(lo, hi, rows):
+        b = min(a + rows, hi)
+        k_lo, k_hi = _key_range(pair, a, b, n_k)
+        spans.append(_Span(a, b, k_lo, k_hi, True))
+    return spans
+
+
+def _key_range(pair: BlockPair, a: int, b: int, n_k: int) -> tuple[int, int]:
+    if pair.window is None:
+        return 0, n_k
+    shift = pair.q_start - pair.k_start
+    return _clip(a + shift - pair.window, n_k), _clip(b - 1 + shift + pair.window + 1, n_k)
+
+
+def _allowed(pair: BlockPair, span: _Span, device: torch.device) -> Tensor:
+    """``(rows, 1, span queries, span keys)`` bool: in the window and of equal ids."""
+    q_pos = torch.arange(span.q_lo, span.q_hi, device=device) + pair.q_start
+    k_pos = torch.arange(span.k_lo, span.k_hi, device=device) + pair.k_start
+    allowed = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=device)
+    if pair.window is not None:
+        allowed = (q_pos[:, None] - k_pos[None, :]).abs() <= pair.window
+    if pair.q_ids is not None and pair.k_ids is not None:
+        q_ids, k_ids = pair.q_ids[:, span.q_lo : span.q_hi], pair.k_ids[:, span.k_lo : span.k_hi]
+        allowed = allowed & (q_ids[:, :, None] == k_ids[:, None, :])
+    else:
+        allowed = allowed[None]
+    return allowed[:, None]
+
+
+def _fused(q: Tensor) -> bool:
+    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+
+
+def partial_attention(
+    q: Tensor, k: Tensor, v: Tensor, pair: BlockPair, scale: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """Softmax attention of ``q`` over the keys of this block only.
+
+    Args:
+        q: ``(batch, heads, n_q, head_dim)``; k, v: ``(batch, heads, n_k, head_dim)``.
+    Returns:
+        ``out`` ``(batch, heads, n_q, head_dim)`` (0 where a query reaches no key) and ``lse``
+        ``(batch, heads, n_q)`` in float32 or better (``-inf`` there).
+    """
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    b, h, n_q, d = q.shape
+    out = q.new_zeros(b, h, n_q, d)
+    lse = q.new_full((b, h, n_q), float("-inf"), dtype=_lse_dtype(q))
+    for span in _spans(pair, n_q, k.shape[2], q):
+        qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
+        allowed = _allowed(pair, span, q.device) if span.masked else None
+        o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale)
+        if allowed is not None:  # rows whose every key is masked: no contribution
+            part_lse = part_lse.masked_fill(~allowed.any(-1), float("-inf"))
+            o = o.masked_fill(~allowed.any(-1)[..., None], 0.0)
+        out[:, :, qs], lse[:, :, qs] = o, part_lse
+    return out, lse
+
+
+def partial_attention_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    pair: BlockPair,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """This block's share of the gradient, given the *merged* ``out`` and ``lse`` over every
+    key block (shapes as :func:`partial_attention`): ``dq`` (this block's term), ``dk``, ``dv``."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for span in _spans(pair, q.shape[2], k.shape[2], q):
+        qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
+        allowed = _allowed(pair, span, q.device) if span.masked else None
+        grads = _span_backward(
+            grad_out[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs], lse[:, :, qs], allowed, scale
+        )
+        dq[:, :, qs] += grads[0]
+        dk[:, :, ks] += grads[1]
+        dv[:, :, ks] += grads[2]
+    return dq, dk, dv
+
+
+def merge_partial(out: Tensor, lse: Tensor, part_out: Tensor, part_lse: Tensor) -> None:
+    """Fold a partial result into ``(out, lse)`` in place: the softmax over both key sets.
+    ``lse`` must be finite (it holds a block every query reaches: its own)."""
+    merged = torch.logaddexp(lse, part_lse)
+    out.mul_(torch.exp(lse - merged).unsqueeze(-1).to(out.dtype))
+    out.add_(part_out * torch.exp(part_lse - merged).unsqueeze(-1).to(out.dtype))
+    lse.copy_(merged)
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _span_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    if _fused(q):
+        mask = None if allowed is None else additive(allowed, q.dtype)
+        return _forward_op(q, k, v, attn_mask=mask, scale=scale)
+    scores = _scores(q, k, allowed, scale)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.nan_to_num(0.0, neginf=0.0).unsqueeze(-1))
+    return (probs.to(v.dtype) @ v), lse
+
+
+def _span_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, allowed: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    if _fused(q):
+        mask = None if allowed is None else additive(allowed, q.dtype)
+        return _backward_op(grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale)
+    probs = torch.exp(_scores(q, k, allowed, scale) - lse.unsqueeze(-1))
+    dv = probs.transpose(-1, -2).to(grad_out.dtype) @ grad_out
+    wide = _lse_dtype(q)
+    delta = (grad_out.to(wide) * out.to(wide)).sum(-1, keepdim=True)
+    dscores = probs * ((grad_out @ v.transpose(-1, -2)).to(wide) - delta)
+    dq = (dscores.to(k.dtype) @ k) * scale
+    dk = (dscores.transpose(-1, -2).to(q.dtype) @ q) * scale
+    return dq, dk, dv
+
+
+def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+    scores = (q @ k.transpose(-1, -2)).to(_lse_dtype(q)) * scale
+    return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
