@@ -10,6 +10,8 @@ from hydra.core.config_store import ConfigStore
 
 from processor import ConfigError
 from processor.grids import grid_points
+from processor.strategies import BUILT_IN
+from processor.strategies import strategy_options as strategy_option_names
 from training.config import processor_config, processor_schema
 
 TARGETS = ("processor", "train_step")
@@ -48,6 +50,7 @@ class BenchmarkConfig:
     data_grid: str | None = None  # train_step only: the data grid (None: same as grid)
     num_variables: int = 8  # train_step only
     strategy: str = "shard_sequence"
+    ring: bool | None = None  # shard_sequence: ring passes (true), halo (false), by the window's reach (null)
     ranks: int = 1
     device: str = "cpu"  # cpu (gloo) | cuda (NCCL, one GPU per rank)
     threads_per_rank: int = 1
@@ -88,6 +91,17 @@ _RANGES: list[tuple[str, Any, str]] = [
 ]
 
 
+STRATEGY_OPTIONS = ("ring",)  # top-level keys passed to the strategies that have them
+
+
+def strategy_options(cfg: Any) -> dict[str, Any]:
+    """:func:`training.config.processor_config`'s arguments for the strategy's options: the
+    top-level keys here (``ring=false``) that the point's strategy has, so that a sweep over
+    strategies may set an option of one of them."""
+    known = strategy_option_names(cfg["strategy"]) if cfg["strategy"] in BUILT_IN else ()
+    return {"options": {key: cfg[key] for key in STRATEGY_OPTIONS if key in known}, "option_prefix": ""}
+
+
 def check_point(cfg: Any) -> None:
     """Raise ``ValueError`` naming the first key that is out of range or an unknown grid."""
     from omegaconf import OmegaConf
@@ -106,7 +120,7 @@ def check_point(cfg: Any) -> None:
         for name in (cfg.grid, cfg.data_grid or cfg.grid):
             if not name.startswith(("o", "f")):
                 raise ValueError(f"target=train_step needs grid coordinates: use an oN or fN grid, not {name}")
-    processor_config(cfg.model, cfg.strategy, key_prefix="model.", strategy_key="strategy")
+    processor_config(cfg.model, cfg.strategy, key_prefix="model.", strategy_key="strategy", **strategy_options(cfg))
 
 
 def skip_reason(cfg: Any) -> str | None:
@@ -114,7 +128,9 @@ def skip_reason(cfg: Any) -> str | None:
     if cfg.strategy != "none" and cfg.ranks == 1:
         return "one rank is the strategy none baseline"
     try:
-        processor_config(cfg.model, cfg.strategy, strategy_key="strategy").check_world_size(cfg.ranks)
+        processor_config(cfg.model, cfg.strategy, strategy_key="strategy", **strategy_options(cfg)).check_world_size(
+            cfg.ranks
+        )
     except ConfigError as exc:
         return exc.message
     return None

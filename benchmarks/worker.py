@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.config import strategy_options
 from benchmarks.local_copy import LocalCopyTransport
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_sizes
@@ -28,7 +29,10 @@ Step = Callable[[Transport], None]
 
 def _processor(cfg: dict[str, Any], world: int, group: dist.ProcessGroup | None) -> TransformerProcessor:
     """The processor with this rank's share of the parameters (``shard_channels``) or all of them."""
-    model = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"] if world > 1 else "none"))
+    if world == 1:
+        model = TransformerProcessor(processor_config(cfg["model"], "none"))
+    else:
+        model = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"], **strategy_options(cfg)))
     model.split_parameters(group)
     return model
 

@@ -4,6 +4,7 @@ value of the wrong type fails at start naming the key; :func:`check_config` adds
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from processor import ConfigError, ProcessorConfig
+from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy
 
 FORECASTER_KEYS = ("hidden_grid", "encoder_neighbours", "decoder_neighbours")
 
@@ -40,25 +42,43 @@ ModelConfig = processor_schema(
 
 
 def processor_config(
-    model: Any, strategy: str, key_prefix: str = "model.", strategy_key: str = "strategy.name"
+    model: Any,
+    strategy: str,
+    key_prefix: str = "model.",
+    strategy_key: str = "strategy.name",
+    options: Mapping[str, Any] | None = None,
+    option_prefix: str = "strategy.",
 ) -> ProcessorConfig:
     """The processor's configuration from a ``model`` section (its keys, and the forecaster's
-    :data:`FORECASTER_KEYS`) and the strategy's name.
+    :data:`FORECASTER_KEYS`), the strategy's name and its ``options`` (those set, not None).
 
     Raises:
-        ValueError: naming the config key (``key_prefix`` + field, or ``strategy_key``).
+        ValueError: naming the config key (``key_prefix`` + field, ``strategy_key``, or
+            ``option_prefix`` + option).
     """
     settings = {k: v for k, v in dict(model).items() if k not in FORECASTER_KEYS}
+    set_options = {k: v for k, v in dict(options or {}).items() if v is not None}
     try:
-        return ProcessorConfig.from_mapping(settings, strategy=strategy)
+        built = resolve_strategy(strategy, set_options) if strategy in BUILT_IN else strategy
+        return ProcessorConfig.from_mapping(settings, strategy=built)
+    except StrategyOptionError as exc:
+        raise ValueError(f"config key {option_prefix}{exc.option}: {exc.message}") from None
     except ConfigError as exc:
         key = strategy_key if exc.key == "strategy" else key_prefix + exc.key
         raise ValueError(f"config key {key}: {exc.message}") from None
 
 
+def strategy_settings(strategy: Any) -> dict[str, Any]:
+    """A ``strategy`` section's options (every key but ``name``) as a dict."""
+    return {k: v for k, v in dict(strategy).items() if k != "name"}
+
+
 @dataclass
 class StrategyConfig:
+    """The model-parallel strategy by name, and its options (None: the strategy's default)."""
+
     name: str = "shard_sequence"
+    ring: bool | None = None  # shard_sequence: ring passes (true), halo (false), by the window's reach (null)
 
 
 @dataclass
@@ -231,7 +251,7 @@ def check_config(cfg: Any, world_size: int | None = None) -> None:
             f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
         )
     try:
-        processor = processor_config(cfg.model, cfg.strategy.name)
+        processor = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
         processor.check_world_size(cfg.trainer.ranks_per_model)
     except ConfigError as exc:
         raise ConfigValueError(

@@ -15,7 +15,7 @@ from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, agree_on_values
 from processor.grids import get_grid
 from processor.runtime import Heartbeat, set_freed_memory_policy
-from training.config import processor_config
+from training.config import processor_config, strategy_settings
 from training.data import DatasetError, ZarrDataset
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
@@ -81,7 +81,9 @@ def dataset_samples(cfg: dict[str, Any], dataset: ZarrDataset, horizon: int = 1)
 
 
 def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
-    processor = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"]["name"]))
+    processor = TransformerProcessor(
+        processor_config(cfg["model"], cfg["strategy"]["name"], options=strategy_settings(cfg["strategy"]))
+    )
     return Forecaster(num_variables, cfg["model"]["num_channels"], processor)
 
 

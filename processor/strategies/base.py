@@ -120,6 +120,14 @@ class ShardContext:
         return replace(ctx, key_segment_ids=ctx.strategy.share_segment_ids(segment_ids, ctx))
 
 
+class StrategyOptionError(ValueError):
+    """An option a built-in strategy does not have, or a value out of its range: ``option`` names it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"{option}: {message}")
+        self.option, self.message = option, message
+
+
 class Strategy(ABC):
     """A way to run transformer blocks over a model-parallel group. Subclass
     :class:`PointSharded` for a new way to mix points (a frozen dataclass for one with options,

@@ -27,7 +27,7 @@ from torch import Tensor
 from processor.distributed.halo import HaloConfig, halo_pad, start_halo_exchange
 from processor.distributed.ring import reaches_beyond_neighbours, ring_attention
 from processor.distributed.shards import ShardLayout
-from processor.strategies.base import HeadAttention, PointSharded, ShardContext
+from processor.strategies.base import HeadAttention, PointSharded, ShardContext, StrategyOptionError
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ class ShardSequence(PointSharded):
 
     ring: bool | None = None
     name = "shard_sequence"
+
+    def __post_init__(self) -> None:
+        if self.ring is not None and not isinstance(self.ring, bool):
+            raise StrategyOptionError("ring", f"{self.ring!r} is out of range: expected true, false or null (auto)")
 
     def uses_ring(self, layout: ShardLayout, window: int | None) -> bool:
         """Whether this split and window run by ring passes (the same answer on every rank)."""

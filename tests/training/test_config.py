@@ -22,6 +22,15 @@ def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
 
+def test_a_strategy_option_reaches_the_processor():
+    from training.config import processor_config, strategy_settings
+
+    cfg = _compose("strategy.ring=false")
+    check_config(cfg)
+    processor = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
+    assert processor.describe()["strategy"] == "ShardSequence(ring=False)"
+
+
 @pytest.mark.parametrize("override", ["trainer.loss.variable_weights={u: 4.0}", "+trainer.loss.variable_weights.u=4"])
 def test_variable_weights_take_new_names_as_the_readme_writes_them(override):
     cfg = _compose(override)
@@ -49,6 +58,7 @@ def test_wrong_type_fails_naming_the_key():
         (["strategy=none"], "runs on one rank"),
         (["strategy=shard_heads", "model.num_heads=1", "model.num_channels=8"], "num_heads"),
         (["model.num_heads=3"], "not divisible"),
+        (["strategy=shard_heads", "strategy.ring=true"], "strategy.ring: strategy 'shard_heads' has no such option"),
     ],
 )
 def test_out_of_range_values(overrides, message):
