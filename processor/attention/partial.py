@@ -85,6 +85,11 @@ def _plan(pair: BlockPair, n_q: int, n_k: int) -> list[_Span]:
     return spans + _chunked(pair, full_hi, reach_hi, n_k)
 
 
+def _covers(span: _Span, n_q: int, n_k: int) -> bool:
+    """An unmasked span of every query against every key."""
+    return not span.masked and (span.q_lo, span.q_hi, span.k_lo, span.k_hi) == (0, n_q, 0, n_k)
+
+
 def _clip(row: int, n: int) -> int:
     return min(max(row, 0), n)
 
@@ -139,9 +144,12 @@ def partial_attention(
     """
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     b, h, n_q, d = q.shape
+    spans = _spans(pair, n_q, k.shape[2], q)
+    if len(spans) == 1 and _covers(spans[0], n_q, k.shape[2]):  # one call: its buffers are the result
+        return _span_forward(q, k, v, None, scale)
     out = q.new_zeros(b, h, n_q, d)
     lse = q.new_full((b, h, n_q), float("-inf"), dtype=_lse_dtype(q))
-    for span in _spans(pair, n_q, k.shape[2], q):
+    for span in spans:
         qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
         allowed = _allowed(pair, span, q.device) if span.masked else None
         o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale)
@@ -165,8 +173,11 @@ def partial_attention_backward(
     """This block's share of the gradient, given the *merged* ``out`` and ``lse`` over every
     key block (shapes as :func:`partial_attention`): ``dq`` (this block's term), ``dk``, ``dv``."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    spans = _spans(pair, q.shape[2], k.shape[2], q)
+    if len(spans) == 1 and _covers(spans[0], q.shape[2], k.shape[2]):
+        return _span_backward(grad_out, q, k, v, out, lse, None, scale)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for span in _spans(pair, q.shape[2], k.shape[2], q):
+    for span in spans:
         qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
         allowed = _allowed(pair, span, q.device) if span.masked else None
         grads = _span_backward(

@@ -16,7 +16,8 @@ Forward posts step ``t + 1``'s swap before computing step ``t``'s block, so the 
 hides behind the compute. Backward runs the same steps again: the blocks travel once more
 (nothing remote is kept from forward), each rank computes a remote block's dk, dv from its
 own queries and the merged output and log-sum-exp, and swaps them home with its partner,
-who adds them to its own; that swap is awaited one step later, behind the next block.
+who adds them to its own; that swap is awaited one step later, behind the next block (one
+such swap in flight at a time).
 """
 
 from __future__ import annotations
@@ -123,15 +124,15 @@ class _RingAttention(torch.autograd.Function):
             merge_partial(out, lse, part_out, part_lse)
             del theirs, part_out, part_lse
         ctx.ring = ring
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, kv, out, lse)  # kv, not k and v: backward sends it as it is
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):  # type: ignore[override]
         ring: _Ring = ctx.ring
-        q, k, v, out, lse = ctx.saved_tensors
+        q, kv, out, lse = ctx.saved_tensors
+        k, v = kv.unbind(0)
         grad_out = grad_out.contiguous()
-        kv = torch.stack([k, v])
         in_flight = ring.swap(0, kv, kv)
         dq, dk, dv = partial_attention_backward(grad_out, q, k, v, out, lse, ring.pair(ring.layout.rank), ring.scale)
         grads_home: Posted | None = None
@@ -144,11 +145,13 @@ class _RingAttention(torch.autograd.Function):
             )
             dq += dq_part
             del theirs, dq_part
-            previous = grads_home
+            _add_home(grads_home, dk, dv)  # the previous step's, before this one's buffers exist
+            outgoing = torch.stack([dk_theirs, dv_theirs])
+            del dk_theirs, dv_theirs
             grads_home = ring.transport.post(
-                [(peer, torch.stack([dk_theirs, dv_theirs]))], [(peer, kv.new_empty(kv.shape))], ring.group, kind="ring"
+                [(peer, outgoing)], [(peer, torch.empty_like(kv))], ring.group, kind="ring"
             )
-            _add_home(previous, dk, dv)
+            del outgoing  # the posted work holds it until sent
         _add_home(grads_home, dk, dv)
         return dq, dk, dv, None
 

@@ -25,6 +25,7 @@ def test_plan_pairs_every_meeting_block_once_and_both_sides_agree(sizes, window)
         steps = [2 * (abs(p - r) - 1) + (min(p, r) // abs(p - r)) % 2 for p in plan.partners]
         assert steps == sorted(set(steps))
 
+
 def test_meeting_blocks_by_window():
     layout = ShardLayout((10, 10, 10), 0)
     assert blocks_meet(layout, 0, 2, 11) and not blocks_meet(layout, 0, 2, 10)  # points 9 and 20
@@ -104,6 +105,30 @@ def test_ring_sends_each_block_only_to_ranks_its_window_reaches(rank_pool) -> No
         assert part["forward_bytes"] == len(partners) * block
         # backward: the blocks again, and each partner's dk, dv of them home
         assert part["bytes"] == 3 * len(partners) * block
+
+
+def saved_by_ring(group, points: int) -> tuple[int, int]:
+    """Bytes autograd keeps for one ring attention call, and one local q's bytes."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    layout = ShardLayout(tuple(shard_sizes(points, world)), rank)
+    q, k, v = (torch.randn(1, 2, layout.local_size, 8, requires_grad=True) for _ in range(3))
+    saved: list[int] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out = ring_attention(q, k, v, None, layout, group)
+    out.sum().backward()
+    return sum(saved), q.numel() * q.element_size()
+
+
+def test_ring_keeps_nothing_remote_for_backward(rank_pool) -> None:
+    for saved, block in rank_pool.run_ok(saved_by_ring, 4, 400):  # global attention over 4 blocks
+        assert saved <= 4 * block + block // 8 + 64  # q, k, v, out and the log-sum-exp: all local
 
 
 def test_ring_refuses_tensors_that_are_not_this_ranks_block() -> None:
