@@ -79,8 +79,11 @@ def ring_bytes(sizes: list[int], rank: int, width: int | None, row_bytes: int, f
     return (blocks_out + grads_home) * row_bytes
 
 
-def sequence_uses_ring(sizes: list[int], width: int | None) -> bool:
-    """Whether ``shard_sequence`` runs this split and window by ring passes (its default choice)."""
+def sequence_uses_ring(sizes: list[int], width: int | None, ring: bool | None = None) -> bool:
+    """Whether ``shard_sequence`` runs this split and window by ring passes: its ``ring``
+    option, or when None its own choice."""
+    if ring is not None:
+        return ring and len(sizes) > 1
     return len(sizes) > 1 and reaches_beyond_neighbours(ShardLayout(tuple(sizes), 0), width)
 
 
@@ -116,15 +119,17 @@ def processor_bytes(
     checkpointed: bool = False,
     reduce_row_bytes: int | None = None,
     chunks: int = 1,
+    ring: bool | None = None,
 ) -> int:
     """Bytes one rank sends in one forward+backward of the whole processor (``reduce_row_bytes``:
-    a ``shard_channels`` reduce-scatter's row, when its dtype differs from ``row_bytes``')."""
+    a ``shard_channels`` reduce-scatter's row, when its dtype differs from ``row_bytes``';
+    ``ring``: ``shard_sequence``'s option)."""
     if strategy == "none" or len(sizes) == 1:
         return 0
     passes = 2 if checkpointed else 1
     if strategy == "shard_heads":
         per_layer = shard_heads_bytes(sizes, rank, num_heads, row_bytes, passes)
-    elif strategy == "shard_sequence" and sequence_uses_ring(sizes, window_size):
+    elif strategy == "shard_sequence" and sequence_uses_ring(sizes, window_size, ring):
         per_layer = ring_bytes(sizes, rank, window_size, row_bytes, passes)
     elif strategy == "shard_sequence":
         per_layer = halo_bytes(sizes, rank, window_size, row_bytes, passes)
@@ -138,13 +143,15 @@ def processor_bytes(
     return num_layers * per_layer
 
 
-def segment_id_bytes(strategy: str, sizes: list[int], rank: int, window_size: int | None) -> int:
+def segment_id_bytes(
+    strategy: str, sizes: list[int], rank: int, window_size: int | None, ring: bool | None = None
+) -> int:
     """Bytes one rank sends to share the segment ids (int64, one row per point) once per
     forward: ``shard_sequence`` a halo of them (unless it runs the ring), the others an
     all-gather (padded like ``shard_channels``' rows). Integer ids have no gradient: no backward."""
     if len(sizes) == 1 or strategy == "none":
         return 0
-    if strategy == "shard_sequence" and not sequence_uses_ring(sizes, window_size):
+    if strategy == "shard_sequence" and not sequence_uses_ring(sizes, window_size, ring):
         return halo_rows(sizes, rank, window_size)[0] * 8
     return (len(sizes) - 1) * max(sizes) * 8
 

@@ -32,7 +32,9 @@ def processor_flops(
     return 3 * batch * num_layers * (dense + attention)
 
 
-def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, strategy: str = "none") -> int:
+def saved_activation_bytes(
+    n: int, ranks: int, model: dict, batch: int = 1, strategy: str = "none", ring: bool | None = None
+) -> int:
     """Bytes autograd must keep per rank between forward and backward (fp32, no checkpointing).
 
     Per point and layer: the block input (LayerNorm 1 backward), the normed input (q, k, v
@@ -54,7 +56,7 @@ def saved_activation_bytes(n: int, ranks: int, model: dict, batch: int = 1, stra
     if (
         ranks > 1
         and strategy == "shard_sequence"
-        and not sequence_uses_ring(shard_sizes(n, ranks), model["window_size"])
+        and not sequence_uses_ring(shard_sizes(n, ranks), model["window_size"], ring)
     ):
         halo_rows = 2 * min(model["window_size"] or n, n)
     per_layer = local * per_point + halo_rows * 2 * c

@@ -55,9 +55,10 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
         checkpointed=m["num_chunks"] > 0,
         reduce_row_bytes=cfg["batch_size"] * m["num_channels"] * reduced_element_size(strategy, cfg["precision"]),
         chunks=max(m["num_chunks"], 1),
+        ring=cfg.get("ring"),
     )
     if cfg.get("segments") and world > 1:  # the ids, int64, shared once per step (no backward)
-        total += segment_id_bytes(strategy, report["shard_sizes"], rank, m["window_size"])
+        total += segment_id_bytes(strategy, report["shard_sizes"], rank, m["window_size"], cfg.get("ring"))
     if cfg["target"] == "train_step" and world > 1:
         # The encoder's halo of embedded data rows (bf16 under autocast) and the decoder's of
         # processor output rows (fp32: the residual stream).
@@ -109,7 +110,7 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
     # Useful FLOP/s per rank against what one rank's threads do on a big matmul.
     row["gemm_efficiency"] = row["processor_flop_per_s"] / len(reports) / row["gemm_flop_per_s"]
     if cfg["target"] == "processor":
-        saved = saved_activation_bytes(points, len(reports), m, cfg["batch_size"], cfg["strategy"])
+        saved = saved_activation_bytes(points, len(reports), m, cfg["batch_size"], cfg["strategy"], cfg.get("ring"))
         row["analytic_saved_bytes_per_rank"] = saved
         step_peaks = [r["step_peak_bytes"] for r in reports]
         if None not in step_peaks:

@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.analytic import halo_rows, processor_bytes, shard_heads_bytes
+from benchmarks.analytic import halo_rows, processor_bytes, ring_partners, shard_heads_bytes
 from benchmarks.flops import processor_flops, window_pairs
 from processor.distributed import shard_sizes
 
@@ -41,6 +41,18 @@ def test_checkpointing_repeats_the_forward_exchange():
     )
     assert plain == 3 * (50 + 50) * 64
     assert again == 3 * (2 * 50 + 50) * 64
+
+
+def test_ring_sends_each_block_to_its_partners_and_gradients_home():
+    sizes = [10, 20, 10]  # window 15: rank 0 (last point 9) meets rank 1, not rank 2 (first point 30)
+    kw = dict(num_layers=1, num_heads=4, window_size=15, row_bytes=1)
+    # The window reaches no block two ranks away: the halo unless the ring is forced.
+    assert processor_bytes("shard_sequence", sizes, 0, **kw) == sum(halo_rows(sizes, 0, 15))
+    forced = processor_bytes("shard_sequence", sizes, 0, **kw, ring=True)
+    assert forced == 2 * 2 * 10 + 2 * 20  # my k, v to rank 1 in forward and backward; its dk, dv home
+    assert ring_partners(sizes, 1, 15) == [0, 2] and ring_partners(sizes, 0, 21) == [1, 2]
+    global_attention = processor_bytes("shard_sequence", sizes, 1, **{**kw, "window_size": None})
+    assert global_attention == 2 * 2 * 2 * 20 + 2 * (10 + 10)  # two partners, chosen by itself
 
 
 def test_o96_sequence_sends_over_20x_less_than_heads_analytically():
