@@ -116,8 +116,9 @@ def _allowed(pair: BlockPair, span: _Span, device: torch.device) -> Tensor:
     """``(rows, 1, span queries, span keys)`` bool: in the window and of equal ids."""
     q_pos = torch.arange(span.q_lo, span.q_hi, device=device) + pair.q_start
     k_pos = torch.arange(span.k_lo, span.k_hi, device=device) + pair.k_start
-    allowed = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=device)
-    if pair.window is not None:
+    if pair.window is None:
+        allowed = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=device)
+    else:
         allowed = (q_pos[:, None] - k_pos[None, :]).abs() <= pair.window
     if pair.q_ids is not None and pair.k_ids is not None:
         q_ids, k_ids = pair.q_ids[:, span.q_lo : span.q_hi], pair.k_ids[:, span.k_lo : span.k_hi]
@@ -154,8 +155,9 @@ def partial_attention(
         allowed = _allowed(pair, span, q.device) if span.masked else None
         o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale)
         if allowed is not None:  # rows whose every key is masked: no contribution
-            part_lse = part_lse.masked_fill(~allowed.any(-1), float("-inf"))
-            o = o.masked_fill(~allowed.any(-1)[..., None], 0.0)
+            no_key = ~allowed.any(-1)
+            part_lse = part_lse.masked_fill(no_key, float("-inf"))
+            o = o.masked_fill(no_key[..., None], 0.0)
         out[:, :, qs], lse[:, :, qs] = o, part_lse
     return out, lse
 

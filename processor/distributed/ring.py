@@ -98,15 +98,15 @@ class _Ring:
         a = self.layout.offsets[rank]
         return ids[:, a : a + self.layout.sizes[rank]]
 
-    def swap(self, step: int, mine: Tensor, like: Tensor) -> Posted | None:
-        """Post the swap of step ``step``: ``mine`` to the partner, a buffer shaped as ``like``
-        with the partner's rows (dim 3) from it. None past the last step."""
+    def swap(self, step: int, kv: Tensor) -> Posted | None:
+        """Post the swap of step ``step``: this rank's ``kv`` ``(2, b, h, n, d)`` to the partner,
+        a buffer for the partner's (its rows on dim 3) from it. None past the last step."""
         if step >= len(self.plan.partners):
             return None
         peer = self.plan.partners[step]
-        shape = list(like.shape)
+        shape = list(kv.shape)
         shape[3] = self.layout.sizes[peer]
-        return self.transport.post([(peer, mine)], [(peer, like.new_empty(shape))], self.group, kind="ring")
+        return self.transport.post([(peer, kv)], [(peer, kv.new_empty(shape))], self.group, kind="ring")
 
 
 class _RingAttention(torch.autograd.Function):
@@ -114,12 +114,12 @@ class _RingAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: _Ring) -> Tensor:  # type: ignore[override]
         me = ring.layout.rank
         kv = torch.stack([k, v])  # (2, b, h, n, d): one message per swap
-        in_flight = ring.swap(0, kv, kv)
+        in_flight = ring.swap(0, kv)
         out, lse = partial_attention(q, k, v, ring.pair(me), ring.scale)  # own block: every query's lse finite
         for step, peer in enumerate(ring.plan.partners):
             assert in_flight is not None
             theirs = in_flight.wait()[0]
-            in_flight = ring.swap(step + 1, kv, kv)
+            in_flight = ring.swap(step + 1, kv)
             part_out, part_lse = partial_attention(q, theirs[0], theirs[1], ring.pair(peer), ring.scale)
             merge_partial(out, lse, part_out, part_lse)
             del theirs, part_out, part_lse
@@ -133,13 +133,13 @@ class _RingAttention(torch.autograd.Function):
         q, kv, out, lse = ctx.saved_tensors
         k, v = kv.unbind(0)
         grad_out = grad_out.contiguous()
-        in_flight = ring.swap(0, kv, kv)
+        in_flight = ring.swap(0, kv)
         dq, dk, dv = partial_attention_backward(grad_out, q, k, v, out, lse, ring.pair(ring.layout.rank), ring.scale)
         grads_home: Posted | None = None
         for step, peer in enumerate(ring.plan.partners):
             assert in_flight is not None
             theirs = in_flight.wait()[0]
-            in_flight = ring.swap(step + 1, kv, kv)
+            in_flight = ring.swap(step + 1, kv)
             dq_part, dk_theirs, dv_theirs = partial_attention_backward(
                 grad_out, q, theirs[0], theirs[1], out, lse, ring.pair(peer), ring.scale
             )
