@@ -24,6 +24,10 @@ processor layer, with ``batch`` samples of ``channels`` values of ``element_size
   Under activation checkpointing the recomputation stops early (torch's default) once every
   saved tensor is back, so the last reduce-scatter of each checkpointed chunk, whose output
   nothing saves, is not repeated.
+- ``shard_hybrid`` with head groups of ``G`` ranks: ``shard_heads``' all-to-all among the
+  ``G`` ranks of my head group (over its points), then ``shard_sequence``'s exchange among
+  the ``P / G`` super-blocks for my heads' k and v: a halo of ``2 c_r`` values per row (k and
+  v, not the normed input: the heads are split), or the ring's blocks of ``c_r`` per row.
 
 With activation checkpointing the forward exchange runs again when backward recomputes it.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 from processor.distributed.ring import reaches_beyond_neighbours
 from processor.distributed.shards import ShardLayout, shard_offsets, shard_sizes
+from processor.strategies.shard_hybrid import ShardHybrid
 
 
 def halo_rows(sizes: list[int], rank: int, width: int | None) -> tuple[int, int]:
@@ -97,6 +102,36 @@ def shard_heads_bytes(sizes: list[int], rank: int, num_heads: int, row_bytes: in
     return round((forward_passes * forward + backward) * row_bytes)
 
 
+def hybrid_group_size(num_heads: int, ranks: int, head_group_size: int | None = None) -> int:
+    """``shard_hybrid``'s ``G``: the option, or its default for ``num_heads`` on ``ranks``."""
+    return ShardHybrid(head_group_size=head_group_size).group_size(num_heads, ranks)
+
+
+def shard_hybrid_bytes(
+    sizes: list[int],
+    rank: int,
+    num_heads: int,
+    window: int | None,
+    row_bytes: int,
+    forward_passes: int = 1,
+    *,
+    head_group_size: int | None = None,
+    ring: bool | None = None,
+) -> int:
+    """Bytes one rank sends for one ``shard_hybrid`` layer (``row_bytes``: one point's C values)."""
+    g = hybrid_group_size(num_heads, len(sizes), head_group_size)
+    sequence_index, head_index = divmod(rank, g)
+    members = sizes[sequence_index * g : (sequence_index + 1) * g]
+    total = shard_heads_bytes(members, head_index, num_heads, row_bytes, forward_passes) if g > 1 else 0
+    supers = [sum(sizes[s * g : (s + 1) * g]) for s in range(len(sizes) // g)]
+    mine = row_bytes * shard_sizes(num_heads, g)[head_index] // num_heads  # my heads' share of a row
+    if len(supers) == 1:
+        return total
+    if sequence_uses_ring(supers, window, ring):
+        return total + ring_bytes(supers, sequence_index, window, mine, forward_passes)
+    return total + halo_bytes(supers, sequence_index, window, 2 * mine, forward_passes)
+
+
 def shard_channels_bytes(
     sizes: list[int], row_bytes: int, reduce_row_bytes: int | None = None, forward_passes: int = 1
 ) -> int:
@@ -120,10 +155,11 @@ def processor_bytes(
     reduce_row_bytes: int | None = None,
     chunks: int = 1,
     ring: bool | None = None,
+    head_group_size: int | None = None,
 ) -> int:
     """Bytes one rank sends in one forward+backward of the whole processor (``reduce_row_bytes``:
     a ``shard_channels`` reduce-scatter's row, when its dtype differs from ``row_bytes``';
-    ``ring``: ``shard_sequence``'s option)."""
+    ``ring``, ``head_group_size``: the strategy's options)."""
     if strategy == "none" or len(sizes) == 1:
         return 0
     passes = 2 if checkpointed else 1
@@ -133,6 +169,10 @@ def processor_bytes(
         per_layer = ring_bytes(sizes, rank, window_size, row_bytes, passes)
     elif strategy == "shard_sequence":
         per_layer = halo_bytes(sizes, rank, window_size, row_bytes, passes)
+    elif strategy == "shard_hybrid":
+        per_layer = shard_hybrid_bytes(
+            sizes, rank, num_heads, window_size, row_bytes, passes, head_group_size=head_group_size, ring=ring
+        )
     elif strategy == "shard_channels":
         per_layer = shard_channels_bytes(sizes, row_bytes, reduce_row_bytes, passes)
         if checkpointed:  # each chunk's recomputation skips its last reduce-scatter
@@ -158,8 +198,9 @@ def segment_id_bytes(
 
 def exchanged_element_size(strategy: str, precision: str) -> int:
     """Bytes per exchanged value. Under bf16 autocast the q, k, v projections and the attention
-    output are bf16, but LayerNorm runs in fp32, so the halo of the normed input stays fp32."""
-    return 2 if precision == "bf16" and strategy == "shard_heads" else 4
+    output are bf16 (``shard_heads``' and ``shard_hybrid``'s payloads), but LayerNorm runs in
+    fp32, so ``shard_sequence``'s halo of the normed input stays fp32."""
+    return 2 if precision == "bf16" and strategy in ("shard_heads", "shard_hybrid") else 4
 
 
 def reduced_element_size(strategy: str, precision: str) -> int:

@@ -50,7 +50,8 @@ class BenchmarkConfig:
     data_grid: str | None = None  # train_step only: the data grid (None: same as grid)
     num_variables: int = 8  # train_step only
     strategy: str = "shard_sequence"
-    ring: bool | None = None  # shard_sequence: ring passes (true), halo (false), by the window's reach (null)
+    ring: bool | None = None  # shard_sequence, shard_hybrid: ring (true), halo (false), by the reach (null)
+    head_group_size: int | None = None  # shard_hybrid: ranks per head group (null: largest divisor <= heads, <= 8)
     ranks: int = 1
     device: str = "cpu"  # cpu (gloo) | cuda (NCCL, one GPU per rank)
     threads_per_rank: int = 1
@@ -91,7 +92,7 @@ _RANGES: list[tuple[str, Any, str]] = [
 ]
 
 
-STRATEGY_OPTIONS = ("ring",)  # top-level keys passed to the strategies that have them
+STRATEGY_OPTIONS = ("ring", "head_group_size")  # top-level keys passed to the strategies that have them
 
 
 def strategy_options(cfg: Any) -> dict[str, Any]:

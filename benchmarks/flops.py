@@ -9,7 +9,7 @@ Backward costs twice the forward. Norms, softmax and activations are not counted
 
 from __future__ import annotations
 
-from benchmarks.analytic import sequence_uses_ring
+from benchmarks.analytic import hybrid_group_size, sequence_uses_ring
 from processor.config import mlp_hidden_channels
 from processor.distributed.shards import shard_sizes
 
@@ -33,7 +33,13 @@ def processor_flops(
 
 
 def saved_activation_bytes(
-    n: int, ranks: int, model: dict, batch: int = 1, strategy: str = "none", ring: bool | None = None
+    n: int,
+    ranks: int,
+    model: dict,
+    batch: int = 1,
+    strategy: str = "none",
+    ring: bool | None = None,
+    head_group_size: int | None = None,
 ) -> int:
     """Bytes autograd must keep per rank between forward and backward (fp32, no checkpointing).
 
@@ -44,7 +50,7 @@ def saved_activation_bytes(
     values (the GELU MLP recomputes its post-activation in backward; other activations keep it:
     ``8 C + 2 hidden``), plus per-head log-sum-exp and the two LayerNorms' mean and rstd.
     ``shard_sequence`` adds k and v of the 2W halo rows (none through the ring, which keeps
-    nothing remote); with checkpointing only the chunk
+    nothing remote), ``shard_hybrid`` its heads' share of them; with checkpointing only the chunk
     inputs and one chunk's activations are kept.
     """
     c, h = model["num_channels"], model["num_heads"]
@@ -52,16 +58,23 @@ def saved_activation_bytes(
     local = -(-n // ranks)
     hidden_kept = hidden if model.get("activation", "gelu") in ("gelu", "gelu_tanh") else 2 * hidden
     per_point = 8 * c + hidden_kept + h + 4
-    halo_rows = 0
-    if (
-        ranks > 1
-        and strategy == "shard_sequence"
-        and not sequence_uses_ring(shard_sizes(n, ranks), model["window_size"], ring)
-    ):
-        halo_rows = 2 * min(model["window_size"] or n, n)
-    per_layer = local * per_point + halo_rows * 2 * c
+    per_layer = local * per_point + _halo_kv_kept(n, ranks, model, strategy, ring, head_group_size)
     layers = model["num_layers"]
     if model["num_chunks"] > 0:
         per_chunk = layers // model["num_chunks"]
         return 4 * batch * (model["num_chunks"] * local * c + per_chunk * per_layer)
     return 4 * batch * layers * per_layer
+
+
+def _halo_kv_kept(
+    n: int, ranks: int, model: dict, strategy: str, ring: bool | None, head_group_size: int | None
+) -> int:
+    """Values of k and v that one layer keeps for its halo rows (2W of them, C or C/G wide)."""
+    if ranks == 1 or strategy not in ("shard_sequence", "shard_hybrid"):
+        return 0
+    g = hybrid_group_size(model["num_heads"], ranks, head_group_size) if strategy == "shard_hybrid" else 1
+    blocks = shard_sizes(n, ranks)
+    supers = [sum(blocks[s * g : (s + 1) * g]) for s in range(ranks // g)]
+    if len(supers) == 1 or sequence_uses_ring(supers, model["window_size"], ring):
+        return 0
+    return 2 * min(model["window_size"] or n, n) * 2 * model["num_channels"] // g

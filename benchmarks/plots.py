@@ -28,7 +28,7 @@ from benchmarks.results import MIB, SENT_LAYER_COLUMN, load_rows, markdown_rows 
 
 # Keys that may vary in a sweep besides a plot's x axis and panels; the varying ones name the lines.
 _LINE_KEYS = ["strategy", "ranks", "num_layers", "num_channels", "window_size", "batch_size", "precision"]
-_MARKERS = {"none": "o", "shard_heads": "s", "shard_sequence": "^", "shard_channels": "D"}
+_MARKERS = {"none": "o", "shard_heads": "s", "shard_sequence": "^", "shard_channels": "D", "shard_hybrid": "P"}
 _LINESTYLES = ["-", "--", "-.", ":"]
 DPI = 110
 PANEL_SIZE_IN = (4.6, 3.4)

@@ -56,6 +56,7 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
         reduce_row_bytes=cfg["batch_size"] * m["num_channels"] * reduced_element_size(strategy, cfg["precision"]),
         chunks=max(m["num_chunks"], 1),
         ring=cfg.get("ring"),
+        head_group_size=cfg.get("head_group_size"),
     )
     if cfg.get("segments") and world > 1:  # the ids, int64, shared once per step (no backward)
         total += segment_id_bytes(strategy, report["shard_sizes"], rank, m["window_size"], cfg.get("ring"))
@@ -110,7 +111,9 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
     # Useful FLOP/s per rank against what one rank's threads do on a big matmul.
     row["gemm_efficiency"] = row["processor_flop_per_s"] / len(reports) / row["gemm_flop_per_s"]
     if cfg["target"] == "processor":
-        saved = saved_activation_bytes(points, len(reports), m, cfg["batch_size"], cfg["strategy"], cfg.get("ring"))
+        saved = saved_activation_bytes(
+            points, len(reports), m, cfg["batch_size"], cfg["strategy"], cfg.get("ring"), cfg.get("head_group_size")
+        )
         row["analytic_saved_bytes_per_rank"] = saved
         step_peaks = [r["step_peak_bytes"] for r in reports]
         if None not in step_peaks:

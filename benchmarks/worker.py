@@ -45,7 +45,9 @@ def _parallelize(model: torch.nn.Module, group: dist.ProcessGroup | None) -> tor
 def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
     n = grid_points(cfg["grid"])
     sizes = shard_sizes(n, world)
-    model = _parallelize(_processor(cfg, world, group).to(device), group)
+    processor = _processor(cfg, world, group).to(device)
+    model_group = processor.build_groups(group)  # shard_hybrid's sub-groups; the group for the others
+    model = _parallelize(processor, group)
     x = torch.randn(cfg["batch_size"], sizes[rank], cfg["model"]["num_channels"], device=device, requires_grad=True)
     # The gradient the decoder would send back: a fixed tensor, so no loss temporaries count.
     cotangent = torch.randn_like(x)
@@ -55,7 +57,7 @@ def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Step, di
         model.zero_grad(set_to_none=True)
         x.grad = None
         with autocast:
-            y = model(x, group=group, transport=transport, segment_ids=ids)
+            y = model(x, group=model_group, transport=transport, segment_ids=ids)
         y.backward(cotangent.to(y.dtype))
 
     return step, {"points": n, "shard_sizes": sizes}
@@ -89,6 +91,7 @@ def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[s
     )
     v, b = cfg["num_variables"], cfg["batch_size"]
     model = Forecaster(v, cfg["model"]["num_channels"], _processor(cfg, world, group)).to(device)
+    model_group = model.processor.build_groups(group)
     trainer = dataclasses.asdict(TrainerConfig())  # the training run's optimiser and clipping
     optimiser, schedule = build_optimiser(model, trainer)
     n_data = len(data.latitudes)
@@ -99,7 +102,7 @@ def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[s
     grids = _to_device(grids, device)
 
     def step(transport: Transport) -> None:
-        train_step(x, y, grids, group, transport)
+        train_step(x, y, grids, model_group, transport)
 
     info = {
         "points": len(hidden.latitudes),

@@ -8,18 +8,18 @@ place of the kernel (``tests/processor/strategies/test_exactness.py`` checks it)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.utils.checkpoint import checkpoint
 
 from processor.attention.module import SelfAttention
 from processor.config import ProcessorConfig
 from processor.distributed.consistency import agree_on_layout
+from processor.distributed.hybrid_groups import GroupLike, HybridGroups, process_group_of
 from processor.distributed.parameter_split import (
     full_state_dict,
     load_full_state_dict,
@@ -91,7 +91,7 @@ class TransformerProcessor(nn.Module):
     def forward(
         self,
         x: Tensor,
-        group: dist.ProcessGroup | DeviceMesh | None = None,
+        group: GroupLike = None,
         shard_sizes: Sequence[int] | None = None,
         *,
         segment_ids: Tensor | None = None,
@@ -102,7 +102,7 @@ class TransformerProcessor(nn.Module):
         Args:
             x: ``(batch, local_points, channels)``, this rank's contiguous block of points.
             group: the model-parallel group, or a 1-D device mesh of it (e.g. ``mesh["mp"]``);
-                ``None`` for one rank.
+                ``None`` for one rank; for ``shard_hybrid``, what :meth:`build_groups` made of it.
             shard_sizes: optional points per rank, checked against the actual blocks
                 (gathered from the ranks either way).
             segment_ids: optional integer ids of this rank's points, ``(batch, local_points)``
@@ -117,7 +117,9 @@ class TransformerProcessor(nn.Module):
             ValueError: on every rank of the group, for input or configuration that any rank
                 gets wrong (shapes, channels, shard sizes, segment ids, any processor setting).
         """
-        ctx = self._context(x, _process_group(group), shard_sizes, transport or Transport(), segment_ids)
+        ctx = self._context(x, process_group_of(group), shard_sizes, transport or Transport(), segment_ids)
+        if isinstance(group, HybridGroups):
+            ctx = replace(ctx, hybrid_groups=group)
         c = self.config
         chunks = max(c.num_chunks, 1)
         per_chunk = c.num_layers // chunks
@@ -160,12 +162,22 @@ class TransformerProcessor(nn.Module):
         ids = normalise_segment_ids(segment_ids, x)  # the same error on every rank: the kinds agreed
         return ShardContext.build(group, layout, self.strategy, transport, self.config.window_size, ids)
 
-    def split_parameters(self, group: dist.ProcessGroup | DeviceMesh | None) -> None:
+    def build_groups(self, group: GroupLike) -> GroupLike:
+        """What :meth:`forward` takes as its group under this model's strategy, made once per
+        run from the model-parallel ``group`` (every rank of it calls, together): the group
+        itself, or ``shard_hybrid``'s :class:`~processor.distributed.hybrid_groups.HybridGroups`."""
+        plain = process_group_of(group)
+        if plain is None or dist.get_world_size(plain) == 1:
+            return plain
+        self.config.check_world_size(dist.get_world_size(plain))
+        return self.strategy.build_groups(plain, self.config.num_heads)
+
+    def split_parameters(self, group: GroupLike) -> None:
         """Keep only this rank's share of the parameters, for strategies that split them
         (``shard_channels``); a no-op for the others. Every rank of ``group`` calls it once,
         on a model built identically everywhere (same seed or same weights), before the
         optimiser is built."""
-        group = _process_group(group)
+        group = process_group_of(group)
         rank, world = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
         if self.parameter_split.world_size != 1:
             raise RuntimeError(f"the parameters are already split ({self.parameter_split})")
@@ -177,11 +189,11 @@ class TransformerProcessor(nn.Module):
         if mark_split_parameters(self):
             self.parameter_split = ParameterSplit(rank, world)
 
-    def full_state_dict(self, group: dist.ProcessGroup | DeviceMesh | None = None) -> dict[str, Tensor]:
+    def full_state_dict(self, group: GroupLike = None) -> dict[str, Tensor]:
         """The state dict as one rank holding every parameter has it (split parameters gathered
         from ``group``, every rank of which calls): what a checkpoint stores, loadable on any
         rank count and strategy with :meth:`load_full_state_dict`."""
-        return full_state_dict(self, _process_group(group) if self.parameter_split.world_size > 1 else None)
+        return full_state_dict(self, process_group_of(group) if self.parameter_split.world_size > 1 else None)
 
     def load_full_state_dict(self, state: dict[str, Tensor]) -> None:
         """Load a full state dict, keeping this rank's share of each split parameter."""
@@ -209,17 +221,6 @@ class ParameterSplit:
             f"the parameters were split for rank {self.rank} of {self.world_size} "
             f"(split_parameters), this forward runs as rank {rank} of {world_size}: split them for this group"
         )
-
-
-def _process_group(group: dist.ProcessGroup | DeviceMesh | None) -> dist.ProcessGroup | None:
-    if not isinstance(group, DeviceMesh):
-        return group
-    if group.ndim != 1:
-        raise ValueError(
-            f"the processor takes a 1-D mesh of its model-parallel ranks; got dims {group.mesh_dim_names}: "
-            'pass the axis, e.g. mesh["mp"]'
-        )
-    return group.get_group()
 
 
 def _run_blocks(blocks: nn.ModuleList, x: Tensor, ctx: ShardContext) -> Tensor:

@@ -78,7 +78,8 @@ class StrategyConfig:
     """The model-parallel strategy by name, and its options (None: the strategy's default)."""
 
     name: str = "shard_sequence"
-    ring: bool | None = None  # shard_sequence: ring passes (true), halo (false), by the window's reach (null)
+    ring: bool | None = None  # shard_sequence, shard_hybrid: ring (true), halo (false), by the reach (null)
+    head_group_size: int | None = None  # shard_hybrid: ranks per head group (null: largest divisor <= heads, <= 8)
 
 
 @dataclass

@@ -66,7 +66,7 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     with torch.no_grad():
         for sample_id, sample in enumerate(mine):
             x, targets = session.batches([sample], steps)
-            forecasts = rollout(model, x, steps, session.grids, dims.mp_group, session.transport)
+            forecasts = rollout(model, x, steps, session.grids, session.model_group, session.transport)
             initial = dataset.denormalise(x[0].numpy())
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
                 truth = dataset.denormalise(target[0].numpy())

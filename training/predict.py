@@ -76,7 +76,8 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
     x = torch.from_numpy(dataset.state(t, session.points))[None]
     store.write(0, dataset.denormalise(x[0].numpy()))
     with torch.no_grad():
-        for k, state in enumerate(rollout(session.model, x, steps, session.grids, dims.mp_group, session.transport)):
+        states = rollout(session.model, x, steps, session.grids, session.model_group, session.transport)
+        for k, state in enumerate(states):
             store.write(k + 1, dataset.denormalise(state[0].numpy()))
     store.close()
     return path

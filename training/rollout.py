@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from processor.distributed import Transport
+from processor.distributed import GroupLike, Transport
 from training.config import ConfigValueError
 
 
@@ -75,7 +74,7 @@ def rollout(
     x: Tensor,
     steps: int,
     grids: Any,
-    group: dist.ProcessGroup | None,
+    group: GroupLike,
     transport: Transport,
     autocast: AbstractContextManager | None = None,
 ) -> list[Tensor]:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from processor import TransformerProcessor
-from processor.distributed import CommCounter, Transport, agree_on_values
+from processor.distributed import CommCounter, GroupLike, Transport, agree_on_values
 from processor.grids import get_grid
 from processor.runtime import Heartbeat, set_freed_memory_policy
 from training.config import processor_config, strategy_settings
@@ -139,6 +139,7 @@ class Session:
     batches: Batches
     counter: CommCounter
     transport: Transport
+    model_group: GroupLike  # what the model takes: the mp group, or shard_hybrid's sub-groups of it
 
     @property
     def points(self) -> slice:
@@ -169,6 +170,6 @@ def open_session(cfg: dict[str, Any], dims: ParallelDims, horizon: int = 1) -> S
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     samples = dataset_samples(cfg, dataset, horizon)
     counter = CommCounter()
-    return Session(
-        cfg, dims, dataset, grids, model, samples, Batches(dataset, grids, samples.lead), counter, Transport(counter)
-    )
+    model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
+    batches = Batches(dataset, grids, samples.lead)
+    return Session(cfg, dims, dataset, grids, model, samples, batches, counter, Transport(counter), model_group)

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from processor.distributed import Transport, clip_grad_norm_
+from processor.distributed import GroupLike, Transport, clip_grad_norm_, process_group_of
 from training.rollout import rollout
 
 
@@ -60,7 +59,7 @@ class TrainStep:
     points_per_replica: int
     weights: Tensor | None = None
 
-    def loss(self, x: Tensor, y: Tensor, grids: Any, group: dist.ProcessGroup | None, transport: Transport) -> Tensor:
+    def loss(self, x: Tensor, y: Tensor, grids: Any, group: GroupLike, transport: Transport) -> Tensor:
         """This rank's share of the replica's loss. ``x`` ``(batch, local points, variables)``;
         ``y`` the same shape for one step, or ``(steps, batch, local points, variables)`` for a
         rollout in which each forecast is fed the one before, gradients through all of them."""
@@ -77,7 +76,7 @@ class TrainStep:
         x: Tensor,
         y: Tensor,
         grids: Any,
-        group: dist.ProcessGroup | None,
+        group: GroupLike,
         transport: Transport | None = None,
         after_backward: Callable[[], None] | None = None,
     ) -> Tensor:
@@ -87,7 +86,7 @@ class TrainStep:
         if after_backward is not None:
             after_backward()
         if self.grad_clip > 0:  # the whole model's norm, also when parameters are split over `group`
-            clip_grad_norm_(self.model.parameters(), self.grad_clip, mp_group=group)
+            clip_grad_norm_(self.model.parameters(), self.grad_clip, mp_group=process_group_of(group))
         self.optimiser.step()
         self.optimiser.zero_grad(set_to_none=True)
         self.schedule.step()

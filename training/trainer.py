@@ -159,7 +159,7 @@ class Trainer:
         s.counter.reset()
         x, y = s.batches([s.samples.train[i] for i in picks], rollout)
         fault = functools.partial(maybe_die, t_cfg, dims.rank, step, self.run_dir)
-        loss = self.step_fn(x, y, s.grids, dims.mp_group, s.transport, after_backward=fault)
+        loss = self.step_fn(x, y, s.grids, s.model_group, s.transport, after_backward=fault)
         elapsed = time.perf_counter() - t0
         train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, s.counter.total_bytes])
         train_loss /= dims.dp
@@ -186,7 +186,7 @@ class Trainer:
         val = s.samples.val[: t_cfg["val_batches"] * t_cfg["batch_size"]]
         s.model.eval()
         with torch.no_grad():
-            losses = [self.step_fn.loss(*s.batches([v]), s.grids, s.dims.mp_group, s.transport).item() for v in val]
+            losses = [self.step_fn.loss(*s.batches([v]), s.grids, s.model_group, s.transport).item() for v in val]
         s.model.train()
         total = sum(losses) / len(val) * t_cfg["batch_size"]
         return s.dims.sum_over_world([total])[0] / s.dims.dp
@@ -227,6 +227,6 @@ def _forecast_part(session: Session) -> np.ndarray:
     x, y = session.batches(session.samples.val[:1])
     session.model.eval()
     with torch.no_grad():
-        pred = session.model(x, session.grids, session.dims.mp_group)
+        pred = session.model(x, session.grids, session.model_group)
     session.model.train()
     return np.stack([y[0, 0].numpy(), pred[0].numpy()])

@@ -1,7 +1,7 @@
 """Model-parallel strategies: the contract (:class:`Strategy`) and the built-in ones by name.
 
 A strategy is chosen by name (``none``, ``shard_heads``, ``shard_sequence``,
-``shard_channels``) or given as an instance of your own :class:`Strategy` subclass (usually a
+``shard_channels``, ``shard_hybrid``) or given as an instance of your own :class:`Strategy` subclass (usually a
 :class:`PointSharded` one); see :mod:`processor.strategies.base` for what a strategy is handed
 and must return.
 """
@@ -24,9 +24,10 @@ from processor.strategies.base import (
 )
 from processor.strategies.shard_channels import ShardChannels
 from processor.strategies.shard_heads import ShardHeads
+from processor.strategies.shard_hybrid import ShardHybrid
 from processor.strategies.shard_sequence import ShardSequence
 
-BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardHeads, ShardSequence, ShardChannels)})
+BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardHeads, ShardSequence, ShardChannels, ShardHybrid)})
 
 
 def strategy_options(name: str) -> tuple[str, ...]:
@@ -37,7 +38,8 @@ def strategy_options(name: str) -> tuple[str, ...]:
 
 def resolve_strategy(strategy: str | Strategy, options: Mapping[str, Any] | None = None) -> Strategy:
     """``strategy`` itself if it is a :class:`Strategy`, else the built-in one of that name with
-    ``options`` (e.g. ``{"ring": False}`` for ``shard_sequence``). ``ValueError`` listing the
+    ``options`` (e.g. ``{"ring": False}`` for ``shard_sequence``, ``{"head_group_size": 2}``
+    for ``shard_hybrid``). ``ValueError`` listing the
     built-in names for an unknown name; :class:`StrategyOptionError` for an unknown option."""
     options = dict(options or {})
     if isinstance(strategy, Strategy):
@@ -65,6 +67,7 @@ __all__ = [
     "ShardChannels",
     "ShardContext",
     "ShardHeads",
+    "ShardHybrid",
     "ShardSequence",
     "SingleRank",
     "Strategy",

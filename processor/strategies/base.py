@@ -31,6 +31,7 @@ from typing import ClassVar, Protocol
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from processor.distributed.hybrid_groups import HybridGroups
 from processor.distributed.region import gather_points
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
@@ -95,6 +96,7 @@ class ShardContext:
     transport: Transport
     window_size: int | None = None
     key_segment_ids: Tensor | None = None
+    hybrid_groups: HybridGroups | None = None  # shard_hybrid's sub-groups of ``group``
 
     @property
     def world_size(self) -> int:
@@ -109,12 +111,13 @@ class ShardContext:
         transport: Transport,
         window_size: int | None = None,
         segment_ids: Tensor | None = None,
+        hybrid_groups: HybridGroups | None = None,
     ) -> ShardContext:
         """The context for ``layout``: on one rank, :class:`SingleRank` instead of ``strategy``;
         with ``segment_ids``, the strategy's shared ids computed once here."""
         if layout.world_size == 1:
-            group, strategy = None, SingleRank()
-        ctx = cls(group, layout, strategy, transport, window_size)
+            group, strategy, hybrid_groups = None, SingleRank(), None
+        ctx = cls(group, layout, strategy, transport, window_size, hybrid_groups=hybrid_groups)
         if segment_ids is None:
             return ctx
         return replace(ctx, key_segment_ids=ctx.strategy.share_segment_ids(segment_ids, ctx))
@@ -141,6 +144,12 @@ class Strategy(ABC):
         """Raise ``ValueError`` if this strategy cannot run the configuration on ``world_size``
         ranks (one line naming the setting and how to fix it). Default: any size works."""
         return None
+
+    def build_groups(self, group: dist.ProcessGroup, num_heads: int) -> dist.ProcessGroup | HybridGroups:
+        """What the processor's forward takes as its group, made from the model-parallel
+        ``group`` once per run (every rank of it calls, together). Default: ``group`` itself;
+        ``shard_hybrid`` builds its head and sequence sub-groups."""
+        return group
 
     @abstractmethod
     def block(self, parts: BlockParts, x: Tensor, ctx: ShardContext) -> Tensor:

@@ -3,16 +3,20 @@
 Forward, per layer: one all-to-all carries q, k and v (packed) from "my points, all heads"
 to "all points, my heads"; a second carries the attention output back. Heads are split
 like points (larger shards first), so a head count not divisible by the ranks works.
+:func:`points_to_heads` and :func:`heads_to_points` are the two trades; ``shard_hybrid``
+makes them inside groups of ranks.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from einops import rearrange
 from torch import Tensor
 
 from processor.distributed.collectives import all_to_all
 from processor.distributed.shards import shard_sizes
+from processor.distributed.transport import Transport
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext, require_a_head_per_rank
 
 
@@ -23,25 +27,44 @@ class ShardHeads(PointSharded):
         require_a_head_per_rank(self.name, num_heads, world_size)
 
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
-        rank, points = ctx.layout.rank, list(ctx.layout.sizes)
+        points, rank = list(ctx.layout.sizes), ctx.layout.rank
         heads = shard_sizes(attn.num_heads, ctx.world_size)
-        b, n, _ = h.shape
-        d, mine = attn.head_dim, heads[rank]
+        qkv = points_to_heads(attn.qkv_packed(h), points, heads, rank, ctx.group, ctx.transport)
+        out = attn.attend(qkv[0], qkv[1], qkv[2], segment_ids=ctx.key_segment_ids)
+        return heads_to_points(out, points, heads, rank, ctx.group, ctx.transport)
 
-        def exchange(x: Tensor, send: list[int], recv: list[int]) -> Tensor:
-            return all_to_all(x, send, recv, ctx.group, ctx.transport)
 
-        qkv = attn.qkv_packed(h)  # (b, n, 3, heads, d)
-        send = rearrange(qkv, "b n t h d -> h t b n d").reshape(-1)  # chunk r = heads of rank r
-        received = exchange(send, [hr * 3 * b * n * d for hr in heads], [mine * 3 * b * ns * d for ns in points])
-        chunks = received.split([mine * 3 * b * ns * d for ns in points])
-        qkv_all = torch.cat(
-            [rearrange(c, "(h t b n d) -> t b h n d", h=mine, t=3, b=b, d=d) for c in chunks], dim=3
-        )  # (3, b, my heads, all points, d)
-        out = attn.attend(qkv_all[0], qkv_all[1], qkv_all[2], segment_ids=ctx.key_segment_ids)
+def points_to_heads(
+    qkv: Tensor, points: list[int], heads: list[int], rank: int, group: dist.ProcessGroup | None, transport: Transport
+) -> Tensor:
+    """``(batch, my points, 3, all heads, head_dim)`` -> ``(3, batch, my heads, all points,
+    head_dim)``: rank ``r`` of ``group`` holds ``points[r]`` points before and ``heads[r]``
+    heads after; the points come in rank order. A group of one rank (None) trades nothing."""
+    if len(points) == 1:
+        return rearrange(qkv, "b n t h d -> t b h n d")
+    b, n, _, _, d = qkv.shape
+    mine = heads[rank]
+    send = rearrange(qkv, "b n t h d -> h t b n d").reshape(-1)  # chunk r = heads of rank r
+    received = all_to_all(
+        send, [hr * 3 * b * n * d for hr in heads], [mine * 3 * b * ns * d for ns in points], group, transport
+    )
+    chunks = received.split([mine * 3 * b * ns * d for ns in points])
+    return torch.cat([rearrange(c, "(h t b n d) -> t b h n d", h=mine, t=3, b=b, d=d) for c in chunks], dim=3)
 
-        send = rearrange(out, "b h n d -> n b h d").reshape(-1)  # chunk s = points of rank s
-        received = exchange(send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads])
-        chunks = received.split([n * b * hr * d for hr in heads])
-        merged = torch.cat([rearrange(c, "(n b h d) -> b n h d", n=n, b=b, d=d) for c in chunks], dim=2)
-        return merged.reshape(b, n, attn.num_heads * d)
+
+def heads_to_points(
+    out: Tensor, points: list[int], heads: list[int], rank: int, group: dist.ProcessGroup | None, transport: Transport
+) -> Tensor:
+    """The way back: ``(batch, my heads, all points, head_dim)`` -> ``(batch, my points, all
+    heads * head_dim)``, heads in rank order."""
+    if len(points) == 1:
+        return rearrange(out, "b h n d -> b n (h d)")
+    b, _, _, d = out.shape
+    mine, n = heads[rank], points[rank]
+    send = rearrange(out, "b h n d -> n b h d").reshape(-1)  # chunk s = points of rank s
+    received = all_to_all(
+        send, [ns * b * mine * d for ns in points], [n * b * hr * d for hr in heads], group, transport
+    )
+    chunks = received.split([n * b * hr * d for hr in heads])
+    merged = torch.cat([rearrange(c, "(n b h d) -> b n h d", n=n, b=b, d=d) for c in chunks], dim=2)
+    return merged.reshape(b, n, sum(heads) * d)

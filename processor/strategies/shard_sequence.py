@@ -19,12 +19,13 @@ them (:func:`processor.distributed.ring.ring_attention`): memory per rank stays 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from processor.distributed.halo import HaloConfig, halo_pad, start_halo_exchange
+from processor.distributed.halo import HaloConfig, HaloExchange, halo_pad, start_halo_exchange
 from processor.distributed.ring import reaches_beyond_neighbours, ring_attention
 from processor.distributed.shards import ShardLayout
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext, StrategyOptionError
@@ -77,41 +78,66 @@ class ShardSequence(PointSharded):
         return attn.merge_heads([out])
 
     def _halo(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
-        window = attn.window_size
-        exchange = start_halo_exchange(h, HaloConfig(width=window, dim=1), ctx.layout, ctx.group, ctx.transport)
-        left, right = exchange.plan.left, exchange.plan.right
-        n = h.shape[1]
-        reach = ctx.layout.total if window is None else window
-        # Local queries [first, stop) see local keys only; those before and after need the halo.
-        first = min(reach, n) if left else 0
-        stop = max(n - reach, first) if right else n
-        q = attn.queries(h)
-        k, v = attn.keys_values(h)
-        ids = ctx.key_segment_ids  # (b or 1, left + n + right) or None
-
-        def attend(queries: Tensor, keys: Tensor, values: Tensor, q_offset: int, key_lo: int) -> Tensor:
-            # keys are padded rows [key_lo, key_lo + keys.shape[2]); their ids travel alongside
-            seg = None if ids is None else ids[:, key_lo : key_lo + keys.shape[2]]
-            return attn.attend(queries, keys, values, q_offset=q_offset, segment_ids=seg)
-
-        interior = attend(q[:, :, first:stop], k, v, first, left) if stop > first else None
-
-        halo_left, halo_right = exchange.finish()
-        k_left, v_left = attn.keys_values(halo_left)
-        k_right, v_right = attn.keys_values(halo_right)
-        # Keys in padded order: the left halo, the local rows, the right halo.
-        keys, values = (k_left, k, k_right), (v_left, v, v_right)
-        parts = []
-        if first > 0:  # queries [0, first) at padded rows [left, left + first)
-            hi = min(left + first + reach, left + n + right)
-            parts.append(attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), left, 0))
-        if interior is not None:
-            parts.append(interior)
-        if stop < n:  # queries [stop, n) at padded rows [left + stop, left + n)
-            lo = max(left + stop - reach, 0)
-            hi = left + n + right
-            parts.append(attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), left + stop - lo, lo))
+        exchange = start_halo_exchange(
+            h, HaloConfig(width=attn.window_size, dim=1), ctx.layout, ctx.group, ctx.transport
+        )
+        q, (k, v) = attn.queries(h), attn.keys_values(h)
+        parts = halo_attention(attn, q, k, v, exchange, attn.keys_values, ctx.layout, ctx.key_segment_ids)
         return attn.merge_heads(parts)
+
+
+def halo_attention(
+    attn: HeadAttention,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    exchange: HaloExchange,
+    halo_keys_values: Callable[[Tensor], tuple[Tensor, Tensor]],
+    layout: ShardLayout,
+    ids: Tensor | None,
+) -> list[Tensor]:
+    """This rank's windowed attention while its halo travels: the queries whose window holds
+    local rows only attend first, those at the edges once ``exchange`` is in.
+
+    Args:
+        q, k, v: the local rows' ``(batch, heads, local_points, head_dim)``.
+        exchange: the halo exchange already posted (of whatever rows the keys come from).
+        halo_keys_values: a received halo piece -> its k and v, ``(batch, heads, rows, head_dim)``.
+        ids: segment ids aligned with the halo-padded keys ``(batch or 1, left + n + right)``, or None.
+    Returns:
+        Outputs of consecutive query ranges, each ``(batch, heads, n_i, head_dim)``.
+    """
+    window = attn.window_size
+    left, right = exchange.plan.left, exchange.plan.right
+    n = q.shape[2]
+    reach = layout.total if window is None else window
+    # Local queries [first, stop) see local keys only; those before and after need the halo.
+    first = min(reach, n) if left else 0
+    stop = max(n - reach, first) if right else n
+
+    def attend(queries: Tensor, keys: Tensor, values: Tensor, q_offset: int, key_lo: int) -> Tensor:
+        # keys are padded rows [key_lo, key_lo + keys.shape[2]); their ids travel alongside
+        seg = None if ids is None else ids[:, key_lo : key_lo + keys.shape[2]]
+        return attn.attend(queries, keys, values, q_offset=q_offset, segment_ids=seg)
+
+    interior = attend(q[:, :, first:stop], k, v, first, left) if stop > first else None
+
+    halo_left, halo_right = exchange.finish()
+    k_left, v_left = halo_keys_values(halo_left)
+    k_right, v_right = halo_keys_values(halo_right)
+    # Keys in padded order: the left halo, the local rows, the right halo.
+    keys, values = (k_left, k, k_right), (v_left, v, v_right)
+    parts = []
+    if first > 0:  # queries [0, first) at padded rows [left, left + first)
+        hi = min(left + first + reach, left + n + right)
+        parts.append(attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), left, 0))
+    if interior is not None:
+        parts.append(interior)
+    if stop < n:  # queries [stop, n) at padded rows [left + stop, left + n)
+        lo = max(left + stop - reach, 0)
+        hi = left + n + right
+        parts.append(attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), left + stop - lo, lo))
+    return parts
 
 
 def _span(pieces: tuple[Tensor, ...], lo: int, hi: int) -> Tensor:

@@ -55,6 +55,23 @@ def test_ring_sends_each_block_to_its_partners_and_gradients_home():
     assert global_attention == 2 * 2 * 2 * 20 + 2 * (10 + 10)  # two partners, chosen by itself
 
 
+def test_hybrid_is_heads_within_groups_and_k_v_across_them():
+    sizes, kw = [10, 11, 9, 12], dict(num_layers=1, num_heads=4, row_bytes=8)
+    for rank in range(4):  # G = P: shard_heads; G = 1: the sequence exchange, with k and v (2 C) per row
+        heads = processor_bytes("shard_heads", sizes, rank, window_size=5, **kw)
+        assert processor_bytes("shard_hybrid", sizes, rank, window_size=5, head_group_size=4, **kw) == heads
+        halo = processor_bytes("shard_sequence", sizes, rank, window_size=5, **kw)
+        assert processor_bytes("shard_hybrid", sizes, rank, window_size=5, head_group_size=1, **kw) == 2 * halo
+        ring = processor_bytes("shard_sequence", sizes, rank, window_size=None, **kw)
+        assert processor_bytes("shard_hybrid", sizes, rank, window_size=None, head_group_size=1, **kw) == ring
+    # 2 x 2, rank 1: the all-to-all with rank 0 over 21 points, then a halo of 5 rows of its
+    # 2 heads' k and v (half a row each) with super-block [21, 42) and their gradients back.
+    within = shard_heads_bytes([10, 11], 1, 4, 8)
+    assert processor_bytes("shard_hybrid", [10, 11, 9, 12], 1, window_size=5, head_group_size=2, **kw) == (
+        within + (5 + 5) * 2 * 4
+    )
+
+
 def test_o96_sequence_sends_over_20x_less_than_heads_analytically():
     for p in (2, 4):
         sizes = shard_sizes(40320, p)

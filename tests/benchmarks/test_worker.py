@@ -36,6 +36,19 @@ CASES = [
     dict(strategy="shard_sequence", ranks=3, grid="o8", segments=4, model=dict(num_chunks=1)),
     dict(strategy="shard_heads", ranks=2, grid="o8", segments=3),
     dict(strategy="shard_channels", ranks=3, grid="o8", segments=5),
+    # 2 x 2: a halo of k, v across the head groups; global through the ring, bf16, checkpointed.
+    dict(strategy="shard_hybrid", ranks=4, grid="o8", head_group_size=2),
+    dict(
+        strategy="shard_hybrid",
+        ranks=4,
+        grid="o8",
+        head_group_size=2,
+        ring=True,
+        segments=3,
+        precision="bf16",
+        model=dict(window_size=None, num_chunks=1),
+    ),
+    dict(strategy="shard_hybrid", ranks=4, grid="o8", target="train_step", model=dict(num_heads=2, num_channels=8)),
 ]
 
 

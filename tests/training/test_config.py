@@ -17,7 +17,7 @@ def test_defaults_compose_and_pass_checks():
     check_config(cfg)
 
 
-@pytest.mark.parametrize("name", ["none", "shard_heads", "shard_sequence"])
+@pytest.mark.parametrize("name", ["none", "shard_heads", "shard_sequence", "shard_hybrid"])
 def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
@@ -59,6 +59,12 @@ def test_wrong_type_fails_naming_the_key():
         (["strategy=shard_heads", "model.num_heads=1", "model.num_channels=8"], "num_heads"),
         (["model.num_heads=3"], "not divisible"),
         (["strategy=shard_heads", "strategy.ring=true"], "strategy.ring: strategy 'shard_heads' has no such option"),
+        (["strategy=shard_hybrid", "strategy.head_group_size=4"], "head_group_size = 4 does not divide the 2"),
+        (
+            ["strategy=shard_hybrid", "strategy.head_group_size=2", "model.num_heads=1", "model.num_channels=8"],
+            "head_group_size = 2 gives a head group more ranks than the 1 heads",
+        ),
+        (["strategy=shard_hybrid", "strategy.head_group_size=0"], "strategy.head_group_size: 0 is out of range"),
     ],
 )
 def test_out_of_range_values(overrides, message):

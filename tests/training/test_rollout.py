@@ -12,6 +12,7 @@ import torch
 from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model_parallel_gradients
 from processor.grids import get_grid
+from processor.strategies import ShardHybrid
 from training.model import Forecaster, ShardedGrids
 from training.rollout import RolloutSchedule, loss_weights
 from training.step import TrainStep
@@ -47,7 +48,7 @@ def test_loss_weights_have_mean_one_and_name_bad_keys():
         loss_weights(_cfg(False, {"u": -1.0}), VARIABLES, lat, slice(None))
 
 
-def _model(strategy: str) -> Forecaster:
+def _model(strategy: str | ShardHybrid) -> Forecaster:
     torch.manual_seed(0)
     processor = TransformerProcessor(ProcessorConfig(2, 16, 4, window_size=30, strategy=strategy, num_chunks=0))
     return Forecaster(len(VARIABLES), 16, processor)
@@ -70,7 +71,7 @@ def _rollout_loss(model, x, y, ranks: int, rank: int, group, rows: slice):
     return loss.item(), x_local.grad
 
 
-def rollout_case(group, strategy: str) -> dict:
+def rollout_case(group, strategy: str | ShardHybrid) -> dict:
     import torch.distributed as dist
 
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
@@ -78,12 +79,15 @@ def rollout_case(group, strategy: str) -> dict:
     x, y = _data()
     layout = ShardLayout(tuple(shard_sizes(x.shape[1], ranks)), rank)
     rows = slice(layout.start, layout.stop)
-    loss, dx = _rollout_loss(model, x, y, ranks, rank, group, rows)
+    loss, dx = _rollout_loss(model, x, y, ranks, rank, model.processor.build_groups(group), rows)
     sum_model_parallel_gradients(model.parameters(), group)
     return {"loss": loss, "dx": dx.numpy(), "grads": {n: p.grad.numpy() for n, p in model.named_parameters()}}
 
 
-@pytest.mark.parametrize("strategy,ranks", [("shard_sequence", 2), ("shard_sequence", 3), ("shard_heads", 2)])
+@pytest.mark.parametrize(
+    "strategy,ranks",
+    [("shard_sequence", 2), ("shard_sequence", 3), ("shard_heads", 2), (ShardHybrid(head_group_size=2), 4)],
+)
 def test_rollout_loss_and_gradients_equal_one_rank(rank_pool, strategy, ranks):
     parts = rank_pool.run_ok(rollout_case, ranks, strategy)
     model = _model("none")

@@ -17,7 +17,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from processor import TransformerProcessor
-from processor.distributed import HaloConfig, ShardLayout, Transport, halo_pad, shard_offsets, shard_sizes
+from processor.distributed import (
+    GroupLike,
+    HaloConfig,
+    ShardLayout,
+    Transport,
+    halo_pad,
+    process_group_of,
+    shard_offsets,
+    shard_sizes,
+)
 from processor.grids import Grid
 from training.model.graphs import LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
 from training.model.mapper import GraphMapper
@@ -76,17 +85,18 @@ class Forecaster(nn.Module):
         self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables))
 
     def forward(
-        self, x: Tensor, grids: ShardedGrids, group: dist.ProcessGroup | None, *, transport: Transport | None = None
+        self, x: Tensor, grids: ShardedGrids, group: GroupLike, *, transport: Transport | None = None
     ) -> Tensor:
         """``x``: this rank's data points ``(b, local data points, vars)``, normalised.
+        ``group``: the model-parallel group, or what ``processor.build_groups`` made of it.
         ``transport``: what sends the halos' and the processor's bytes (e.g. counted)."""
-        b = x.shape[0]
+        b, model_group, group = x.shape[0], group, process_group_of(group)
         transport = transport or Transport()
         data = self.data_embed(torch.cat([x, grids.data_features.expand(b, -1, -1)], dim=-1))
         hidden = self.hidden_embed(grids.hidden_features).expand(b, -1, -1)
         src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
         hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
-        hidden = self.processor(hidden, group=group, transport=transport)
+        hidden = self.processor(hidden, group=model_group, transport=transport)
         src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group, transport)
         data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
         return x + self.head(data)

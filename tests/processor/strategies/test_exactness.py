@@ -9,7 +9,7 @@ import torch
 from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import shard_offsets, shard_sizes, sum_model_parallel_gradients
 from processor.distributed.parameter_split import gather_full, split_of
-from processor.strategies import ShardSequence, Strategy
+from processor.strategies import ShardHybrid, ShardSequence, Strategy
 
 RTOL = 1e-5
 
@@ -73,7 +73,7 @@ def sharded_run(group, case: dict) -> dict:
     model.split_parameters(group)  # shard_channels keeps this rank's share; the others all
     y = model(
         x,
-        group=group,
+        group=model.build_groups(group),  # shard_hybrid's sub-groups; the group itself for the others
         shard_sizes=sizes if case.get("pass_sizes") else None,
         segment_ids=None if ids is None else ids[..., rows],
     )
@@ -149,6 +149,7 @@ def _cases() -> list[tuple[str, int, dict]]:
         forced = dict(points=n, batch=2, heads=4, seed=90 + ranks, qk_norm=True)
         cases.append((ShardSequence(ring=True), ranks, {**forced, "window": 6, "segments": "shared"}))
         cases.append((ShardSequence(ring=False), ranks, {**forced, "window": None, "chunks": 1}))
+    cases += _hybrid_cases(n)
     # Arbitrary (not balanced) shards, one shorter than the window: the halo spans several ranks.
     for strategy in ("shard_sequence", "shard_heads", "shard_channels"):
         cases.append(
@@ -172,6 +173,37 @@ def _cases() -> list[tuple[str, int, dict]]:
             (strategy, 3, dict(points=90, sizes=[1, 1, 88], window=4, batch=1, heads=3, seed=11, pass_sizes=True))
         )
     return cases
+
+
+def _hybrid_cases(n: int) -> list[tuple[str | Strategy, int, dict]]:
+    """Heads within groups, sequence across them: halo and ring across groups, P > heads."""
+    hybrid = ShardHybrid
+    smallest = min(shard_sizes(n, 4))
+    base = dict(points=n, batch=2, heads=4, qk_norm=True)
+    return [
+        ("shard_hybrid", 2, {**base, "window": 9, "seed": 120}),  # default G = 2: shard_heads' case
+        (hybrid(head_group_size=1), 3, {**base, "window": 2 * smallest + 3, "seed": 121, "heads": 3}),  # ring
+        ("shard_hybrid", 4, {**base, "window": 7, "seed": 122, "batch": 1, "segments": "shared"}),  # G = 4
+        # P = 4 as 2 x 2: 2 heads per rank, a halo across the two super-blocks.
+        (hybrid(head_group_size=2), 4, {**base, "window": smallest + 5, "seed": 123, "chunks": 1}),
+        # P > heads: 2 heads on 4 ranks; global attention, forced through the ring, with ids.
+        (
+            hybrid(head_group_size=2, ring=True),
+            4,
+            {**base, "window": None, "heads": 2, "seed": 124, "segments": "per_member"},
+        ),
+        (hybrid(head_group_size=2), 4, {**base, "window": None, "heads": 3, "seed": 125, "batch": 1}),
+        (
+            hybrid(head_group_size=2),
+            4,
+            {**base, "window": 11, "heads": 5, "channels": 30, "seed": 126, "float64": True, "segments": "shared"},
+        ),
+        (
+            hybrid(head_group_size=2),
+            4,
+            dict(points=101, sizes=[5, 60, 3, 33], window=10, batch=2, heads=4, seed=127, pass_sizes=True, chunks=2),
+        ),
+    ]
 
 
 CASES = _cases()
