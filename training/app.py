@@ -37,6 +37,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from training.auto_strategy import resolve_auto
 from training.config import check_config
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
     ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
     checkpoint's model; without it this is a training run, whose checkpoint is checked."""
     world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else cfg.trainer.nprocs
+    cfg = resolve_auto(cfg)  # strategy=auto: the cost model's pick, printed and kept for MLflow
     check_config(cfg, world)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["run_dir"] = str(Path(resolved["run_dir"]).resolve())

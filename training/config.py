@@ -68,9 +68,12 @@ def processor_config(
         raise ValueError(f"config key {key}: {exc.message}") from None
 
 
+AUTO_KEYS = ("machine", "auto")  # strategy=auto's own settings, not options of the strategy it picks
+
+
 def strategy_settings(strategy: Any) -> dict[str, Any]:
-    """A ``strategy`` section's options (every key but ``name``) as a dict."""
-    return {k: v for k, v in dict(strategy).items() if k != "name"}
+    """A ``strategy`` section's options (every key but ``name`` and auto's) as a dict."""
+    return {k: v for k, v in dict(strategy).items() if k not in ("name", *AUTO_KEYS)}
 
 
 @dataclass
@@ -80,6 +83,8 @@ class StrategyConfig:
     name: str = "shard_sequence"
     ring: bool | None = None  # shard_sequence, shard_hybrid: ring (true), halo (false), by the reach (null)
     head_group_size: int | None = None  # shard_hybrid: ranks per head group (null: largest divisor <= heads, <= 8)
+    machine: str = "probe"  # auto: the machine it predicts for: probe | a preset (h100_nvlink_ib) | a probe's JSON
+    auto: Any = None  # filled by strategy=auto: its pick and every candidate's predicted step time
 
 
 @dataclass

@@ -3,7 +3,8 @@
 A block is ``x + proj(attention(norm(x)))`` then ``x + mlp(norm(x))``. A strategy decides where
 each part runs and which collectives sit between them (:meth:`Strategy.block`):
 
-- :class:`PointSharded` strategies (``none``, ``shard_heads``, ``shard_sequence``) keep every
+- :class:`PointSharded` strategies (``none``, ``shard_heads``, ``shard_sequence``,
+  ``shard_hybrid``) keep every
   parameter on every rank and run norms, projections, residuals and the MLP on this rank's
   points; only attention mixes points, so they implement just :meth:`PointSharded.attend`:
   given the normed input ``h`` of the local points ``(batch, local_points, channels)``, the

@@ -70,3 +70,23 @@ def test_wrong_type_fails_naming_the_key():
 def test_out_of_range_values(overrides, message):
     with pytest.raises(ValueError, match=message):
         check_config(_compose(*overrides))
+
+
+def test_auto_picks_a_strategy_and_keeps_its_prediction(capsys):
+    from training.auto_strategy import resolve_auto
+    from training.config import strategy_settings
+
+    cfg = resolve_auto(_compose("strategy=auto", "strategy.machine=h100_nvlink_ib"))
+    check_config(cfg)  # the pick is a strategy like any other
+    assert cfg.strategy.name in ("shard_sequence", "shard_heads", "shard_channels")
+    assert cfg.strategy.auto.choice == cfg.strategy.name and cfg.strategy.auto.machine == "h100_nvlink_ib"
+    assert set(cfg.strategy.auto.predicted) >= {"shard_sequence", "shard_heads"}
+    assert "machine" not in strategy_settings(cfg.strategy)  # auto's own keys are no strategy options
+    assert f"picked {cfg.strategy.name}" in capsys.readouterr().out
+
+
+def test_auto_with_an_unknown_machine_names_it():
+    from training.auto_strategy import resolve_auto
+
+    with pytest.raises(ValueError, match="strategy=auto: machine 'cray'"):
+        resolve_auto(_compose("strategy=auto", "strategy.machine=cray"))
