@@ -188,12 +188,13 @@ def _ping_pong() -> tuple[float, float]:
     return latency, big.numel() * 4 / max(per_message - latency, 1e-9)
 
 
-def load_machine(name: str, threads: int = 1) -> Machine:
-    """A preset by name, a probe saved as JSON (a path), or ``probe``: measure now."""
+def load_machine(name: str, threads: int = 1, channels: int = 128, heads: int = 8) -> Machine:
+    """A preset by name, a probe saved as JSON (a path), or ``probe``: measure now (ranks of
+    ``threads`` threads, kernels shaped for ``channels`` and ``heads``)."""
     if name in PRESETS:
         return PRESETS[name]
     if name == "probe":
-        return probe(threads)
+        return probe(threads, channels, heads)
     path = Path(name)
     if path.suffix == ".json" and path.exists():
         values = json.loads(path.read_text())

@@ -31,7 +31,7 @@ def resolve_auto(cfg: DictConfig) -> DictConfig:
     t, m = cfg.trainer, cfg.model
     work = Workload.of(grid_points(m.hidden_grid), m, t.batch_size, t.ranks_per_model, t.precision)
     try:
-        machine = load_machine(cfg.strategy.machine, threads=t.threads_per_rank)
+        machine = load_machine(cfg.strategy.machine, t.threads_per_rank, m.num_channels, m.num_heads)
         pick, table = choose(work, machine)
     except ValueError as exc:
         from training.config import ConfigValueError
