@@ -48,7 +48,6 @@ CASES = [
         precision="bf16",
         model=dict(window_size=None, num_chunks=1),
     ),
-    dict(strategy="shard_hybrid", ranks=4, grid="o8", target="train_step", model=dict(num_heads=2, num_channels=8)),
 ]
 
 
