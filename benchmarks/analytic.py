@@ -34,6 +34,7 @@ With activation checkpointing the forward exchange runs again when backward reco
 
 from __future__ import annotations
 
+from processor.distributed.hybrid_groups import super_blocks
 from processor.distributed.ring import reaches_beyond_neighbours
 from processor.distributed.shards import ShardLayout, shard_offsets, shard_sizes
 from processor.strategies.shard_hybrid import ShardHybrid
@@ -123,7 +124,7 @@ def shard_hybrid_bytes(
     sequence_index, head_index = divmod(rank, g)
     members = sizes[sequence_index * g : (sequence_index + 1) * g]
     total = shard_heads_bytes(members, head_index, num_heads, row_bytes, forward_passes) if g > 1 else 0
-    supers = [sum(sizes[s * g : (s + 1) * g]) for s in range(len(sizes) // g)]
+    supers = super_blocks(sizes, g)
     mine = row_bytes * shard_sizes(num_heads, g)[head_index] // num_heads  # my heads' share of a row
     if len(supers) == 1:
         return total

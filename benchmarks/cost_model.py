@@ -35,7 +35,7 @@ from benchmarks.analytic import (
 )
 from benchmarks.flops import saved_activation_bytes, window_pairs
 from processor.config import ConfigError, ProcessorConfig, mlp_hidden_channels
-from processor.distributed.hybrid_groups import divisors
+from processor.distributed.hybrid_groups import divisors, super_blocks
 from processor.distributed.shards import shard_sizes
 
 
@@ -193,8 +193,8 @@ def predict(work: Workload, c: Candidate, machine: Machine) -> Prediction:
     """The step time, bytes and memory of the busiest rank under ``c`` on ``machine``."""
     n, p = work.points, work.ranks
     sizes = shard_sizes(n, p)
-    compute = _compute_s(work, c, sizes, machine)
     attention = _attention_s(work, c, sizes, machine)
+    compute = _outside_attention_s(work, c, sizes, machine) + attention
     sent = max(_bytes(work, c, sizes, r) for r in range(p)) if p > 1 else 0
     comm = exposed = 0.0
     for part_bytes, messages, span, overlapped in _comm_parts(work, c, sizes, sent):
@@ -239,7 +239,8 @@ def _attention_s(work: Workload, c: Candidate, sizes: list[int], machine: Machin
     return flops / rate * machine.slowdown(work.ranks)
 
 
-def _compute_s(work: Workload, c: Candidate, sizes: list[int], machine: Machine) -> float:
+def _outside_attention_s(work: Workload, c: Candidate, sizes: list[int], machine: Machine) -> float:
+    """Projections and MLP at the GEMM rate, and the memory-bound work beside them."""
     n, ch = work.points, work.num_channels
     hidden = mlp_hidden_channels(ch, work.mlp_hidden_ratio)
     rows = max(sizes)  # point-sharded strategies: my rows; shard_channels: all rows, a share of the channels
@@ -250,9 +251,7 @@ def _compute_s(work: Workload, c: Candidate, sizes: list[int], machine: Machine)
     dense *= 3 * work.batch * work.num_layers * recompute
     values = work.batch * work.num_layers * recompute * rows * ch
     memory_bound = values * (machine.other_s_per_value + _copies_per_value(work, c) * machine.copy_s_per_value)
-    return (dense / machine.gemm_flop_s + memory_bound) * machine.slowdown(work.ranks) + _attention_s(
-        work, c, sizes, machine
-    )
+    return (dense / machine.gemm_flop_s + memory_bound) * machine.slowdown(work.ranks)
 
 
 def _copies_per_value(work: Workload, c: Candidate) -> float:
@@ -299,7 +298,7 @@ def _comm_parts(work: Workload, c: Candidate, sizes: list[int], sent: int) -> li
     if c.strategy == "shard_sequence":
         return [(sent, layers * _sequence_messages(sizes, work.window_size, passes), p, True)]
     g = hybrid_group_size(work.num_heads, p, c.options.get("head_group_size"))
-    supers = [sum(sizes[s * g : (s + 1) * g]) for s in range(p // g)]
+    supers = super_blocks(sizes, g)
     within = max(_bytes(work, Candidate("shard_heads"), sizes[:g], r) for r in range(g)) if g > 1 else 0
     return [
         (within, layers * (2 * passes + 2) * (g - 1), g, False),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from benchmarks.analytic import hybrid_group_size, sequence_uses_ring
 from processor.config import mlp_hidden_channels
+from processor.distributed.hybrid_groups import super_blocks
 from processor.distributed.shards import shard_sizes
 
 
@@ -73,8 +74,7 @@ def _halo_kv_kept(
     if ranks == 1 or strategy not in ("shard_sequence", "shard_hybrid"):
         return 0
     g = hybrid_group_size(model["num_heads"], ranks, head_group_size) if strategy == "shard_hybrid" else 1
-    blocks = shard_sizes(n, ranks)
-    supers = [sum(blocks[s * g : (s + 1) * g]) for s in range(ranks // g)]
+    supers = super_blocks(shard_sizes(n, ranks), g)
     if len(supers) == 1 or sequence_uses_ring(supers, model["window_size"], ring):
         return 0
     return 2 * min(model["window_size"] or n, n) * 2 * model["num_channels"] // g

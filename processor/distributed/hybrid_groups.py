@@ -61,10 +61,10 @@ class HybridGroups:
         sequence = _create_mine([r[j::g] for r in replicas for j in range(g)], members[rank])
         return cls(group, heads, sequence, g)
 
-    @property
-    def sequence_size(self) -> int:
-        """``P / G``: head groups, i.e. super-blocks."""
-        return dist.get_world_size(self.group) // self.head_group_size
+
+def super_blocks(sizes: list[int] | tuple[int, ...], g: int) -> list[int]:
+    """Points per head group: the sum of each ``g`` consecutive blocks of ``sizes``."""
+    return [sum(sizes[s * g : (s + 1) * g]) for s in range(len(sizes) // g)]
 
 
 def divisors(n: int) -> list[int]:

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from processor.distributed.halo import HaloConfig, halo_extent, start_halo_exchange
-from processor.distributed.hybrid_groups import HybridGroups, divisors
+from processor.distributed.hybrid_groups import HybridGroups, divisors, super_blocks
 from processor.distributed.ring import ring_attention
 from processor.distributed.shards import ShardLayout, shard_sizes
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext, StrategyOptionError
@@ -86,8 +86,7 @@ class ShardHybrid(PointSharded):
         g, sizes = groups.head_group_size, ctx.layout.sizes
         sequence_index, head_index = divmod(ctx.layout.rank, g)
         members = list(sizes[sequence_index * g : (sequence_index + 1) * g])  # my head group's points
-        super_blocks = tuple(sum(sizes[s * g : (s + 1) * g]) for s in range(len(sizes) // g))
-        layout = ShardLayout(super_blocks, sequence_index)
+        layout = ShardLayout(tuple(super_blocks(sizes, g)), sequence_index)
         heads = shard_sizes(attn.num_heads, g)
         qkv = points_to_heads(attn.qkv_packed(h), members, heads, head_index, groups.heads, ctx.transport)
         out = self._across_groups(attn, qkv[0], qkv[1], qkv[2], layout, groups, ctx)
