@@ -19,9 +19,7 @@ processor layer, with ``batch`` samples of ``channels`` values of ``element_size
   MLP's first layer) and two reduce-scatters of partial sums (after the output projection and
   the MLP's second layer), each sending ``(P - 1) max_r n_r`` rows per rank (gloo gathers
   equal chunks: shorter blocks are padded to the longest). Backward: each one's transpose,
-  the same again. Under bf16 autocast the reduce-scatters (and their backward gathers) carry
-  bf16 linear outputs, the gathers (and their backward reduce-scatters) fp32 norm outputs.
-  Under activation checkpointing the recomputation stops early (torch's default) once every
+  the same again. Under activation checkpointing the recomputation stops early (torch's default) once every
   saved tensor is back, so the last reduce-scatter of each checkpointed chunk, whose output
   nothing saves, is not repeated.
 - ``shard_hybrid`` with head groups of ``G`` ranks: ``shard_heads``' all-to-all among the
@@ -30,6 +28,8 @@ processor layer, with ``batch`` samples of ``channels`` values of ``element_size
   v, not the normed input: the heads are split), or the ring's blocks of ``c_r`` per row.
 
 With activation checkpointing the forward exchange runs again when backward recomputes it.
+Under bf16 autocast every payload is bf16 (:func:`exchanged_element_size`): the normed rows that
+travel (the halo, the all-gathers) are rounded to the compute dtype before they are sent.
 """
 
 from __future__ import annotations
@@ -133,14 +133,11 @@ def shard_hybrid_bytes(
     return total + halo_bytes(supers, sequence_index, window, 2 * mine, forward_passes)
 
 
-def shard_channels_bytes(
-    sizes: list[int], row_bytes: int, reduce_row_bytes: int | None = None, forward_passes: int = 1
-) -> int:
-    """Bytes one rank sends for one ``shard_channels`` layer: two all-gathers of ``row_bytes``
-    rows and two reduce-scatters of ``reduce_row_bytes`` rows, forward and backward."""
+def shard_channels_bytes(sizes: list[int], row_bytes: int, forward_passes: int = 1) -> int:
+    """Bytes one rank sends for one ``shard_channels`` layer: two all-gathers and two
+    reduce-scatters of ``row_bytes`` rows, forward and backward."""
     rows = (len(sizes) - 1) * max(sizes)
-    reduce_row_bytes = row_bytes if reduce_row_bytes is None else reduce_row_bytes
-    return (forward_passes + 1) * 2 * rows * (row_bytes + reduce_row_bytes)
+    return (forward_passes + 1) * 4 * rows * row_bytes
 
 
 def processor_bytes(
@@ -153,14 +150,12 @@ def processor_bytes(
     window_size: int | None,
     row_bytes: int,
     checkpointed: bool = False,
-    reduce_row_bytes: int | None = None,
     chunks: int = 1,
     ring: bool | None = None,
     head_group_size: int | None = None,
 ) -> int:
-    """Bytes one rank sends in one forward+backward of the whole processor (``reduce_row_bytes``:
-    a ``shard_channels`` reduce-scatter's row, when its dtype differs from ``row_bytes``';
-    ``ring``, ``head_group_size``: the strategy's options)."""
+    """Bytes one rank sends in one forward+backward of the whole processor (``ring``,
+    ``head_group_size``: the strategy's options)."""
     if strategy == "none" or len(sizes) == 1:
         return 0
     passes = 2 if checkpointed else 1
@@ -175,9 +170,9 @@ def processor_bytes(
             sizes, rank, num_heads, window_size, row_bytes, passes, head_group_size=head_group_size, ring=ring
         )
     elif strategy == "shard_channels":
-        per_layer = shard_channels_bytes(sizes, row_bytes, reduce_row_bytes, passes)
+        per_layer = shard_channels_bytes(sizes, row_bytes, passes)
         if checkpointed:  # each chunk's recomputation skips its last reduce-scatter
-            skipped = chunks * (len(sizes) - 1) * max(sizes) * (reduce_row_bytes or row_bytes)
+            skipped = chunks * (len(sizes) - 1) * max(sizes) * row_bytes
             return num_layers * per_layer - skipped
     else:
         raise ValueError(f"no communication model for strategy {strategy!r}")
@@ -197,14 +192,7 @@ def segment_id_bytes(
     return (len(sizes) - 1) * max(sizes) * 8
 
 
-def exchanged_element_size(strategy: str, precision: str) -> int:
-    """Bytes per exchanged value. Under bf16 autocast the q, k, v projections and the attention
-    output are bf16 (``shard_heads``' and ``shard_hybrid``'s payloads), but LayerNorm runs in
-    fp32, so ``shard_sequence``'s halo of the normed input stays fp32."""
-    return 2 if precision == "bf16" and strategy in ("shard_heads", "shard_hybrid") else 4
-
-
-def reduced_element_size(strategy: str, precision: str) -> int:
-    """Bytes per value of ``shard_channels``' reduce-scatters: the linear layers' outputs, bf16
-    under bf16 autocast."""
-    return 2 if precision == "bf16" and strategy == "shard_channels" else 4
+def exchanged_element_size(precision: str) -> int:
+    """Bytes per exchanged value: 2 under bf16 autocast, where every strategy sends in the
+    compute dtype (:mod:`processor.precision`), else 4."""
+    return 2 if precision == "bf16" else 4

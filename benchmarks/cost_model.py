@@ -29,7 +29,6 @@ from benchmarks.analytic import (
     exchanged_element_size,
     hybrid_group_size,
     processor_bytes,
-    reduced_element_size,
     ring_partners,
     sequence_uses_ring,
 )
@@ -276,8 +275,7 @@ def _bytes(work: Workload, c: Candidate, sizes: list[int], rank: int) -> int:
         num_layers=work.num_layers,
         num_heads=work.num_heads,
         window_size=work.window_size,
-        row_bytes=work.batch * work.num_channels * exchanged_element_size(c.strategy, work.precision),
-        reduce_row_bytes=work.batch * work.num_channels * reduced_element_size(c.strategy, work.precision),
+        row_bytes=work.batch * work.num_channels * exchanged_element_size(work.precision),
         checkpointed=work.num_chunks > 0,
         chunks=max(work.num_chunks, 1),
         **c.options,

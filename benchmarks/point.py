@@ -11,7 +11,6 @@ from benchmarks.analytic import (
     exchanged_element_size,
     halo_bytes,
     processor_bytes,
-    reduced_element_size,
     segment_id_bytes,
 )
 from benchmarks.flops import processor_flops, saved_activation_bytes
@@ -43,7 +42,7 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
     """What this rank should have sent in one step, from :mod:`benchmarks.analytic`."""
     m, rank, world = cfg["model"], report["rank"], cfg["ranks"]
     strategy = cfg["strategy"] if world > 1 else "none"
-    element = exchanged_element_size(strategy, cfg["precision"])
+    element = exchanged_element_size(cfg["precision"])
     total = processor_bytes(
         strategy,
         report["shard_sizes"],
@@ -53,7 +52,6 @@ def analytic_bytes(cfg: dict[str, Any], report: dict[str, Any]) -> int:
         window_size=m["window_size"],
         row_bytes=cfg["batch_size"] * m["num_channels"] * element,
         checkpointed=m["num_chunks"] > 0,
-        reduce_row_bytes=cfg["batch_size"] * m["num_channels"] * reduced_element_size(strategy, cfg["precision"]),
         chunks=max(m["num_chunks"], 1),
         ring=cfg.get("ring"),
         head_group_size=cfg.get("head_group_size"),

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from processor.attention.dispatch import PATHS
 from processor.distributed.consistency import settings_fingerprint
 from processor.mlp import ACTIVATIONS
 from processor.strategies import Strategy, resolve_strategy
@@ -52,6 +53,9 @@ class ProcessorConfig:
         strategy: a built-in strategy's name (``none``, ``shard_heads``, ``shard_sequence``,
             ``shard_channels``) or a :class:`~processor.strategies.Strategy` instance of your own.
         attention_block_size: query rows per block in the windowed kernel (None: ``W / 2``).
+        attention_path: the windowed kernel, one of :data:`processor.attention.dispatch.PATHS`:
+            ``auto`` picks by device, dtype and whether a gradient is needed (README, "Attention
+            paths"); any other forces that path, for tests and benchmarks.
     """
 
     num_layers: int
@@ -66,6 +70,7 @@ class ProcessorConfig:
     activation: str = "gelu"
     strategy: str | Strategy = "none"
     attention_block_size: int | None = None
+    attention_path: str = "auto"
 
     def __post_init__(self) -> None:
         for key, ok, expected in _RULES:
@@ -167,4 +172,5 @@ _RULES = (
         lambda c: c.attention_block_size is None or (_is_int(c.attention_block_size) and c.attention_block_size >= 1),
         "an integer >= 1 or None",
     ),
+    ("attention_path", lambda c: c.attention_path in PATHS, f"one of {list(PATHS)}"),
 )

@@ -47,6 +47,7 @@ class TransformerBlock(nn.Module):
             c.dropout_p,
             c.attention_block_size,
             qk_norm_bias=c.qk_norm_bias,
+            path=c.attention_path,
         )
         self.mlp_norm = nn.LayerNorm(c.num_channels)
         self.mlp = MLP(c.num_channels, c.mlp_hidden, c.activation)

@@ -1,6 +1,17 @@
 import pytest
+import torch
 
 from tests.rank_pool import RankPool
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip, saying why, where torch sees no GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,10 @@ Queries are cut into blocks of ``block_size`` rows; block ``b`` attends to a key
 ``block_size + 2 * ceil(W / block_size) * block_size`` rows under one ``(block, band)`` mask
 shared by every block, and all interior blocks go through one fused call on strided views of
 the keys, so nothing of size ``N x N`` is ever built. On CPU in full precision that call and
-its backward are :mod:`processor.attention.banded`; elsewhere (GPU without flash-attn, bf16,
-dropout) it is one ``scaled_dot_product_attention`` call on the same views. The few queries
+its backward are :mod:`processor.attention.banded`; elsewhere (bf16 on CPU, dropout, a GPU
+without FlexAttention) it is one ``scaled_dot_product_attention`` call on the same views. On
+CUDA the band runs through flash-attn when installed, else FlexAttention's block-sparse
+kernel (:mod:`processor.attention.flex`); :mod:`processor.attention.dispatch` holds the rules. The few queries
 at either end, whose band would run off the keys, get one small masked call each. Autograd
 saves only q, k, v, the output and its log-sum-exp. Outputs are point-major in memory.
 
@@ -32,13 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from processor.attention.banded import banded_flash_attention, cat_points, interior_blocks
+from processor.attention.dispatch import AttentionCall, choose_path
+from processor.attention.flash import flash_window_attention
+from processor.attention.flex import flex_window_attention
 from processor.attention.masks import band_mask, reach_blocks, segment_band_mask
 from processor.segments import segment_id_rows, segment_ids_problem
-
-try:  # the flash-attn package has a native sliding window on CUDA (fp16/bf16)
-    from flash_attn import flash_attn_func
-except ImportError:  # pragma: no cover - CPU machines
-    flash_attn_func = None
 
 
 def default_block_size(window: int) -> int:
@@ -144,14 +144,16 @@ def _blocked(
     dropout_p: float,
     scale: float | None,
     ids: Tensor | None,
+    banded: bool,
 ) -> Tensor:
-    """Interior blocks (whose whole key band exists) in one fused call on views of q, k, v;
-    the few edge queries at each end by :func:`_band_attention`. Point-major output."""
+    """Interior blocks (whose whole key band exists) in one fused call on views of q, k, v
+    (the CPU ``banded`` kernel, or SDPA on strided views); the few edge queries at each end by
+    :func:`_band_attention`. Point-major output."""
     n_q, n_k = q.shape[2], k.shape[2]
     start, stop = interior_blocks(n_q, n_k, window, q_offset, block)
     if start == stop:
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale, ids)
-    if _fused_band_backward(q, dropout_p):
+    if banded:
         return banded_flash_attention(q, k, v, window, q_offset, block, scale, ids)
     # Head-major rows (a copy when q, k, v are views of the packed projection) keep the fused
     # kernel's reads sequential; autograd then saves these instead of the projection output.
@@ -163,12 +165,6 @@ def _blocked(
     if stop < n_q:
         parts.append(_band_attention(q[:, :, stop:], k, v, window, q_offset + stop, dropout_p, scale, ids))
     return cat_points(parts)
-
-
-def _fused_band_backward(q: Tensor, dropout_p: float) -> bool:
-    """CPU, full precision, no dropout: :mod:`processor.attention.banded` (its backward adds
-    per-shift gradients, which bf16 would round, and cannot replay dropout)."""
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and dropout_p == 0.0
 
 
 def _blocks_on_views(
@@ -220,37 +216,6 @@ def _views_sdpa(
     return out.reshape(b, h, n_q, d)
 
 
-def _flash_window(
-    q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, dropout_p: float, scale: float | None
-) -> Tensor:
-    # flash-attn aligns query i with key i + n_k - n_q and allows keys in [-left, +right] of it.
-    shift = q_offset - (k.shape[2] - q.shape[2])
-    left, right = window + shift, window - shift
-    out = flash_attn_func(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        dropout_p=dropout_p,
-        softmax_scale=scale,
-        window_size=(left, right),
-    )
-    return out.transpose(1, 2)
-
-
-def _flash_fits(q: Tensor, n_k: int, window: int, q_offset: int) -> bool:
-    """flash-attn is installed and takes these tensors and this window."""
-    shift = q_offset - (n_k - q.shape[2])
-    return (
-        flash_attn_func is not None
-        and q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and q.shape[-1] % 8 == 0
-        and q.shape[-1] <= 256
-        and 0 <= window + shift
-        and 0 <= window - shift
-    )
-
-
 def sliding_window_attention(
     q: Tensor,
     k: Tensor,
@@ -262,6 +227,7 @@ def sliding_window_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     segment_ids: Tensor | None = None,
+    path: str = "auto",
 ) -> Tensor:
     """Attention of each query over the keys within ``window`` positions of it.
 
@@ -274,6 +240,9 @@ def sliding_window_attention(
         segment_ids: integer ids ``(batch, n_k)``, ``(1, n_k)`` or ``(n_k,)``, aligned with the
             keys: key ``j`` has id ``segment_ids[..., j]`` and query ``i`` that of key
             ``q_offset + i``; a query sees only keys of its own id (it always sees itself).
+        path: the kernel (:data:`processor.attention.dispatch.PATHS`); ``auto`` picks by
+            :func:`~processor.attention.dispatch.choose_path`, any other is forced (a
+            ``ValueError`` when it cannot run these tensors). Global windows always run ``dense``.
     Returns:
         ``(batch, heads, n_q, head_dim)``.
     """
@@ -287,9 +256,12 @@ def sliding_window_attention(
             return _per_segment(q, k, v, ids, q_offset, dropout_p, scale)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     assert window is not None
-    if ids is None and _flash_fits(q, n_k, window, q_offset):
-        return _flash_window(q, k, v, window, q_offset, dropout_p, scale)
+    chosen = choose_path(AttentionCall.of(q, k, window, q_offset, ids is not None, dropout_p), path)
+    if chosen == "flash_attn":
+        return flash_window_attention(q, k, v, window, q_offset, dropout_p, scale)
+    if chosen == "flex":
+        return flex_window_attention(q, k, v, window, q_offset, scale, ids)
     block = block_size or default_block_size(window)
-    if n_q <= 2 * block:  # too short to block
+    if chosen == "dense" or n_q <= 2 * block:  # one masked call: forced, or too short to block
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale, ids)
-    return _blocked(q, k, v, window, q_offset, block, dropout_p, scale, ids)
+    return _blocked(q, k, v, window, q_offset, block, dropout_p, scale, ids, banded=chosen == "banded")

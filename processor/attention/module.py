@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from processor.attention.banded import cat_points
 from processor.attention.kernel import sliding_window_attention
+from processor.precision import in_compute_dtype
 
 
 class SelfAttention(nn.Module):
@@ -19,8 +20,10 @@ class SelfAttention(nn.Module):
 
     Parameters: ``qkv`` ``(3 * heads * head_dim, C)`` as ``[q; k; v]``, heads contiguous within
     each, no bias; ``proj`` ``(C, heads * head_dim)`` with bias; optional q/k LayerNorms over
-    ``head_dim`` (with or without a bias). ``num_heads`` is the heads this module holds: all of them, or this rank's
-    share after ``shard_channels`` split the parameters.
+    ``head_dim`` (with or without a bias). ``num_heads`` is the heads this module holds: all of
+    them, or this rank's share after ``shard_channels`` split the parameters. ``path`` picks the
+    windowed kernel (:mod:`processor.attention.dispatch`; ``auto``: by device, dtype and whether
+    a gradient is needed).
     """
 
     def __init__(
@@ -32,9 +35,11 @@ class SelfAttention(nn.Module):
         dropout_p: float = 0.0,
         block_size: int | None = None,
         qk_norm_bias: bool = True,
+        path: str = "auto",
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
+        self.path = path
         self.head_dim = num_channels // num_heads
         self.window_size, self.dropout_p, self.block_size = window_size, dropout_p, block_size
         self.qkv = nn.Linear(num_channels, 3 * num_channels, bias=False)
@@ -53,27 +58,31 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv_heads(h)
         return self.proj(self.merge_heads([self.attend(q, k, v, segment_ids=segment_ids)]))
 
+    # q, k and v come out in the compute dtype (processor.precision): under autocast the q/k
+    # norms return fp32, and attention, single-rank or sharded, then gets bf16 either way.
+
     def qkv_packed(self, h: Tensor) -> Tensor:
         """``(b, n, C)`` -> ``(b, n, 3, heads, head_dim)``, q and k normed."""
         qkv = rearrange(self.qkv(h), "b n (t h d) -> b n t h d", t=3, h=self.num_heads)
         q, k, v = qkv.unbind(2)
-        return rearrange([self.q_norm(q), self.k_norm(k), v], "t b n h d -> b n t h d")
+        q, k = in_compute_dtype(self.q_norm(q)), in_compute_dtype(self.k_norm(k))
+        return rearrange([q, k, v], "t b n h d -> b n t h d")
 
     def qkv_heads(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(b, n, C)`` -> q, k, v, each ``(b, heads, n, head_dim)``."""
         q, k, v = rearrange(self.qkv(h), "b n (t h d) -> t b h n d", t=3, h=self.num_heads)
-        return self.q_norm(q), self.k_norm(k), v
+        return in_compute_dtype(self.q_norm(q)), in_compute_dtype(self.k_norm(k)), v
 
     def queries(self, h: Tensor) -> Tensor:
         """Queries only: ``(b, n, C)`` -> ``(b, heads, n, head_dim)``."""
         q = F.linear(h, self.qkv.weight[: self.inner_channels])
-        return self.q_norm(rearrange(q, "b n (h d) -> b h n d", h=self.num_heads))
+        return in_compute_dtype(self.q_norm(rearrange(q, "b n (h d) -> b h n d", h=self.num_heads)))
 
     def keys_values(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values only: ``(b, m, C)`` -> k, v, each ``(b, heads, m, head_dim)``."""
         kv = F.linear(h, self.qkv.weight[self.inner_channels :])
         k, v = rearrange(kv, "b m (t h d) -> t b h m d", t=2, h=self.num_heads)
-        return self.k_norm(k), v
+        return in_compute_dtype(self.k_norm(k)), v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0, segment_ids: Tensor | None = None) -> Tensor:
         """Windowed attention of ``q`` ``(b, h, n_q, d)`` over ``k, v`` ``(b, h, n_k, d)``;
@@ -87,6 +96,7 @@ class SelfAttention(nn.Module):
             block_size=self.block_size,
             dropout_p=self.dropout_p if self.training else 0.0,
             segment_ids=segment_ids,
+            path=self.path,
         )
 
     def merge_heads(self, parts: list[Tensor]) -> Tensor:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from processor.distributed.shards import ShardLayout
+from processor.distributed.transport import collective_device
 
 
 class LocalProblem(IntEnum):
@@ -89,8 +90,11 @@ def agree_on_layout(
     problem = _local_problem(x, channels, world, rank, shard_sizes)
     shape = list(x.shape) if x.dim() == 3 else [-1, -1, -1]
     sizes_print = -1 if shard_sizes is None else fingerprint(shard_sizes)
-    mine = torch.tensor([int(problem), *shape, settings_fingerprint(config), sizes_print], dtype=torch.int64)
-    table = torch.empty(world * mine.numel(), dtype=torch.int64)
+    device = collective_device(group)
+    mine = torch.tensor(
+        [int(problem), *shape, settings_fingerprint(config), sizes_print], dtype=torch.int64, device=device
+    )
+    table = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
     dist.all_gather_single(table, mine, group=group)
     rows = table.view(world, -1).tolist()
 
@@ -126,8 +130,9 @@ def agree_on_values(values: Mapping[str, object], group: dist.ProcessGroup | Non
     """
     items = _as_text(values)
     world = dist.get_world_size(group)
-    mine = torch.tensor([settings_fingerprint(values)], dtype=torch.int64)
-    prints = torch.empty(world, dtype=torch.int64)
+    device = collective_device(group)
+    mine = torch.tensor([settings_fingerprint(values)], dtype=torch.int64, device=device)
+    prints = torch.empty(world, dtype=torch.int64, device=device)
     dist.all_gather_single(prints, mine, group=group)
     if len(set(prints.tolist())) == 1:
         return

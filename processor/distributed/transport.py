@@ -19,6 +19,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+def collective_device(group: dist.ProcessGroup | None) -> torch.device:
+    """Where ``group``'s collectives take their tensors: the current CUDA device under NCCL,
+    else the CPU (gloo). For the small bookkeeping tensors (agreement tables) built here."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @dataclass
 class CommCounter:
     """Bytes sent and calls made, per kind of operation (``"all_to_all"``, ``"halo"``,

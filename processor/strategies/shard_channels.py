@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from processor.distributed.parameter_split import ChannelSplit, split_parameter
 from processor.distributed.region import gather_points, reduce_scatter_points
 from processor.distributed.shards import shard_sizes
+from processor.precision import in_compute_dtype
 from processor.strategies.base import BlockParts, ShardContext, Strategy, require_a_head_per_rank
 
 
@@ -71,11 +72,12 @@ class ShardChannels(Strategy):
             sizes = ctx.layout.sizes
             return reduce_scatter_points(partial, ctx.group, dim=1, sizes=sizes, transport=ctx.transport, check=False)
 
-        h = gather(parts.attn_norm(x))
+        # The gathered rows only enter the widening projections: gather them in the compute dtype.
+        h = gather(in_compute_dtype(parts.attn_norm(x)))
         q, k, v = attn.qkv_heads(h)  # this rank's heads, every point
         heads_out = attn.merge_heads([attn.attend(q, k, v, segment_ids=ctx.key_segment_ids)])
         x = x + reduce_scatter(F.linear(heads_out, attn.proj.weight)) + attn.proj.bias
-        h = gather(parts.mlp_norm(x))
+        h = gather(in_compute_dtype(parts.mlp_norm(x)))
         return x + reduce_scatter(mlp(h, add_output_bias=False)) + mlp[2].bias
 
 

@@ -3,8 +3,9 @@ pass key blocks around a ring when the window reaches farther.
 
 Per layer the normed input ``h`` of the halo rows (W from each side, gathered across several
 ranks if a neighbour's shard is shorter than W) is exchanged, not k and v: C values per row
-instead of 2C, at the price of projecting 2W extra rows of k and v. Queries are projected for
-the local rows only, so no attention is computed for halo rows.
+instead of 2C, at the price of projecting 2W extra rows of k and v. Under autocast they travel
+in the compute dtype (:mod:`processor.precision`), the dtype the projection would round them to.
+Queries are projected for the local rows only, so no attention is computed for halo rows.
 
 The exchange is overlapped with attention: it is posted first, then the *interior* queries,
 whose window holds local rows only, attend while it travels; the *edge* queries (W rows at
@@ -28,6 +29,7 @@ from torch import Tensor
 from processor.distributed.halo import HaloConfig, HaloExchange, halo_pad, start_halo_exchange
 from processor.distributed.ring import reaches_beyond_neighbours, ring_attention
 from processor.distributed.shards import ShardLayout
+from processor.precision import in_compute_dtype
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext, StrategyOptionError
 
 
@@ -78,8 +80,9 @@ class ShardSequence(PointSharded):
         return attn.merge_heads([out])
 
     def _halo(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
+        # The halo rows only enter k and v's projection: send them in its compute dtype.
         exchange = start_halo_exchange(
-            h, HaloConfig(width=attn.window_size, dim=1), ctx.layout, ctx.group, ctx.transport
+            in_compute_dtype(h), HaloConfig(width=attn.window_size, dim=1), ctx.layout, ctx.group, ctx.transport
         )
         q, (k, v) = attn.queries(h), attn.keys_values(h)
         parts = halo_attention(attn, q, k, v, exchange, attn.keys_values, ctx.layout, ctx.key_segment_ids)

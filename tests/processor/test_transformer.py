@@ -67,6 +67,7 @@ def test_fingerprint_covers_every_setting():
         activation="silu",
         strategy="shard_sequence",
         attention_block_size=64,
+        attention_path="sdpa_blocks",
     )
     assert set(changed) == set(base.describe())  # a new setting must be added here
     for key, value in changed.items():

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processor.attention import banded, dense_window_attention, kernel, sliding_window_attention
+from processor.attention import banded, dense_window_attention, sliding_window_attention
 from tests.processor.attention.peak_memory import peak_bytes
 
 
@@ -43,8 +43,8 @@ def _qkv(batch: int, heads: int, n_q: int, n_k: int, dim: int, dtype: torch.dtyp
     )
 
 
-def _assert_matches_dense(q, k, v, window, ids, *, q_offset=0, block=None, tol=1e-10) -> None:
-    out = sliding_window_attention(q, k, v, window, q_offset=q_offset, block_size=block, segment_ids=ids)
+def _assert_matches_dense(q, k, v, window, ids, *, q_offset=0, block=None, tol=1e-10, path="auto") -> None:
+    out = sliding_window_attention(q, k, v, window, q_offset=q_offset, block_size=block, segment_ids=ids, path=path)
     ref = dense_window_attention(q, k, v, window, q_offset, segment_ids=ids)
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype)
@@ -75,12 +75,11 @@ def test_matches_the_dense_definition(dtype, tol, n_q, left, right, window, bloc
 
 
 @pytest.mark.parametrize("n_q, left, right, window, block, rows", [c for c in CASES if c[3] is not None])
-def test_sdpa_on_views_path_matches_the_dense_definition(monkeypatch, n_q, left, right, window, block, rows):
-    """The path GPUs without flash-attn, bf16 and dropout take, forced on CPU in float64."""
-    monkeypatch.setattr(kernel, "_fused_band_backward", lambda q, dropout_p: False)
+def test_sdpa_on_views_path_matches_the_dense_definition(n_q, left, right, window, block, rows):
+    """The path bf16 and dropout take, forced on CPU in float64."""
     q, k, v = _qkv(2, 2, n_q, left + n_q + right, 4, torch.float64, n_q)
     ids = _ids(left + n_q + right, rows, n_q + 1, window, block)
-    _assert_matches_dense(q, k, v, window, ids, q_offset=left, block=block)
+    _assert_matches_dense(q, k, v, window, ids, q_offset=left, block=block, path="sdpa_blocks")
 
 
 def test_bfloat16_follows_the_definition_loosely():
@@ -119,12 +118,8 @@ def test_random_layouts_match_the_dense_definition(n_q, left, right, window, blo
     runs = [torch.repeat_interleave(torch.arange(n_k), torch.randint(1, longest + 1, (n_k,), generator=g))[:n_k] % 4]
     ids = torch.stack(runs * rows) if rows == 1 else torch.stack([runs[0], runs[0].flip(0)])
     q, k, v = _qkv(2, 2, n_q, n_k, 4, torch.float64, seed)
-    fused = kernel._fused_band_backward
-    try:
-        kernel._fused_band_backward = (lambda q, dropout_p: False) if views else fused
-        _assert_matches_dense(q, k, v, window, ids, q_offset=left, block=block)
-    finally:
-        kernel._fused_band_backward = fused
+    path = "sdpa_blocks" if views and window is not None else "auto"
+    _assert_matches_dense(q, k, v, window, ids, q_offset=left, block=block, path=path)
 
 
 def test_dropout_sees_only_its_own_segment():

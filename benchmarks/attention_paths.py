@@ -1,0 +1,165 @@
+"""Time each attention path on one device: the windowed kernel alone, forward or forward+backward.
+
+``python -m benchmarks.attention_paths`` compares the paths :mod:`processor.attention.dispatch`
+chooses between, side by side in one process (ratios, not absolute figures, are what carry
+across machines). On CPU the default is the inference question the dispatch rule answers:
+FlexAttention's compiled forward against the banded kernel (fp32) and the blocked SDPA (bf16).
+:mod:`benchmarks.gpu_check` uses :func:`measure_path` for its GPU table.
+
+Needs only torch (no Hydra, no MLflow): it runs on a bare GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.flops import window_pairs
+from processor.attention import sliding_window_attention
+from processor.attention.dispatch import AttentionCall, path_problem
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One attention call: ``(1, heads, n, head_dim)`` q, k, v of ``dtype`` through ``path``."""
+
+    n: int
+    heads: int
+    head_dim: int
+    window: int
+    dtype: str
+    path: str
+    backward: bool
+
+    def flops(self) -> int:
+        """Useful FLOPs (band model: 4·d per (query, key) pair in the window, backward 2x forward)."""
+        forward = 4 * self.heads * self.head_dim * window_pairs(self.n, self.window)
+        return 3 * forward if self.backward else forward
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    case: KernelCase
+    seconds: float | None  # median of the timed repeats; None when it did not run
+    peak_bytes: int | None  # CUDA only
+    note: str = ""
+
+    @property
+    def tflops(self) -> float | None:
+        return None if self.seconds is None else self.case.flops() / self.seconds / 1e12
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _inputs(case: KernelCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=device).manual_seed(0)
+    shape = (1, case.heads, case.n, case.head_dim)
+    dtype = DTYPES[case.dtype]
+    return tuple(
+        torch.randn(shape, generator=g, device=device, dtype=dtype).requires_grad_(case.backward) for _ in range(3)
+    )
+
+
+def _problem(case: KernelCase, device: torch.device) -> str | None:
+    if case.path in ("auto", "dense", "sdpa_blocks"):
+        return None
+    call = AttentionCall(
+        device.type, DTYPES[case.dtype], case.head_dim, case.n, case.n, case.window, 0, False, 0.0, case.backward
+    )
+    return path_problem(case.path, call)
+
+
+def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmup: int = 2) -> KernelResult:
+    """Median time of ``repeats`` calls after ``warmup`` (the first compiles FlexAttention), and
+    the peak CUDA memory of one call beyond the inputs. A path that cannot run, or runs out of
+    memory, comes back with ``seconds=None`` and the reason in ``note``."""
+    problem = _problem(case, device)
+    if problem is not None:
+        return KernelResult(case, None, None, problem)
+    try:
+        q, k, v = _inputs(case, device)
+        cotangent = torch.randn_like(q) if case.backward else None
+
+        def call() -> None:
+            with torch.set_grad_enabled(case.backward):
+                out = sliding_window_attention(q, k, v, case.window, path=case.path)
+                if cotangent is not None:
+                    torch.autograd.grad(out, (q, k, v), cotangent)
+
+        for _ in range(warmup):
+            call()
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None
+    except torch.OutOfMemoryError:
+        return KernelResult(case, None, None, "out of memory")
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return KernelResult(case, sorted(times)[len(times) // 2], peak)
+
+
+def markdown(results: list[KernelResult]) -> str:
+    """A table: one row per case, time, TFLOP/s and peak memory (MiB), and why a row is empty."""
+    lines = [
+        "| N | heads × dim | W | dtype | pass | path | ms | TFLOP/s | peak MiB | note |",
+        "|---:|---|---:|---|---|---|---:|---:|---:|---|",
+    ]
+    for r in results:
+        c = r.case
+        ms = "—" if r.seconds is None else f"{r.seconds * 1e3:.2f}"
+        tf = "—" if r.tflops is None else f"{r.tflops:.3g}"
+        peak = "—" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
+        passes = "fwd+bwd" if c.backward else "fwd"
+        lines.append(
+            f"| {c.n} | {c.heads} × {c.head_dim} | {c.window} | {c.dtype} | {passes} | {c.path} | {ms} | {tf} "
+            f"| {peak} | {r.note} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--n", type=int, nargs="+", default=[8192])
+    parser.add_argument("--window", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
+    parser.add_argument("--paths", nargs="+", default=["flex", "banded", "sdpa_blocks"])
+    parser.add_argument("--backward", action="store_true", help="time forward+backward (default: inference)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    results = []
+    for n in args.n:
+        for d in args.head_dim:
+            for w in args.window:
+                for dtype in args.dtype:
+                    for path in args.paths:
+                        case = KernelCase(n, args.heads, d, w, dtype, path, args.backward)
+                        results.append(measure_path(case, device, args.repeats))
+                        print(markdown(results[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

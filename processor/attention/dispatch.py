@@ -1,0 +1,133 @@
+"""Which kernel runs a windowed attention call: one function, :func:`choose_path`, with its rules.
+
+The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` of
+:func:`~processor.attention.sliding_window_attention`):
+
+- ``dense``: one fused ``scaled_dot_product_attention`` call. Always taken when every query's
+  window holds every key (global attention), whatever is asked for; forced on a window that
+  cuts, it is one call under an ``(n_q, n_k)`` boolean mask (anemoi's approach, ``O(N^2)``).
+- ``flash_attn``: flash-attn's native sliding window (CUDA, fp16/bf16, head_dim a multiple of
+  8 up to 256, no segment ids), when the package is installed.
+- ``flex``: compiled FlexAttention with a block-sparse ``BlockMask`` (:mod:`.flex`). CUDA
+  forward and backward; CPU forward only. No dropout.
+- ``banded``: the fused CPU kernel with its own backward (:mod:`.banded`); CPU, fp32/fp64, no
+  dropout.
+- ``sdpa_blocks``: blocks of queries against their key bands in one SDPA call on strided views
+  (any device, dtype and dropout): the fallback.
+
+``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, else ``flex``, else
+``sdpa_blocks``; on CPU ``banded`` when a gradient is needed (fp32/fp64, no dropout), else
+``sdpa_blocks``. The CPU rules are measured (``python -m benchmarks.attention_paths``, 2-core
+VM, N = 8192, 8 heads of 32 or 64, W = 64/256/1024, forward only): FlexAttention's compiled CPU
+forward was 2.0–5.8x slower than the best path in all 12 cases, fp32 and bf16, so ``auto`` never
+takes it on CPU; for inference the blocked SDPA beat the banded kernel by 8–20% (6 of 6 fp32
+cases), whose worth is its backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from processor.attention.flash import flash_installed, flash_window_sides
+from processor.attention.flex import flex_available
+
+PATHS = ("auto", "dense", "flash_attn", "flex", "banded", "sdpa_blocks")
+_HALF = (torch.float16, torch.bfloat16)
+_FULL = (torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """What the choice depends on: where and in what the tensors are, the geometry, the options."""
+
+    device_type: str
+    dtype: torch.dtype
+    head_dim: int
+    n_q: int
+    n_k: int
+    window: int
+    q_offset: int
+    segment_ids: bool
+    dropout_p: float
+    needs_grad: bool
+
+    @classmethod
+    def of(cls, q: Tensor, k: Tensor, window: int, q_offset: int, segment_ids: bool, dropout_p: float):
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k))
+        return cls(
+            q.device.type,
+            q.dtype,
+            q.shape[-1],
+            q.shape[2],
+            k.shape[2],
+            window,
+            q_offset,
+            segment_ids,
+            dropout_p,
+            needs_grad,
+        )
+
+
+def path_problem(path: str, call: AttentionCall) -> str | None:
+    """Why ``path`` cannot run ``call`` (one line), or None when it can."""
+    if path not in PATHS:
+        return f"unknown attention path {path!r}; choose one of {list(PATHS)}"
+    if path == "flash_attn":
+        return _flash_problem(call)
+    if path == "flex":
+        return _flex_problem(call)
+    if path == "banded":
+        if call.device_type != "cpu" or call.dtype not in _FULL:
+            return f"banded runs on CPU in fp32/fp64, not {call.device_type} {call.dtype}; choose sdpa_blocks"
+        if call.dropout_p > 0:
+            return "banded cannot replay attention dropout; set dropout_p=0 or choose sdpa_blocks"
+    return None
+
+
+def _flash_problem(call: AttentionCall) -> str | None:
+    if not flash_installed():
+        return "flash_attn: the flash-attn package is not installed; choose flex or sdpa_blocks"
+    if call.device_type != "cuda" or call.dtype not in _HALF:
+        return f"flash_attn runs on CUDA in fp16/bf16, not {call.device_type} {call.dtype}"
+    if call.head_dim % 8 or call.head_dim > 256:
+        return f"flash_attn takes head_dim a multiple of 8 up to 256, not {call.head_dim}"
+    if call.segment_ids:
+        return "flash_attn has no segment ids; choose flex or sdpa_blocks"
+    if min(flash_window_sides(call.n_q, call.n_k, call.window, call.q_offset)) < 0:
+        return "flash_attn cannot place these queries in their keys (a window side would be negative)"
+    return None
+
+
+def _flex_problem(call: AttentionCall) -> str | None:
+    if not flex_available():
+        return f"flex: this torch ({torch.__version__}) has no FlexAttention; choose sdpa_blocks"
+    if call.dropout_p > 0:
+        return "flex has no attention dropout; set dropout_p=0 or choose sdpa_blocks"
+    if call.device_type == "cpu" and call.needs_grad:
+        return "flex has no backward on CPU; run it under torch.no_grad() or choose banded/sdpa_blocks"
+    if call.device_type not in ("cpu", "cuda"):
+        return f"flex runs on CPU and CUDA, not {call.device_type}"
+    if call.head_dim < 16 or call.head_dim % 8:
+        return f"flex takes head_dim >= 16 and a multiple of 8, not {call.head_dim}"
+    return None
+
+
+def choose_path(call: AttentionCall, path: str = "auto") -> str:
+    """The path that runs ``call``: ``path`` itself when forced (a ``ValueError`` naming
+    ``attention_path`` when it cannot), else by the rules in this module's docstring."""
+    if path != "auto":
+        problem = path_problem(path, call)
+        if problem is not None:
+            raise ValueError(f"attention_path = {path!r}: {problem}")
+        return path
+    if call.device_type == "cuda":
+        for candidate in ("flash_attn", "flex"):
+            if path_problem(candidate, call) is None:
+                return candidate
+        return "sdpa_blocks"
+    if call.device_type == "cpu" and call.needs_grad and path_problem("banded", call) is None:
+        return "banded"
+    return "sdpa_blocks"

@@ -1,0 +1,122 @@
+"""The rules that pick an attention path, forcing one, and the errors when it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from processor import ConfigError, ProcessorConfig
+from processor.attention import dispatch, kernel, sliding_window_attention
+from processor.attention.dispatch import AttentionCall, choose_path
+
+
+def _call(device="cpu", dtype=torch.float32, head_dim=32, ids=False, dropout=0.0, grad=True, n_q=1000, q_offset=0):
+    return AttentionCall(device, dtype, head_dim, n_q, n_q + q_offset, 64, q_offset, ids, dropout, grad)
+
+
+@pytest.fixture
+def flash(monkeypatch):
+    """Pretend flash-attn is installed."""
+    monkeypatch.setattr(dispatch, "flash_installed", lambda: True)
+
+
+@pytest.fixture
+def no_flash(monkeypatch):
+    monkeypatch.setattr(dispatch, "flash_installed", lambda: False)
+
+
+@pytest.mark.parametrize(
+    "call,expected",
+    [
+        (_call(), "banded"),  # training on CPU
+        (_call(dtype=torch.float64), "banded"),
+        (_call(grad=False), "sdpa_blocks"),  # inference on CPU: measured faster
+        (_call(dtype=torch.bfloat16), "sdpa_blocks"),
+        (_call(dropout=0.1), "sdpa_blocks"),
+        (_call(ids=True), "banded"),
+        (_call(device="cuda", dtype=torch.bfloat16), "flex"),
+        (_call(device="cuda"), "flex"),  # fp32 on CUDA
+        (_call(device="cuda", dtype=torch.bfloat16, dropout=0.1), "sdpa_blocks"),
+        (_call(device="cuda", head_dim=4), "sdpa_blocks"),
+        (_call(device="mps"), "sdpa_blocks"),
+    ],
+)
+def test_auto_without_flash_attn(no_flash, call, expected):
+    assert choose_path(call) == expected
+
+
+@pytest.mark.parametrize(
+    "call,expected",
+    [
+        (_call(device="cuda", dtype=torch.bfloat16), "flash_attn"),
+        (_call(device="cuda", dtype=torch.bfloat16, dropout=0.1), "flash_attn"),
+        (_call(device="cuda", dtype=torch.bfloat16, ids=True), "flex"),  # flash-attn has no ids
+        (_call(device="cuda"), "flex"),  # flash-attn takes no fp32
+        (_call(device="cuda", dtype=torch.bfloat16, head_dim=512), "flex"),
+        (_call(device="cuda", dtype=torch.float16, n_q=10, q_offset=500), "flash_attn"),
+    ],
+)
+def test_auto_with_flash_attn(flash, call, expected):
+    assert choose_path(call) == expected
+
+
+@pytest.mark.parametrize(
+    "path,call,message",
+    [
+        ("flex", _call(), "no backward on CPU"),
+        ("flex", _call(grad=False, dropout=0.1), "no attention dropout"),
+        ("banded", _call(dtype=torch.bfloat16), "fp32/fp64"),
+        ("banded", _call(device="cuda"), "fp32/fp64"),
+        ("banded", _call(dropout=0.1), "dropout"),
+        ("flash_attn", _call(device="cuda", dtype=torch.bfloat16), "not installed"),
+        ("fast", _call(), "unknown attention path"),
+    ],
+)
+def test_a_forced_path_that_cannot_run_says_why(no_flash, path, call, message):
+    with pytest.raises(ValueError, match=message) as info:
+        choose_path(call, path)
+    assert str(info.value).startswith(f"attention_path = {path!r}: ")
+    assert "\n" not in str(info.value)
+
+
+def test_flash_attn_cannot_place_queries_it_has_no_window_side_for(flash):
+    # Queries at the start of a long key block: flash-attn's bottom-right alignment would need
+    # a negative left side.
+    call = AttentionCall("cuda", torch.bfloat16, 32, 10, 1000, 5, 0, False, 0.0, True)
+    with pytest.raises(ValueError, match="window side would be negative"):
+        choose_path(call, "flash_attn")
+    assert choose_path(call) == "flex"
+
+
+def test_forced_paths_run_what_they_name(monkeypatch):
+    """``path`` reaches the kernel: a forced path calls that path's code."""
+    seen = []
+    monkeypatch.setattr(kernel, "banded_flash_attention", lambda *a, **k: seen.append("banded") or a[0])
+    monkeypatch.setattr(kernel, "flex_window_attention", lambda *a, **k: seen.append("flex") or a[0])
+    q = torch.randn(1, 2, 600, 16, requires_grad=True)
+    sliding_window_attention(q, q, q, 40, path="banded")
+    with torch.no_grad():
+        sliding_window_attention(q, q, q, 40, path="flex")
+    sliding_window_attention(q, q, q, 40)  # auto, with a gradient: banded
+    assert seen == ["banded", "flex", "banded"]
+
+
+def test_global_windows_run_dense_whatever_is_forced():
+    q, k, v = (torch.randn(1, 2, 50, 16, requires_grad=True) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    for path in ("flex", "banded", "sdpa_blocks", "dense"):
+        torch.testing.assert_close(sliding_window_attention(q, k, v, None, path=path), expected)
+
+
+def test_the_config_names_the_key():
+    with pytest.raises(ConfigError, match="attention_path: 'fastest' is out of range: expected one of"):
+        ProcessorConfig(num_layers=1, num_channels=8, num_heads=2, attention_path="fastest")
+
+
+def test_a_forced_path_reaches_the_layer():
+    from processor import TransformerProcessor
+
+    model = TransformerProcessor(num_layers=1, num_channels=32, num_heads=2, window_size=8, attention_path="flex")
+    x = torch.randn(1, 300, 32, requires_grad=True)
+    with pytest.raises(ValueError, match="attention_path = 'flex': flex has no backward on CPU"):
+        model(x)
