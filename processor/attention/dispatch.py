@@ -19,9 +19,9 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
 ``sdpa_blocks``; on CPU ``banded`` when a gradient is needed (fp32/fp64, no dropout), else
 ``sdpa_blocks``. The CPU rules are measured (``python -m benchmarks.attention_paths``, 2-core
 VM, N = 8192, 8 heads of 32 or 64, W = 64/256/1024, forward only): FlexAttention's compiled CPU
-forward was 2.0–5.8x slower than the best path in all 12 cases, fp32 and bf16, so ``auto`` never
-takes it on CPU; for inference the blocked SDPA beat the banded kernel by 8–20% (6 of 6 fp32
-cases), whose worth is its backward.
+forward was 2.3–5.8x slower than the best path in all 12 cases, fp32 and bf16, so ``auto`` never
+takes it on CPU; for inference the blocked SDPA took 9–20% less time than the banded kernel (6
+of 6 fp32 cases), whose worth is its backward.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ class AttentionCall:
     needs_grad: bool
 
     @classmethod
-    def of(cls, q: Tensor, k: Tensor, window: int, q_offset: int, segment_ids: bool, dropout_p: float):
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k))
+    def of(cls, q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, segment_ids: bool, dropout_p: float):
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return cls(
             q.device.type,
             q.dtype,

@@ -105,13 +105,18 @@ def band_block_mask(
     # ids instead of recompiled for each (without ids, rows of zeros stand in).
     offset = torch.tensor(q_offset, device=device)
     reach = torch.tensor(window, device=device)
+    last = torch.tensor(n_k - 1, device=device)
     if ids is None:
         ids = torch.zeros(batch, n_k, dtype=torch.int64, device=device)
     elif ids.shape[0] != batch:
         ids = ids.expand(batch, n_k).contiguous()
 
     def in_band_and_segment(b, h, q_idx, kv_idx):
-        return ((q_idx + offset - kv_idx).abs() <= reach) & (ids[b, q_idx + offset] == ids[b, kv_idx])
+        # Ragged last tiles evaluate rows past the ends: clamp the ids' index (those rows are
+        # masked or dropped by FlexAttention anyway), so that no read leaves the ids.
+        q_pos = torch.minimum(q_idx + offset, last)
+        k_pos = torch.minimum(kv_idx, last)
+        return ((q_idx + offset - kv_idx).abs() <= reach) & (ids[b, q_pos] == ids[b, k_pos])
 
     return BlockMask.from_kv_blocks(*tiles, BLOCK_SIZE=block, mask_mod=in_band_and_segment, seq_lengths=(n_q, n_k))
 

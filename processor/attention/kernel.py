@@ -256,7 +256,7 @@ def sliding_window_attention(
             return _per_segment(q, k, v, ids, q_offset, dropout_p, scale)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
     assert window is not None
-    chosen = choose_path(AttentionCall.of(q, k, window, q_offset, ids is not None, dropout_p), path)
+    chosen = choose_path(AttentionCall.of(q, k, v, window, q_offset, ids is not None, dropout_p), path)
     if chosen == "flash_attn":
         return flash_window_attention(q, k, v, window, q_offset, dropout_p, scale)
     if chosen == "flex":

@@ -43,7 +43,7 @@ def _inputs(n_q, left, right, batch, ids, dtype):
 @pytest.mark.parametrize("n_q, left, right, window, batch, ids", GEOMETRIES)
 def test_forward_and_backward_match_float64(path, dtype, n_q, left, right, window, batch, ids):
     exact, low, segment_ids = _inputs(n_q, left, right, batch, ids, dtype)
-    call = AttentionCall.of(low[0], low[1], window, left, ids is not None, 0.0)
+    call = AttentionCall.of(*low, window, left, ids is not None, 0.0)
     if path != "auto" and (problem := path_problem(path, call)) is not None:
         pytest.skip(problem)
     out = sliding_window_attention(*low, window, q_offset=left, segment_ids=segment_ids, path=path)
@@ -59,7 +59,7 @@ def test_forward_and_backward_match_float64(path, dtype, n_q, left, right, windo
 
 def test_auto_takes_a_block_sparse_path_on_cuda():
     q = torch.randn(1, 4, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    assert choose_path(AttentionCall.of(q, q, 128, 0, False, 0.0)) in ("flash_attn", "flex")
+    assert choose_path(AttentionCall.of(q, q, q, 128, 0, False, 0.0)) in ("flash_attn", "flex")
 
 
 def test_flex_memory_grows_with_the_band_not_the_square():
