@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +78,28 @@ def _problem(case: KernelCase, device: torch.device) -> str | None:
     return path_problem(case.path, call)
 
 
+def timed(
+    call: Callable[[], None], device: torch.device, repeats: int, warmup: int, above_base: bool = False
+) -> tuple[float, int | None]:
+    """Median wall time of ``repeats`` calls after ``warmup`` (each synchronised), and the CUDA
+    peak allocation over them (``above_base``: less what was allocated before; None on CPU)."""
+    for _ in range(warmup):
+        call()
+    _sync(device)
+    base = 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) if above_base else 0
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None
+    return sorted(times)[len(times) // 2], peak
+
+
 def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmup: int = 2) -> KernelResult:
     """Median time of ``repeats`` calls after ``warmup`` (the first compiles FlexAttention), and
     the peak CUDA memory of one call beyond the inputs. A path that cannot run, or runs out of
@@ -94,25 +117,13 @@ def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmu
                 if cotangent is not None:
                     torch.autograd.grad(out, (q, k, v), cotangent)
 
-        for _ in range(warmup):
-            call()
-        _sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            call()
-            _sync(device)
-            times.append(time.perf_counter() - start)
-        peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None
+        seconds, peak = timed(call, device, repeats, warmup, above_base=True)
     except torch.OutOfMemoryError:
         return KernelResult(case, None, None, "out of memory")
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return KernelResult(case, sorted(times)[len(times) // 2], peak)
+    return KernelResult(case, seconds, peak)
 
 
 def markdown(results: list[KernelResult]) -> str:

@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
 import torch
 
-from benchmarks.attention_paths import DTYPES, KernelCase, KernelResult, markdown, measure_path
+from benchmarks.attention_paths import DTYPES, KernelCase, KernelResult, markdown, measure_path, timed
 from benchmarks.flops import processor_flops
 from processor import ProcessorConfig, TransformerProcessor
 
@@ -57,18 +56,8 @@ def gemm_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: in
     """Dense ``size³`` matmul rate in this process (TF32 off for fp32)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-    a @ b
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    _sync(device)
-    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e12
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    seconds, _ = timed(lambda: a @ b, device, repeats, warmup=1)
+    return 2 * size**3 / seconds / 1e12
 
 
 def measure_processor(
@@ -89,24 +78,12 @@ def measure_processor(
                 y = model(x)
             y.float().square().mean().backward()
 
-        step()
-        step()
-        _sync(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            _sync(device)
-            times.append(time.perf_counter() - start)
+        seconds, peak = timed(step, device, repeats, warmup=2)
     except (torch.OutOfMemoryError, ValueError) as exc:
         return ProcessorResult(grid, n, dtype, path, None, None, None, str(exc).splitlines()[0][:120])
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    seconds = sorted(times)[len(times) // 2]
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     flops = processor_flops(n, channels, WINDOW, layers, config.mlp_hidden_ratio)
     return ProcessorResult(grid, n, dtype, path, seconds, peak, flops / seconds / 1e12)
 
