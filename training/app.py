@@ -23,6 +23,7 @@ exception is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -39,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.auto_strategy import resolve_auto
 from training.config import check_config
+from training.run_lock import RunDirBusyError, RunDirLock
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,14 @@ EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
 DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
 # What a user fixes in the command line, the configs or the data; the rest are bugs. By name
 # too, as a spawned rank's exception reaches the parent as text (see user_error).
-_USER_ERRORS = ("ConfigValueError", "DatasetError", "CheckpointError", "ConfigError", "FileExistsError")
+_USER_ERRORS = (
+    "ConfigValueError",
+    "DatasetError",
+    "CheckpointError",
+    "ConfigError",
+    "FileExistsError",
+    "RunDirBusyError",
+)
 
 
 def _under_torchrun() -> bool:
@@ -123,15 +132,16 @@ def run(cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None =
     ``trainer.nprocs`` spawned local ranks; return rank 0's result."""
     if _under_torchrun():
         return _run_torchrun(cfg, rank_main, adopt)
-    resolved = prepare(cfg, adopt)
-    t = resolved["trainer"]
-    if t["nprocs"] == 1:
-        return rank_main(resolved)
-    from processor.runtime import run_local
+    with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
+        resolved = prepare(cfg, adopt)
+        t = resolved["trainer"]
+        if t["nprocs"] == 1:
+            return rank_main(resolved)
+        from processor.runtime import run_local
 
-    return run_local(
-        rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
-    )[0]
+        return run_local(
+            rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
+        )[0]
 
 
 def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> Any:
@@ -141,6 +151,7 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> 
     import torch.distributed as dist
 
     _init_torchrun_group("nccl" if torch.cuda.is_available() else "gloo", cfg.trainer.timeout_s)
+    lock = contextlib.ExitStack()
     try:
         # Each rank composed its own configuration (its own command line and config files);
         # rank 0's is the one used, so any difference is an error, on every rank at once.
@@ -156,7 +167,8 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> 
             raise ConfigValueError(str(exc)) from None
         payload: list[Any] = [None]
         if dist.get_rank() == 0:
-            try:
+            try:  # rank 0 holds the run directory's lock until its ranks' work is done
+                lock.enter_context(RunDirLock(Path(cfg.run_dir).resolve()))
                 payload = [("ok", prepare(cfg, adopt))]
             except Exception as exc:
                 payload = [("error", exc)]
@@ -169,6 +181,7 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> 
         return rank_main(value)
     finally:
         dist.destroy_process_group()
+        lock.close()
 
 
 def _init_torchrun_group(backend: str, timeout_s: float) -> None:
@@ -291,7 +304,9 @@ def user_error(exc: BaseException) -> str | None:
     from training.config import ConfigValueError
     from training.data import DatasetError
 
-    if isinstance(exc, (ConfigValueError, DatasetError, CheckpointError, ConfigError, FileExistsError)):
+    if isinstance(
+        exc, (ConfigValueError, DatasetError, CheckpointError, ConfigError, FileExistsError, RunDirBusyError)
+    ):
         return str(exc)
     if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
         return None
