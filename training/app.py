@@ -55,6 +55,7 @@ _USER_ERRORS = (
     "ConfigError",
     "FileExistsError",
     "RunDirBusyError",
+    "CheckpointWriteError",
 )
 
 
@@ -303,10 +304,10 @@ def user_error(exc: BaseException) -> str | None:
     from training.checkpoint import CheckpointError
     from training.config import ConfigValueError
     from training.data import DatasetError
+    from training.resume import CheckpointWriteError
 
-    if isinstance(
-        exc, (ConfigValueError, DatasetError, CheckpointError, ConfigError, FileExistsError, RunDirBusyError)
-    ):
+    kinds = (ConfigValueError, DatasetError, CheckpointError, ConfigError, FileExistsError, RunDirBusyError)
+    if isinstance(exc, (*kinds, CheckpointWriteError)):
         return str(exc)
     if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
         return None

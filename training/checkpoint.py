@@ -28,7 +28,7 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=PARTIAL_PREFIX, suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            _save(state, f)
             f.flush()
             os.fsync(f.fileno())
         final = directory / LATEST
@@ -41,6 +41,36 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
         return final
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class _WriteErrors:
+    """A file for ``torch.save`` that keeps the first ``OSError`` of its writes: torch's zip
+    writer turns a failed write (a full disk, a size limit) into a ``RuntimeError`` about file
+    positions, and this gets the real cause back."""
+
+    def __init__(self, f) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _save(state: dict[str, Any], f) -> None:
+    """``torch.save`` of ``state`` (with the format version) to ``f``; a failed write raises its ``OSError``."""
+    writer = _WriteErrors(f)
+    try:
+        torch.save({"format_version": FORMAT_VERSION, **state}, writer)
+    except RuntimeError:
+        if writer.error is not None:
+            raise writer.error from None
         raise
 
 

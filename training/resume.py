@@ -94,6 +94,10 @@ def restore_training_state(
     return int(state["step"])
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, read-only, a size limit): every rank stops."""
+
+
 def save_training_state(
     directory: Path, step: int, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module, optimiser, schedule
 ) -> None:
@@ -105,6 +109,7 @@ def save_training_state(
     # Full tensors, whatever the strategy: split parameters are gathered over the model group.
     model_state = full_state_dict(model, dims.mp_group)
     optimiser_state = full_optimizer_state(optimiser, dims.mp_group)
+    failure = ""
     if dims.rank == 0:
         state = {
             "step": step,
@@ -114,7 +119,17 @@ def save_training_state(
             "rng": rng,
             "config": yaml.safe_dump(cfg),
         }
-        save_checkpoint(directory, state)
+        try:
+            save_checkpoint(directory, state)
+        except OSError as exc:  # a full disk, a file-size limit, a read-only file system
+            failure = exc.strerror or str(exc)
+    # Every rank learns whether the write worked, so that all stop here together, in one line.
+    if dims.sum_over_world([float(bool(failure))])[0] > 0:
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of step {step} to {directory}"
+            f"{': ' + failure if failure else ' (rank 0 could not)'}; the previous checkpoint there is intact: "
+            "free space or point run_dir elsewhere (copying the checkpoints), then run again to resume"
+        )
 
 
 def load_model_weights(path: str | Path, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module) -> int:
