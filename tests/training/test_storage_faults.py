@@ -1,10 +1,16 @@
-"""Storage that fails at checkpoint time (here a file-size limit, as a full disk would): a clear
-one-line error, the previous checkpoint intact and loadable, every rank stopped in time."""
+"""Storage that fails under a running job: at checkpoint time (here a file-size limit, as a full
+disk would) a clear one-line error, the previous checkpoint intact and loadable, every rank
+stopped in time; a dataset damaged mid-run, one line naming the date and variables."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.processes import run_in_own_session
@@ -52,3 +58,37 @@ def test_a_checkpoint_that_cannot_be_written_stops_every_rank_and_keeps_the_last
     rc, _, err = _train(run_dir, small_dataset, steps=6)  # space again: the run resumes and ends
     assert rc == 0, err[-3000:]
     assert load_checkpoint(latest)["step"] == 6
+
+
+def test_a_store_damaged_mid_run_stops_every_rank_naming_date_and_variables(tmp_path, small_dataset):
+    """The store passes the up-front scan; then, while training reads it, every date's chunk
+    turns unreadable: one line naming the date and variables, and every rank ends."""
+    store = Path(shutil.copytree(small_dataset, tmp_path / "store.zarr"))
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "training", *small_overrides(run_dir, store), "trainer.steps=2000"]
+    command += ["evaluate.at_end_of_training=false", "trainer.checkpoint_interval=1000"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, start_new_session=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):  # training has begun
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        for chunk in (store / "data").glob("*.0.0.0"):
+            chunk.write_bytes(b"not a blosc chunk" * 10)
+        out, err = proc.communicate(timeout=180)  # the collective timeout is 120 s
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    errors = [line for line in (out + err).splitlines() if line.startswith("error: ")]
+    assert proc.returncode == EXIT_USER_ERROR, err[-3000:]
+    assert len(errors) == 1 and re.fullmatch(
+        r"error: cannot read date \d{4}-\d\d-\d\dT\d\d:00:00 \(index \d+\), variables psi, .*, of "
+        rf"{re.escape(str(store))}: .*",
+        errors[0],
+    ), errors

@@ -151,7 +151,11 @@ class ZarrDataset:
         try:
             raw = self._read((t, slice(None), member, points)).astype(np.float32)[self._index]
         except Exception as exc:  # a corrupt or missing chunk: say where, not deep in zarr
-            raise DatasetError(f"cannot read date index {t} of {self.path}: {type(exc).__name__}: {exc}") from exc
+            # A chunk holds every variable of a date: name the date and the variables read.
+            raise DatasetError(
+                f"cannot read date {self.date(t)} (index {t}), variables {', '.join(self.variables)}, "
+                f"of {self.path}: {type(exc).__name__}: {exc}"
+            ) from exc
         return ((raw - self.mean[:, None]) / self.stdev[:, None]).T.copy()
 
     def denormalise(self, x: np.ndarray) -> np.ndarray:
