@@ -6,6 +6,8 @@ python -m benchmarks --multirun model.num_layers=2,4,8 grid=o32,o48,o96 \\
     strategy=none,shard_heads,shard_sequence ranks=1,2,4
 python -m benchmarks --multirun target=train_step grid=o32,o48 strategy=shard_sequence ranks=1,2
 python -m benchmarks device=cuda ranks=4 precision=bf16    # NCCL, one GPU per rank
+torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+    -m benchmarks --multirun ranks=1,2,4 strategy=shard_sequence   # on torchrun's ranks (rank 0 writes)
 
 Rows go to ``results.jsonl`` in the sweep directory (``benchmarks/results/<date>``), then
 ``results.csv``, ``results.md`` and ``plots/`` at the end, and to MLflow (a parent run per
@@ -37,6 +39,7 @@ from benchmarks.results import (
     append_row,
 )
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
+from processor.runtime.torchrun import torchrun_rank
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +81,28 @@ def main(cfg: DictConfig) -> None:
     overrides = " ".join(hc.overrides.task)
     row: dict[str, Any] = {**_describe(point), "overrides": overrides, **machine()}
 
+    reporter = torchrun_rank() == 0  # under torchrun every rank measures, rank 0 reports
     reason = skip_reason(cfg)
     if reason is not None:
         row |= {"status": "skipped", "reason": reason}
-        print(f"skip  {overrides}: {reason}")
+        if reporter:
+            print(f"skip  {overrides}: {reason}")
     else:
         try:
             row |= run_point(point)
         except (RuntimeError, ValueError) as exc:  # one failing point does not end the sweep
             row |= {"status": "error", "error": str(exc) or traceback.format_exc()}
-            log.error("point %s failed: %s", overrides, exc)
+            if reporter:
+                log.error("point %s failed: %s", overrides, exc)
             if not multirun:
-                append_row(directory, row)
+                if reporter:
+                    append_row(directory, row)
                 raise
         else:
-            print(done_line(overrides, row))
+            if reporter:
+                print(done_line(overrides, row))
+    if not reporter:
+        return
     append_row(directory, row)
     tracker = tracker_for(cfg)
     if tracker is not None and row["status"] != "skipped":
@@ -108,4 +118,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from training.app import main as launch  # torchrun ranks but 0 get Hydra overrides that write nothing
+
+    launch(main)

@@ -8,8 +8,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from benchmarks.torchrun_world import world_skip_reason
 from processor import ConfigError
 from processor.grids import grid_points
+from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN
 from processor.strategies import strategy_options as strategy_option_names
 from training.config import processor_config, processor_schema
@@ -53,6 +55,7 @@ class BenchmarkConfig:
     ring: bool | None = None  # shard_sequence, shard_hybrid: ring (true), halo (false), by the reach (null)
     head_group_size: int | None = None  # shard_hybrid: ranks per head group (null: largest divisor <= heads, <= 8)
     ranks: int = 1
+    placement: str = "within_nodes"  # under torchrun: the point's ranks inside a node, or across_nodes
     device: str = "cpu"  # cpu (gloo) | cuda (NCCL, one GPU per rank)
     threads_per_rank: int = 1
     batch_size: int = 1
@@ -75,6 +78,7 @@ class BenchmarkConfig:
 _RANGES: list[tuple[str, Any, str]] = [
     ("target", lambda v: v in TARGETS, "|".join(TARGETS)),
     ("ranks", lambda v: v >= 1, ">= 1"),
+    ("placement", lambda v: v in PLACEMENTS, "|".join(PLACEMENTS)),
     ("device", lambda v: v in ("cpu", "cuda"), "cpu|cuda"),
     ("threads_per_rank", lambda v: v >= 1, ">= 1"),
     ("batch_size", lambda v: v >= 1, ">= 1"),
@@ -128,6 +132,9 @@ def skip_reason(cfg: Any) -> str | None:
     """Why a point of a cross-product sweep is not run (``None``: it is run)."""
     if cfg.strategy != "none" and cfg.ranks == 1:
         return "one rank is the strategy none baseline"
+    reason = world_skip_reason(cfg.ranks)
+    if reason is not None:
+        return reason
     try:
         processor_config(cfg.model, cfg.strategy, strategy_key="strategy", **strategy_options(cfg)).check_world_size(
             cfg.ranks

@@ -24,9 +24,15 @@ def _on_world(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_ranks(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Measure on ``cfg["ranks"]`` freshly spawned local ranks (gloo on CPU, NCCL on GPUs)."""
+    """Measure on ``cfg["ranks"]`` freshly spawned local ranks (gloo on CPU, NCCL on GPUs), or
+    on ranks of the torchrun world when started by torchrun (:mod:`benchmarks.torchrun_world`)."""
     from processor.runtime import run_local
+    from processor.runtime.torchrun import under_torchrun
 
+    if under_torchrun():
+        from benchmarks.torchrun_world import run_on_torchrun_world
+
+        return run_on_torchrun_world(cfg)
     backend = "nccl" if cfg["device"] == "cuda" else "gloo"
     return run_local(
         _on_world,

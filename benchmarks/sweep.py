@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from benchmarks.plots import sweep_plots
 from benchmarks.results import load_rows, markdown_table, write_csv
 from benchmarks.tracking import SweepTracker
+from processor.runtime.torchrun import torchrun_rank
 from training.tracking import local_store_uri
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ def write_outputs(directory: Path) -> list[Path]:
 
 class SweepOutputs(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if torchrun_rank() != 0:  # under torchrun, rank 0 writes the sweep's outputs
+            return
         directory = Path(config.hydra.sweep.dir)
         directory.mkdir(parents=True, exist_ok=True)
         tracker = tracker_for(config)
@@ -71,7 +74,8 @@ class SweepOutputs(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         directory = Path(config.hydra.sweep.dir)
-        if not (directory / "results.jsonl").exists():  # e.g. the scale probe, which writes its own
+        # Under torchrun rank 0 writes; no rows: e.g. the scale probe, which writes its own.
+        if torchrun_rank() != 0 or not (directory / "results.jsonl").exists():
             return
         files = write_outputs(directory)
         tracker = tracker_for(config)

@@ -21,3 +21,21 @@ def run_in_own_session(command: list[str], cwd: Path, env: dict[str, str], timeo
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, out, err
+
+
+def start_in_own_session(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """Start ``command`` in its own session, stdout and stderr to ``log``; end it with :func:`kill_tree`."""
+    with open(log, "w") as out:
+        return subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process below it (torchrun starts its ranks in sessions of their own)."""
+    from training.faults import descendants
+
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()

@@ -24,7 +24,6 @@ exception is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import os
 import re
@@ -38,6 +37,13 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from processor.runtime.torchrun import (
+    TorchrunSetupError,
+    check_restartable,
+    init_torchrun_group,
+    torchrun_rank,
+    under_torchrun,
+)
 from training.auto_strategy import resolve_auto
 from training.config import check_config
 from training.run_lock import RunDirBusyError, RunDirLock
@@ -45,6 +51,7 @@ from training.run_lock import RunDirBusyError, RunDirLock
 log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
+EXIT_PEER_FAILURE = 3  # another rank or node was lost, stuck or failed: running again may well work
 DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
 # What a user fixes in the command line, the configs or the data; the rest are bugs. By name
 # too, as a spawned rank's exception reaches the parent as text (see user_error).
@@ -56,16 +63,8 @@ _USER_ERRORS = (
     "FileExistsError",
     "RunDirBusyError",
     "CheckpointWriteError",
+    "TorchrunSetupError",
 )
-
-
-def _under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-
-
-def _rank() -> int:
-    """This process's torchrun rank; 0 outside torchrun."""
-    return int(os.environ["RANK"]) if _under_torchrun() else 0
 
 
 RankMain = Callable[[dict[str, Any]], Any]
@@ -78,7 +77,7 @@ def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
 
     ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
     checkpoint's model; without it this is a training run, whose checkpoint is checked."""
-    world = int(os.environ["WORLD_SIZE"]) if _under_torchrun() else cfg.trainer.nprocs
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
     cfg = resolve_auto(cfg)  # strategy=auto: the cost model's pick, printed and kept for MLflow
     check_config(cfg, world)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -131,7 +130,7 @@ def _rank_main(resolved: dict[str, Any]) -> dict[str, Any]:
 def run(cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None = None) -> Any:
     """Run ``rank_main`` (default: training) with ``cfg`` on the torchrun ranks, or on
     ``trainer.nprocs`` spawned local ranks; return rank 0's result."""
-    if _under_torchrun():
+    if under_torchrun():
         return _run_torchrun(cfg, rank_main, adopt)
     with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
         resolved = prepare(cfg, adopt)
@@ -151,7 +150,13 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> 
     import torch
     import torch.distributed as dist
 
-    _init_torchrun_group("nccl" if torch.cuda.is_available() else "gloo", cfg.trainer.timeout_s)
+    try:
+        check_restartable()
+    except TorchrunSetupError:  # before the group exists: rank 0 reports it
+        if torchrun_rank() != 0:
+            sys.exit(EXIT_USER_ERROR)
+        raise
+    init_torchrun_group("nccl" if torch.cuda.is_available() else "gloo", cfg.trainer.timeout_s)
     lock = contextlib.ExitStack()
     try:
         # Each rank composed its own configuration (its own command line and config files);
@@ -185,30 +190,6 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> 
         lock.close()
 
 
-def _init_torchrun_group(backend: str, timeout_s: float) -> None:
-    """Join the default group of this torchrun attempt.
-
-    torchrun's agent hosts the store and keeps it across ``--max-restarts`` attempts, so a
-    restarted rank can read the previous attempt's addresses and fail to connect (pytorch
-    issue #135712). Each attempt therefore gets its own key prefix. Multi-node jobs whose
-    agents may count restarts differently should set ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
-    for torchrun instead (rank 0 then hosts a fresh store per attempt).
-    """
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group(backend, timeout=timeout)
-        return
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"gridshard/attempt_{attempt}/", agent_store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
 def follower_overrides(scratch: str) -> list[str]:
     """Hydra overrides for torchrun ranks other than 0: the current directory as output directory
     (nothing is created), no ``.hydra`` record, logs to stdout only, and a ``--multirun`` sweep
@@ -227,7 +208,7 @@ def main(hydra_main: Callable[[], Any] | None = None) -> None:
     from ``configs/`` and the command line, then :func:`run`; torchrun ranks other than 0 get
     :func:`follower_overrides` first."""
     scratch = None
-    if _rank() != 0:
+    if torchrun_rank() != 0:
         scratch = tempfile.mkdtemp(prefix="gridshard-hydra-")
         sys.argv += follower_overrides(scratch)
     try:
@@ -242,7 +223,7 @@ def _hydra_main(cfg: DictConfig) -> float:
     result = run_reporting_errors(run, cfg)
     history = result["history"]
     final = history[-1][1]["train/loss"] if history else float("nan")
-    if _rank() == 0:
+    if torchrun_rank() == 0:
         log_skill(result.get("skill"), cfg.run_dir)
         log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], cfg.run_dir)
     return final
@@ -251,7 +232,7 @@ def _hydra_main(cfg: DictConfig) -> float:
 def log_skill(skill: Any, run_dir: str) -> None:
     """Log the skill summary of rank 0's result (the ranks may be spawned processes, whose logs
     do not reach the console), and where the full tables and the plot are."""
-    if skill is None or _rank() != 0:
+    if skill is None or torchrun_rank() != 0:
         return
     from training.evaluation import skill_summary
 
@@ -276,15 +257,40 @@ def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> An
 
 def exit_on_user_error(exc: BaseException) -> None:
     """For a configuration or data error (:func:`user_error`): print ``error: <message>`` and the
-    hint, and exit with :data:`EXIT_USER_ERROR`. Returns (the caller re-raises) for a bug, or
-    when ``HYDRA_FULL_ERROR=1`` asks for the traceback."""
-    message = user_error(exc)
-    if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+    hint, and exit with :data:`EXIT_USER_ERROR`; for a failure of another rank or node
+    (:func:`peer_failure`) the same with :data:`EXIT_PEER_FAILURE`. Returns (the caller
+    re-raises) for a bug, or when ``HYDRA_FULL_ERROR=1`` asks for the traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return
-    where = f"rank {_rank()}: " if _rank() != 0 else ""
+    message, code = user_error(exc), EXIT_USER_ERROR
+    if message is None:
+        message, code = peer_failure(exc), EXIT_PEER_FAILURE
+    if message is None:
+        return
+    where = f"rank {torchrun_rank()}: " if torchrun_rank() != 0 else ""
     print(f"error: {where}{message}", file=sys.stderr)
     print(f"({DEBUG_HINT})", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
+    sys.exit(code)
+
+
+# What a rank's line in run_local's report says when the rank is not to blame for the failure.
+_NOT_TO_BLAME = re.compile(r"^  rank \d+: (finished|died without a result|did not report|(?:\w+\.)*PeerFailureError: )")
+
+
+def peer_failure(exc: BaseException) -> str | None:
+    """The message of a failure of another rank or node (lost, stuck, or stopped by an error of
+    its own), else None. For :func:`~processor.runtime.run_local`'s report: its rank lines, when
+    every rank either died or blamed another (no traceback: nothing here is a bug)."""
+    from processor.runtime import PeerFailureError
+
+    if isinstance(exc, PeerFailureError):
+        return str(exc)
+    if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
+        return None
+    lines = [line for line in str(exc).splitlines() if line.startswith("  rank ")]
+    if not all(_NOT_TO_BLAME.match(line) for line in lines):
+        return None
+    return str(exc).splitlines()[0] + "\n" + "\n".join(lines)
 
 
 _REPORT = re.compile(r"\d+ of \d+ ranks failed:\n")
@@ -306,7 +312,15 @@ def user_error(exc: BaseException) -> str | None:
     from training.data import DatasetError
     from training.resume import CheckpointWriteError
 
-    kinds = (ConfigValueError, DatasetError, CheckpointError, ConfigError, FileExistsError, RunDirBusyError)
+    kinds = (
+        ConfigValueError,
+        DatasetError,
+        CheckpointError,
+        ConfigError,
+        FileExistsError,
+        RunDirBusyError,
+        TorchrunSetupError,
+    )
     if isinstance(exc, (*kinds, CheckpointWriteError)):
         return str(exc)
     if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):

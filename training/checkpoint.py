@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,18 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: unreadable, of another format, or another model."""
 
 
-def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
+def save_checkpoint(
+    directory: str | Path, state: dict[str, Any], progress: Callable[[int], None] | None = None
+) -> Path:
     """Write ``state`` to ``directory/latest.pt`` so that a reader sees the old file or the new
-    one, never a partial one."""
+    one, never a partial one. ``progress`` is called with the bytes written so far after each
+    write (a test's fault hook)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=PARTIAL_PREFIX, suffix=".pt")
     try:
         with os.fdopen(fd, "wb") as f:
-            _save(state, f)
+            _save(state, f, progress)
             f.flush()
             os.fsync(f.fileno())
         final = directory / LATEST
@@ -49,23 +53,28 @@ class _WriteErrors:
     writer turns a failed write (a full disk, a size limit) into a ``RuntimeError`` about file
     positions, and this gets the real cause back."""
 
-    def __init__(self, f) -> None:
-        self.f, self.error = f, None
+    def __init__(self, f, progress: Callable[[int], None] | None = None) -> None:
+        self.f, self.error, self.progress, self.written = f, None, progress, 0
 
     def write(self, data) -> int:
         try:
-            return self.f.write(data)
+            n = self.f.write(data)
         except OSError as exc:
             self.error = self.error or exc
             raise
+        self.written += n
+        if self.progress is not None:
+            self.f.flush()  # what is reported written is in the file
+            self.progress(self.written)
+        return n
 
     def flush(self) -> None:
         self.f.flush()
 
 
-def _save(state: dict[str, Any], f) -> None:
+def _save(state: dict[str, Any], f, progress: Callable[[int], None] | None = None) -> None:
     """``torch.save`` of ``state`` (with the format version) to ``f``; a failed write raises its ``OSError``."""
-    writer = _WriteErrors(f)
+    writer = _WriteErrors(f, progress)
     try:
         torch.save({"format_version": FORMAT_VERSION, **state}, writer)
     except RuntimeError:

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from processor import ConfigError, ProcessorConfig
+from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy
 
 FORECASTER_KEYS = ("hidden_grid", "encoder_neighbours", "decoder_neighbours")
@@ -140,6 +141,9 @@ class TrainerConfig:
     stop_at_step: int | None = None  # end this run early (checkpointed); a later run resumes
     nprocs: int = 2  # local ranks to spawn when not started by torchrun
     ranks_per_model: int = 2  # model-parallel group size
+    # within_nodes: a model group's ranks are consecutive, inside one node when ranks_per_model
+    # divides the ranks per node; across_nodes: one rank per node (processor/runtime/placement.py)
+    placement: str = "within_nodes"
     threads_per_rank: int = 1
     timeout_s: float = 300.0  # bounds every collective; a lost or stuck rank fails the run by then
     heartbeat_s: float = 1.0  # a rank silent for 3 heartbeats is named as lost
@@ -151,6 +155,9 @@ class TrainerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     fault_at_step: int | None = None  # test hook: fault_rank SIGKILLs itself in this step, once
     fault_rank: int = 1
+    fault_scope: str = "rank"  # test hook: rank | node (the rank's torchrun agent and all its ranks)
+    fault_every: int | None = None  # test hook: a rank SIGKILLed about every this many steps (training/faults.py)
+    fault_seed: int = 0
 
 
 @dataclass
@@ -221,6 +228,9 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("trainer.heartbeat_s", lambda v: v > 0, "> 0"),
     ("trainer.fault_at_step", lambda v: v is None or v >= 0, ">= 0 or null"),
     ("trainer.fault_rank", lambda v: v >= 0, ">= 0"),
+    ("trainer.fault_scope", lambda v: v in ("rank", "node"), "rank|node"),
+    ("trainer.fault_every", lambda v: v is None or v >= 2, ">= 2 or null"),
+    ("trainer.placement", lambda v: v in PLACEMENTS, "|".join(PLACEMENTS)),
     ("logging.log_interval", lambda v: v >= 1, ">= 1"),
     ("trainer.stop_at_step", lambda v: v is None or v >= 1, ">= 1 or null"),
     ("trainer.rollout.start", lambda v: v >= 1, ">= 1"),

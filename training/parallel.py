@@ -1,20 +1,27 @@
 """Data-parallel x model-parallel ranks on a device mesh with named axes, passed explicitly.
 
-World ranks are laid out model-parallel-fastest: ranks ``[d * mp, (d + 1) * mp)`` form
-model replica ``d`` (the mesh's ``mp`` axis); ranks with the same ``mp_rank`` form a
-data-parallel group (its ``dp`` axis).
+The mesh has axes ``("dp", "mp")``: row ``d`` holds the ranks of model replica ``d`` (its
+``mp`` group), column ``m`` the ranks that hold the same shard in every replica (a ``dp``
+group). Which ranks share a row follows the nodes they run on
+(:mod:`processor.runtime.placement`): by default a model group is kept inside one node, so
+on one node (or ``ranks_per_model`` dividing each node's ranks) replica ``d`` is the ranks
+``[d * mp, (d + 1) * mp)``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
 from processor.distributed import parallelize_gradients
+from processor.runtime.placement import describe_layout, model_groups, this_node
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,32 +31,35 @@ class ParallelDims:
     rank: int
     mesh: DeviceMesh | None  # axes ("dp", "mp"); None on one rank
     mp_group: dist.ProcessGroup | None  # the mesh's "mp" group; None with one rank per model
+    dp_rank: int = 0  # this rank's model replica (its row of the mesh)
+    mp_rank: int = 0  # this rank's place in its model group (its shard)
+    nodes: list[str] = field(default_factory=list)  # the node of every world rank
 
     @property
     def dp(self) -> int:
         return self.world // self.mp
 
-    @property
-    def mp_rank(self) -> int:
-        return self.rank % self.mp
-
-    @property
-    def dp_rank(self) -> int:
-        return self.rank // self.mp
-
     @classmethod
-    def build(cls, ranks_per_model: int) -> ParallelDims:
-        """Build the mesh (every rank must call this); on CUDA devices under NCCL, else CPU."""
+    def build(cls, ranks_per_model: int, placement: str = "within_nodes") -> ParallelDims:
+        """Build the mesh (every rank must call this; one ``all_gather_object`` of the nodes);
+        on CUDA devices under NCCL, else CPU. ``placement``: see :mod:`processor.runtime.placement`."""
         if not dist.is_initialized():
             if ranks_per_model != 1:
                 raise ValueError(f"ranks_per_model = {ranks_per_model} needs a process group; none is initialised")
-            return cls(1, 1, 0, None, None)
+            return cls(1, 1, 0, None, None, nodes=[this_node()])
         world, rank = dist.get_world_size(), dist.get_rank()
-        if world % ranks_per_model:
-            raise ValueError(f"ranks_per_model = {ranks_per_model} does not divide the world size {world}")
+        nodes: list[str] = [""] * world
+        dist.all_gather_object(nodes, this_node())
+        groups = model_groups(nodes, ranks_per_model, placement)
+        if rank == 0:
+            log.info("layout: %s", describe_layout(nodes, groups, placement))
         device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        mesh = init_device_mesh(device_type, (world // ranks_per_model, ranks_per_model), mesh_dim_names=("dp", "mp"))
-        return cls(world, ranks_per_model, rank, mesh, mesh["mp"].get_group() if ranks_per_model > 1 else None)
+        mesh = DeviceMesh(device_type, torch.tensor(groups), mesh_dim_names=("dp", "mp"))
+        dp_rank, mp_rank = mesh.get_coordinate()
+        mp_group = mesh["mp"].get_group() if ranks_per_model > 1 else None
+        if mp_group is not None and dist.get_rank(mp_group) != mp_rank:  # the shard order is the group's
+            raise RuntimeError(f"rank {rank}: mesh coordinate {mp_rank} is not its model-group rank")
+        return cls(world, ranks_per_model, rank, mesh, mp_group, dp_rank, mp_rank, nodes)
 
     @property
     def dp_group(self) -> dist.ProcessGroup | None:

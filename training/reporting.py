@@ -12,8 +12,9 @@ import numpy as np
 import yaml
 
 from training.data import ZarrDataset
+from training.metrics_file import read_history
 from training.parallel import ParallelDims
-from training.tracking import NullTracker, Tracker, flatten, read_history
+from training.tracking import NullTracker, Tracker, flatten
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ def open_tracker(cfg: dict[str, Any], dims: ParallelDims, start: int, tags: dict
         flatten(cfg),
         tags,
         resume=start > 0,
+        start_step=start,
     )
     config_file = run_dir / "config.yaml"
     config_file.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -8,6 +8,7 @@ the model is refused: its architecture, the grid and the variables.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +100,18 @@ class CheckpointWriteError(OSError):
 
 
 def save_training_state(
-    directory: Path, step: int, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module, optimiser, schedule
+    directory: Path,
+    step: int,
+    cfg: dict[str, Any],
+    dims: ParallelDims,
+    model: nn.Module,
+    optimiser,
+    schedule,
+    fault: Callable[[int], None] | None = None,
 ) -> None:
-    """Write the training state after ``step`` (every rank calls; rank 0 writes, atomically)."""
+    """Write the training state after ``step`` (every rank calls; rank 0 writes, atomically).
+    ``fault``: a test's hook (:meth:`training.faults.FaultInjector.checkpoint_write`), given
+    the bytes rank 0 has written, and 0 on the other ranks while rank 0 writes."""
     rng = [torch.get_rng_state()]
     if dims.world > 1:
         rng = [torch.empty_like(rng[0]) for _ in range(dims.world)]
@@ -120,9 +130,11 @@ def save_training_state(
             "config": yaml.safe_dump(cfg),
         }
         try:
-            save_checkpoint(directory, state)
+            save_checkpoint(directory, state, progress=fault)
         except OSError as exc:  # a full disk, a file-size limit, a read-only file system
             failure = exc.strerror or str(exc)
+    elif fault is not None:
+        fault(0)
     # Every rank learns whether the write worked, so that all stop here together, in one line.
     if dims.sum_over_world([float(bool(failure))])[0] > 0:
         raise CheckpointWriteError(

@@ -30,10 +30,10 @@ def join_ranks(cfg: dict[str, Any]) -> tuple[ParallelDims, AbstractContextManage
     :class:`~processor.runtime.PeerFailureError` naming it, within ``trainer.timeout_s`` (plus
     three heartbeats)."""
     t_cfg = cfg["trainer"]
-    dims = ParallelDims.build(t_cfg["ranks_per_model"])
+    dims = ParallelDims.build(t_cfg["ranks_per_model"], t_cfg.get("placement", "within_nodes"))
     if dims.world == 1:
         return dims, nullcontext()
-    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg["heartbeat_s"], t_cfg["timeout_s"])
+    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg["heartbeat_s"], t_cfg["timeout_s"], dims.nodes)
 
 
 def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:

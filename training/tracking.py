@@ -12,10 +12,15 @@ directory records it in ``mlflow_run.json`` (tracking URI, experiment id, run id
 ``Tracker(..., resume=True)`` on that directory and URI re-opens it (status back to RUNNING).
 Params new to the run are logged; params are immutable in MLflow, so one whose value changed
 (the strategy or the rank count, say) is recorded in a ``resume.<step>.changed`` tag instead,
-and ``resumed_from_steps`` lists the steps each segment began at. Metrics carry their steps,
-so the history of a run resumed several times is continuous (the steps a segment re-runs
-after its last checkpoint appear twice). ``metrics.jsonl`` is appended by every segment:
-:func:`read_history` reads it back as one history.
+and ``resumed_from_steps`` lists the steps each segment began at.
+
+Every step appears once in the history of a run resumed any number of times, also after a
+crash (:meth:`Tracker._catch_up`): a resumed segment first asks MLflow which step each metric
+was last logged at, replays from ``metrics.jsonl`` the earlier steps that never reached it
+(a killed rank 0's queue), and does not send again the steps it re-runs after its checkpoint
+that did reach it (a resumed run computes them again bit for bit). ``metrics.jsonl`` is cut
+back to the steps before the checkpoint when a segment resumes (:func:`training.metrics_file.keep_steps_before`), so
+it too holds each step once; :func:`~training.metrics_file.read_history` reads it back as one history.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from training.metrics_file import keep_steps_before, open_for_append
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +147,8 @@ class Tracker:
         finish_timeout_s: how long :meth:`finish` waits for the thread to deliver the rest.
         resume: continue the MLflow run recorded in ``run_dir`` (``mlflow_run.json``) if it is
             in the store at ``tracking_uri`` and still exists; else (warning) start a new one.
+        start_step: the step a resumed segment starts at (its checkpoint's): ``metrics.jsonl``
+            keeps the steps before it, and the MLflow run gets each step once (see the module).
     """
 
     def __init__(
@@ -152,6 +161,7 @@ class Tracker:
         tags: dict[str, str],
         finish_timeout_s: float = 60.0,
         resume: bool = False,
+        start_step: int | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.uri = tracking_uri or local_store_uri(run_dir)
@@ -161,7 +171,11 @@ class Tracker:
         self.finish_timeout_s = finish_timeout_s
         self.fallback = False
         self.client, self.run_id = None, None
-        self._jsonl = _open_jsonl(run_dir / "metrics.jsonl")
+        # What earlier segments logged before this one's start, and the last step of each metric
+        # MLflow already holds (filled in by the thread): nothing is logged twice.
+        self._earlier = keep_steps_before(run_dir / "metrics.jsonl", start_step) if start_step else []
+        self._logged_through: dict[str, int] = {}
+        self._jsonl = open_for_append(run_dir / "metrics.jsonl")
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._delivered: list[tuple[str, Any]] = []  # every event taken so far, replayed on fall-back
         self._finished = False
@@ -231,6 +245,17 @@ class Tracker:
         self.run_id = run.info.run_id
         if self.uri == self.configured_uri:  # a fall-back run is not the one the directory continues
             write_record(self.run_dir, self.uri, run.info.experiment_id, self.run_id, self.params)
+        self._catch_up(run)
+
+    def _catch_up(self, run) -> None:
+        """Note the last step of each metric in ``run`` (a new run: none), and log the earlier
+        segments' steps that ``run`` lacks, from ``metrics.jsonl``."""
+        self._logged_through = {}
+        for key in run.data.metrics:
+            steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
+            self._logged_through[key] = max(steps, default=-1)
+        if self._earlier:
+            self._log_metrics([("metrics", event) for event in self._earlier])
 
     def _recorded_run(self, record: dict[str, Any]):
         """The MLflow run ``record`` names, if it is in this store and still active."""
@@ -263,13 +288,22 @@ class Tracker:
         log.info("continuing MLflow run %s", run.info.run_id)
         return run
 
-    def _apply(self, events: list[tuple[str, Any]]) -> None:
+    def _log_metrics(self, events: list[tuple[str, Any]]) -> None:
+        """Log the metrics of ``events`` but those of steps the run already holds."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for _, (step, m) in _of(events, "metrics") for k, v in m.items()]
+        metrics = [
+            Metric(k, float(v), now, step)
+            for _, (step, m) in _of(events, "metrics")
+            for k, v in m.items()
+            if step > self._logged_through.get(k, -1)
+        ]
         for i in range(0, len(metrics), 1000):  # MLflow's limit per batch
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
+    def _apply(self, events: list[tuple[str, Any]]) -> None:
+        self._log_metrics(events)
         for _, path in _of(events, "artifact"):
             self.client.log_artifact(self.run_id, path)
         for _, (status, reason) in _of(events, "finish"):
@@ -317,35 +351,3 @@ class NullTracker:
     def log_artifact(self, path: Path) -> None: ...
 
     def finish(self, status: str = "FINISHED", reason: str | None = None) -> None: ...
-
-
-def _open_jsonl(path: Path):
-    """``metrics.jsonl`` opened for appending. A last line cut short (a crash mid-write) is
-    ended first, so that this segment's first record starts a line of its own."""
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            cut = f.read(1) != b"\n"
-        if cut:
-            with open(path, "a") as f:
-                f.write("\n")
-    return open(path, "a")  # noqa: SIM115 - closed in Tracker.finish()
-
-
-def read_history(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
-    """The metrics of every segment of the run in ``run_dir`` (its ``metrics.jsonl``, appended by
-    each), by step, sorted. A resumed segment re-runs the steps after its last checkpoint: a
-    later record of a step replaces the earlier one's values key by key. Lines that cannot be
-    read (cut short by a crash) are skipped."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    by_step: dict[int, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            step = int(record.pop("step"))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue
-        by_step.setdefault(step, {}).update(record)
-    return sorted(by_step.items())

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from processor.runtime import peak_rss
 from training.checkpoint import LATEST, remove_partials
 from training.evaluation import evaluate_skill, evaluation_samples, report_skill
-from training.faults import maybe_die
+from training.faults import FaultInjector
 from training.reporting import final_pictures, open_tracker
 from training.resume import check_resumable, restore_training_state, save_training_state
 from training.rollout import RolloutSchedule, loss_weights
@@ -71,7 +71,11 @@ class Trainer:
             self.start = restore_training_state(
                 self.ckpt_dir / LATEST, cfg, dims, session.model, self.optimiser, self.schedule
             )
+            if dims.rank == 0:
+                log.info("resuming from step %d of %s", self.start, self.ckpt_dir / LATEST)
         self.last_checkpoint = self.start
+        self.faults = FaultInjector(self.t_cfg, dims.rank, dims.world, self.run_dir)
+        self.last_step_s = 0.1
         dataset = session.dataset
         weights = loss_weights(cfg, dataset.variables, dataset.latitudes, session.points)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.t_cfg["precision"] == "bf16")
@@ -115,6 +119,8 @@ class Trainer:
         except BaseException as exc:
             self.tracker.finish("FAILED", reason=f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            self.faults.close()
         self.tracker.finish()
         return {"history": history, "run_id": self.tracker.run_id, "start_step": self.start, "skill": skill}
 
@@ -158,9 +164,10 @@ class Trainer:
         lr = self.schedule.get_last_lr()[0]
         s.counter.reset()
         x, y = s.batches([s.samples.train[i] for i in picks], rollout)
-        fault = functools.partial(maybe_die, t_cfg, dims.rank, step, self.run_dir)
+        self.faults.start_step(step, self.last_step_s)
+        fault = functools.partial(self.faults.after_backward, step)
         loss = self.step_fn(x, y, s.grids, s.model_group, s.transport, after_backward=fault)
-        elapsed = time.perf_counter() - t0
+        elapsed = self.last_step_s = time.perf_counter() - t0
         train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, s.counter.total_bytes])
         train_loss /= dims.dp
         if not math.isfinite(train_loss):  # equal on every rank: all stop together
@@ -201,7 +208,8 @@ class Trainer:
                 f"parameters are not finite after step {step}; not overwriting the last good checkpoint "
                 f"(step {self.last_checkpoint}) in {self.ckpt_dir}"
             )
-        save_training_state(self.ckpt_dir, step, s.cfg, s.dims, s.model, self.optimiser, self.schedule)
+        fault = self.faults.checkpoint_write(step)
+        save_training_state(self.ckpt_dir, step, s.cfg, s.dims, s.model, self.optimiser, self.schedule, fault)
         self.last_checkpoint = step
 
     def final_report(self):

@@ -25,6 +25,8 @@ from types import TracebackType
 
 import torch.distributed as dist
 
+from processor.runtime.torchrun import attempt_prefix
+
 log = logging.getLogger(__name__)
 
 _PREFIX = "gridshard/"
@@ -51,29 +53,37 @@ class Heartbeat:
     names the rank to blame (the original error is its ``__cause__``).
 
     Args:
-        store: a c10d store shared by the ranks and hosted outside them.
+        store: a c10d store shared by the ranks and hosted outside them (or by rank 0).
         rank, world: this rank and the number of ranks.
         interval_s: seconds between beats; a diagnosis watches ``3 * interval_s``.
+        nodes: the node of every rank (:func:`~processor.runtime.placement.this_node`): on
+            several nodes, lost ranks are named by node.
     """
 
-    def __init__(self, store: dist.Store, rank: int, world: int, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, store: dist.Store, rank: int, world: int, interval_s: float = 1.0, nodes: list[str] | None = None
+    ) -> None:
         self.store, self.rank, self.world, self.interval_s = store, rank, world, interval_s
+        self.nodes = nodes if nodes and len(nodes) == world else None
         # torchrun's restarts may share a store: keep each attempt's keys apart.
-        self._prefix = f"{_PREFIX}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self._prefix = f"{_PREFIX}{attempt_prefix()}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{rank}", daemon=True)
 
     @classmethod
-    def from_env(cls, rank: int, world: int, interval_s: float = 1.0, timeout_s: float = 60.0) -> Heartbeat:
+    def from_env(
+        cls, rank: int, world: int, interval_s: float = 1.0, timeout_s: float = 60.0, nodes: list[str] | None = None
+    ) -> Heartbeat:
         """A heartbeat in the store at ``MASTER_ADDR:MASTER_PORT``: the one torchrun's agent
-        hosts, or :func:`~processor.runtime.launch.run_local`'s parent. A client connection of
-        its own, so it beats while the process group is busy."""
+        hosts (or rank 0, see :mod:`processor.runtime.torchrun`), or
+        :func:`~processor.runtime.launch.run_local`'s parent. A client connection of its own, so
+        it beats while the process group is busy."""
         try:
             host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         except (KeyError, ValueError):
             raise ValueError("a heartbeat needs MASTER_ADDR and MASTER_PORT (set by torchrun and run_local)") from None
         store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(store, rank, world, interval_s)
+        return cls(store, rank, world, interval_s, nodes)
 
     def _key(self, kind: str, rank: int) -> str:
         return f"{self._prefix}{kind}/{rank}"
@@ -131,11 +141,10 @@ class Heartbeat:
             after = self._counters(others)
             left = self._left(others)
         except Exception as exc:
-            return f"the c10d store is unreachable ({type(exc).__name__}): the rank or launcher hosting it was lost"
+            return f"the c10d store is unreachable ({type(exc).__name__}): {self._store_host()} was lost"
         lost = [r for r, b, a in zip(others, before, after) if a == b and r not in left]
         if lost:
-            verb = "was" if len(lost) == 1 else "were"
-            return f"{_ranks(lost)} {verb} lost (no heartbeat for {3 * self.interval_s:g} s)"
+            return f"{self._name_lost(lost)} (no heartbeat for {3 * self.interval_s:g} s)"
         stuck = [r for r in others if r not in left]
         if stuck:
             return f"{_ranks(stuck)} {'is' if len(stuck) == 1 else 'are'} stuck: alive, but not in the collective"
@@ -143,6 +152,30 @@ class Heartbeat:
         if stopped:
             return "; ".join(f"rank {r} stopped with {why}" for r, why in sorted(stopped.items()))
         return None
+
+    def _several_nodes(self) -> bool:
+        return self.nodes is not None and len(set(self.nodes)) > 1
+
+    def _name_lost(self, lost: list[int]) -> str:
+        """``rank 1 was lost``; on several nodes, by node: ``node 1 (host) was lost (ranks [2, 3])``
+        when all its ranks are, else ``rank 2 (node 1 (host)) was lost``."""
+        if not self._several_nodes():
+            return f"{_ranks(lost)} {'was' if len(lost) == 1 else 'were'} lost"
+        parts, whole = [], []
+        for node in dict.fromkeys(self.nodes[r] for r in lost):
+            on_node = [r for r in range(self.world) if self.nodes[r] == node]
+            mine = [r for r in lost if self.nodes[r] == node]
+            if mine == on_node:
+                whole.append(f"{node} (ranks {mine})" if len(mine) > 1 else f"{node} (rank {mine[0]})")
+            else:
+                parts.append(f"{_ranks(mine)} of {node}")
+        return f"{' and '.join(whole + parts)} {'was' if len(whole + parts) == 1 else 'were'} lost"
+
+    def _store_host(self) -> str:
+        """Who hosted the store: torchrun's agent of rank 0's node or rank 0 itself, else the launcher."""
+        if self._several_nodes():
+            return f"{self.nodes[0]}, which hosts it with rank 0,"
+        return "the rank or launcher hosting it"
 
 
 def _ranks(ranks: list[int]) -> str:

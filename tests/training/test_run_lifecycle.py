@@ -25,7 +25,8 @@ from tests.training.conftest import small_overrides
 from training.app import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.config import schema_keys
 from training.data import DatasetError
-from training.tracking import RECORD, Tracker, local_store_uri, read_history
+from training.metrics_file import read_history
+from training.tracking import RECORD, Tracker, local_store_uri
 
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1"]
 PARAMS = {"strategy.name": "shard_sequence", "trainer.nprocs": "2"}
@@ -48,7 +49,8 @@ def _launch(args: list[str], cwd: Path, **env: str) -> tuple[int, str, str]:
 
 
 def _segment(run_dir: Path, steps: range, params: dict[str, str], start: int, resume: bool = True) -> Tracker:
-    tracker = Tracker(run_dir, None, "gridshard", None, params, {"resumed_from_step": str(start)}, resume=resume)
+    tags = {"resumed_from_step": str(start)}
+    tracker = Tracker(run_dir, None, "gridshard", None, params, tags, resume=resume, start_step=start)
     for step in steps:
         tracker.log_metrics(step, {"train/loss": 1.0 / (step + 1)})
     return tracker
@@ -80,7 +82,8 @@ def test_resumed_tracker_continues_the_mlflow_run(tmp_path):
     run = client.get_run(first.run_id)
     assert third.run_id == first.run_id and run.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(first.run_id, "train/loss")]
-    assert sorted(steps) == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    assert sorted(steps) == list(range(7))  # the steps each segment ran again are not logged twice
+    assert [s for s, _ in read_history(tmp_path)] == list(range(7))
     assert run.data.params["trainer.nprocs"] == "2"  # params are immutable: the first value stays
     assert run.data.params["trainer.seed"] == "1"  # a new one is logged
     assert run.data.tags["resume.2.changed"] == "trainer.nprocs: 2 -> 4"
@@ -109,6 +112,25 @@ def test_a_recorded_run_that_is_gone_or_elsewhere_gives_a_new_run(tmp_path, capl
     assert gone.run_id != first.run_id and moved.run_id != first.run_id
     assert "no longer exists" in caplog.text and "this run logs to" in caplog.text
     assert json.loads((elsewhere / RECORD).read_text())["run_id"] == moved.run_id
+
+
+def test_a_killed_segment_loses_no_step_and_logs_none_twice(tmp_path):
+    """Rank 0 killed at step 6 with steps 3-5 still queued for MLflow (they are in
+    metrics.jsonl): the segment resumed from the checkpoint of step 4 replays 3 from the file,
+    logs 4 and 5 again (not sent twice, as MLflow has none of them), and goes on."""
+    first = _segment(tmp_path, range(0, 3), PARAMS, 0, resume=False)
+    first.finish()
+    with open(tmp_path / "metrics.jsonl", "a") as f:  # logged, never delivered, then a line cut short
+        f.write("".join(json.dumps({"step": s, "train/loss": 1.0 / (s + 1)}) + "\n" for s in (3, 4, 5)))
+        f.write('{"step": 6, "train/lo')
+    second = _segment(tmp_path, range(4, 8), PARAMS, 4)
+    second.finish()
+    client = MlflowClient(local_store_uri(tmp_path))
+    history = client.get_metric_history(first.run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(8))
+    assert {m.step: m.value for m in history}[3] == 1.0 / 4
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(8))
 
 
 def test_read_history_replaces_rerun_steps_key_by_key(tmp_path):
