@@ -111,6 +111,7 @@ def summarise(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, A
         "analytic_bytes_per_layer_max": max(analytic) / m["num_layers"],
         "bytes_rel_error_max": max(errors),
         "gemm_flop_per_s": min(r["gemm_flop_per_s"] for r in reports),
+        "nodes": len({r.get("node") for r in reports}),  # under torchrun, maybe several
     }
     # Useful FLOP/s per rank against what one rank's threads do on a big matmul.
     row["gemm_efficiency"] = row["processor_flop_per_s"] / len(reports) / row["gemm_flop_per_s"]

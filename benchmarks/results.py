@@ -88,18 +88,21 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The measured points as a Markdown table (skipped and failed points left out)."""
+    """The measured points as a Markdown table (skipped and failed points left out); a column of
+    the nodes each point's ranks ran on when a sweep under torchrun spanned several."""
+    nodes = any(r.get("nodes", 1) > 1 for r in rows if r.get("status") == "ok")
     head = (
-        "| target | grid | points | layers | strategy | P | step time (s) | spread (s) | points/s | GFLOP/s "
-        f"| {PEAK_COLUMN} | {SENT_LAYER_COLUMN} | {ANALYTIC_LAYER_COLUMN} |"
+        f"| target | grid | points | layers | strategy | P |{' nodes |' if nodes else ''} step time (s) | spread (s) "
+        f"| points/s | GFLOP/s | {PEAK_COLUMN} | {SENT_LAYER_COLUMN} | {ANALYTIC_LAYER_COLUMN} |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         if r.get("status") != "ok":
             continue
+        node_cell = f" {r.get('nodes', 1)} |" if nodes else ""
         lines.append(
             f"| {r['target']} | {r['grid']} | {r['points']} | {r['num_layers']} | {r['strategy']} | {r['ranks']} "
-            f"| {r['step_time_s']:.3f} | {r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f} "
+            f"|{node_cell} {r['step_time_s']:.3f} | {r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f} "
             f"| {r['points_per_s']:.0f} | {r['processor_flop_per_s'] / 1e9:.1f} "
             f"| {r['peak_increase_bytes_max'] / MIB:.0f} | {r['bytes_sent_per_layer_max'] / MIB:.2f} "
             f"| {r['analytic_bytes_per_layer_max'] / MIB:.2f} |"
@@ -126,6 +129,7 @@ _MARKDOWN_COLUMNS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "layers": ("num_layers", int),
     "strategy": ("strategy", str),
     "P": ("ranks", int),
+    "nodes": ("nodes", int),
     "step time (s)": ("step_time_s", float),
     PEAK_COLUMN: ("peak_increase_bytes_max", _mib),
     SENT_LAYER_COLUMN: ("bytes_sent_per_layer_max", _mib),

@@ -21,6 +21,7 @@ from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_sizes
 from processor.grids import get_grid, grid_points
 from processor.runtime import current_rss, peak_rss, set_freed_memory_policy
+from processor.runtime.placement import this_node
 from training.config import processor_config
 
 # A step on this rank, given the transport its communication goes through.
@@ -157,6 +158,8 @@ class _Memory:
             torch.cuda.reset_peak_memory_stats(device)
             self.base = torch.cuda.memory_allocated(device)
         else:
+            # A torchrun rank measures point after point: the high-water mark starts here.
+            _reset_peak_rss()
             self.base = current_rss()
 
     def peak(self) -> int:
@@ -174,14 +177,21 @@ class _Memory:
             before = torch.cuda.memory_allocated(self.device)
             step()
             return torch.cuda.max_memory_allocated(self.device) - before
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # resets the kernel's resident high-water mark (VmHWM)
-        except OSError:
+        if not _reset_peak_rss():
             return None
         before = current_rss()
         step()
         return peak_rss() - before
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's resident high-water mark (VmHWM) to the current size; False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def _timed(step: Step, transport: Transport, group, device: torch.device) -> float:
@@ -235,6 +245,7 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
         "step_peak_bytes": step_peak,
         "bytes_sent": sent,
         "gemm_flop_per_s": gemm_flop_rate(device),
+        "node": this_node(),
     }
     if cfg["profile"]:
         from benchmarks.profile_split import profile_split

@@ -7,9 +7,7 @@ mid-run is named by the other within the timeout; a replacement node resumes bit
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import sys
 import time
 from pathlib import Path
@@ -17,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from processor.runtime import free_port
 from processor.runtime.torchrun import FRESH_STORE_ENV, TorchrunSetupError, check_restartable
-from tests.processes import kill_tree, run_in_own_session, start_in_own_session
+from tests.agents import AGENT_TIMEOUT_S, agent, agent_env, two_nodes, wait_agents
+from tests.processes import run_in_own_session, start_in_own_session
 from tests.training.conftest import small_overrides
 from training.checkpoint import load_checkpoint
 from training.faults import MARKER
@@ -28,67 +26,10 @@ from training.metrics_file import read_history
 WORLD = ["trainer.nprocs=4", "trainer.ranks_per_model=2", "trainer.heartbeat_s=0.2"]
 WORLD += ["evaluate.at_end_of_training=false"]
 NODE_LOSS = ["trainer.fault_at_step=4", "trainer.fault_rank=2", "trainer.fault_scope=node", "trainer.timeout_s=30"]
-AGENT_TIMEOUT_S = 240
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
 def _training(run_dir: Path, dataset: Path, *overrides: str) -> list[str]:
     return ["-m", "training", *small_overrides(run_dir, dataset), *WORLD, *overrides, f"hydra.run.dir={run_dir}/hydra"]
-
-
-def _agent(node: int, port: int, run_id: str, *torchrun_args: str) -> list[str]:
-    """torchrun for node ``node`` of 2; node 0 hosts the rendezvous and sorts first (its address)."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=2",
-        "--nproc-per-node=2",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id={run_id}",
-        f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
-        f"--local-addr=127.0.0.{node + 1}",
-        *torchrun_args,
-    ]
-
-
-def _wait_listening(port: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"no rendezvous on port {port} after {timeout_s} s")
-
-
-def _wait(procs: list, logs: list[Path], timeout_s: float = AGENT_TIMEOUT_S) -> list[int]:
-    """The agents' exit codes; all killed (and the test failed) if one runs past ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except Exception:
-        pytest.fail("agents ran past the time limit:\n" + "\n".join(log.read_text()[-3000:] for log in logs))
-    finally:
-        for proc in procs:
-            kill_tree(proc)
-    return [proc.returncode for proc in procs]
-
-
-def _two_nodes(tmp_path: Path, name: str, args: list[str], env: dict[str, str], *torchrun_args: str):
-    """Start node 0, then node 1 once the rendezvous listens; the processes and their logs."""
-    port = free_port()
-    logs = [tmp_path / f"{name}-node{n}.log" for n in (0, 1)]
-    node0 = start_in_own_session([*_agent(0, port, name, *torchrun_args), *args], tmp_path, env, logs[0])
-    _wait_listening(port)
-    node1 = start_in_own_session([*_agent(1, port, name, *torchrun_args), *args], tmp_path, env, logs[1])
-    return [node0, node1], logs, port
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +37,8 @@ def one_agent(tmp_path_factory, small_dataset) -> Path:
     """The reference: the same 4 ranks under one torchrun agent."""
     run_dir = tmp_path_factory.mktemp("one-agent")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-    rc, _, err = run_in_own_session([*command, *_training(run_dir, small_dataset)], run_dir, _env(), AGENT_TIMEOUT_S)
+    command += _training(run_dir, small_dataset)
+    rc, _, err = run_in_own_session(command, run_dir, agent_env(), AGENT_TIMEOUT_S)
     assert rc == 0, err[-3000:]
     return run_dir
 
@@ -111,8 +53,8 @@ def _parameters(run_dir: Path) -> dict[str, torch.Tensor]:
 def test_two_nodes_train_as_one_agent_does(tmp_path, small_dataset, one_agent, placement):
     run_dir = tmp_path / "run"
     args = _training(run_dir, small_dataset, f"trainer.placement={placement}")
-    procs, logs, _ = _two_nodes(tmp_path, placement.replace("_", "-"), args, _env())
-    assert _wait(procs, logs) == [0, 0], logs[0].read_text()[-3000:]
+    procs, logs, _ = two_nodes(tmp_path, placement.replace("_", "-"), args, agent_env())
+    assert wait_agents(procs, logs) == [0, 0], logs[0].read_text()[-3000:]
 
     layout = re.search(r"layout: (.*)", logs[0].read_text() + logs[1].read_text())
     assert layout, logs[0].read_text()[-3000:]
@@ -132,9 +74,9 @@ def test_a_lost_node_is_named_and_the_other_ends_within_the_timeout(tmp_path, sm
     """Node 1 (ranks 2 and 3, and its agent) is SIGKILLed in step 4; with no restarts node 0's
     ranks stop within ``trainer.timeout_s``, each naming the node in one line."""
     run_dir = tmp_path / "run"
-    procs, logs, _ = _two_nodes(tmp_path, "lost", _training(run_dir, small_dataset, *NODE_LOSS), _env())
+    procs, logs, _ = two_nodes(tmp_path, "lost", _training(run_dir, small_dataset, *NODE_LOSS), agent_env())
     started = time.monotonic()
-    codes = _wait(procs, logs)
+    codes = wait_agents(procs, logs)
     log = logs[0].read_text()
     assert codes[0] != 0 and codes[1] == -9, log[-3000:]
     assert time.monotonic() - started < AGENT_TIMEOUT_S
@@ -154,16 +96,16 @@ def test_a_replaced_node_resumes_bit_for_bit(tmp_path, small_dataset, one_agent)
     parameters of the uninterrupted run, bit for bit."""
     run_dir = tmp_path / "run"
     args = _training(run_dir, small_dataset, *NODE_LOSS)
-    env = _env(**{FRESH_STORE_ENV: "1"})
-    procs, logs, port = _two_nodes(tmp_path, "replaced", args, env, "--max-restarts=1")
+    env = agent_env(**{FRESH_STORE_ENV: "1"})
+    procs, logs, port = two_nodes(tmp_path, "replaced", args, env, "--max-restarts=1")
     deadline = time.monotonic() + AGENT_TIMEOUT_S
     while "was lost" not in logs[0].read_text() and time.monotonic() < deadline and procs[0].poll() is None:
         time.sleep(0.2)
     assert "(ranks [2, 3]) was lost" in logs[0].read_text(), logs[0].read_text()[-3000:]
     assert procs[1].wait(timeout=30) == -9
     log = tmp_path / "replaced-node1-again.log"
-    replacement = start_in_own_session([*_agent(1, port, "replaced", "--max-restarts=1"), *args], tmp_path, env, log)
-    assert _wait([procs[0], replacement], [logs[0], log]) == [0, 0], logs[0].read_text()[-3000:]
+    replacement = start_in_own_session([*agent(1, port, "replaced", "--max-restarts=1"), *args], tmp_path, env, log)
+    assert wait_agents([procs[0], replacement], [logs[0], log]) == [0, 0], logs[0].read_text()[-3000:]
 
     assert "resuming from step 3 of" in logs[0].read_text() + log.read_text()
     for name, value in _parameters(one_agent).items():
