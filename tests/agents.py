@@ -23,6 +23,11 @@ def agent_env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
+def standalone(nproc: int, *torchrun_args: str) -> list[str]:
+    """torchrun for ``nproc`` ranks on this machine alone (its own rendezvous)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *torchrun_args]
+
+
 def agent(node: int, port: int, run_id: str, *torchrun_args: str) -> list[str]:
     """torchrun for node ``node`` of 2; node 0 hosts the rendezvous and sorts first (its address)."""
     return [

@@ -25,27 +25,30 @@ def open_for_append(path: Path):
     return open(path, "a")  # noqa: SIM115 - closed in Tracker.finish()
 
 
-def keep_steps_before(path: Path, start: int) -> list[tuple[int, dict[str, float]]]:
-    """Cut ``metrics.jsonl`` at ``path`` back to the records of steps before ``start`` (a resumed
-    segment runs the others again), rewritten whole and renamed into place; return them. Lines
-    that cannot be read (cut short by a crash) go."""
-    if not path.exists():
-        return []
-    kept: list[str] = []
-    records: list[tuple[int, dict[str, float]]] = []
+def _records(path: Path) -> list[tuple[str, int, dict[str, float]]]:
+    """Each readable line of ``path`` with its step and metrics; lines cut short by a crash are skipped."""
+    records = []
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
             step = int(record.pop("step"))
         except (ValueError, TypeError, KeyError, AttributeError):
             continue
-        if step < start:
-            kept.append(line)
-            records.append((step, record))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+        records.append((line, step, record))
     return records
+
+
+def keep_steps_before(path: Path, start: int) -> list[tuple[int, dict[str, float]]]:
+    """Cut ``metrics.jsonl`` at ``path`` back to the records of steps before ``start`` (a resumed
+    segment runs the others again), rewritten whole and renamed into place; return them. Lines
+    that cannot be read (cut short by a crash) go."""
+    if not path.exists():
+        return []
+    kept = [(line, step, record) for line, step, record in _records(path) if step < start]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line, _, _ in kept))
+    os.replace(tmp, path)
+    return [(step, record) for _, step, record in kept]
 
 
 def read_history(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
@@ -57,11 +60,6 @@ def read_history(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
     if not path.exists():
         return []
     by_step: dict[int, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            step = int(record.pop("step"))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue
+    for _, step, record in _records(path):
         by_step.setdefault(step, {}).update(record)
     return sorted(by_step.items())

@@ -47,6 +47,27 @@ def local_store_uri(directory: Path) -> str:
     return f"sqlite:///{(directory / 'mlflow.db').resolve()}"
 
 
+def create_local_store(uri: str) -> None:
+    """Create the sqlite store at ``uri``, if it is one that does not exist yet, whole or not at
+    all. MLflow makes its tables in dozens of migration steps, each committed on its own: a rank
+    0 killed among them leaves a half-made schema that every later run refuses (seen in the
+    soak). So the store is made in a temporary file beside it, closed, and renamed into place;
+    a temporary file left by a killed attempt is removed."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///"))
+    if path.exists():
+        return
+    for stale in path.parent.glob(f".{path.name}.partial-*"):
+        stale.unlink(missing_ok=True)
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    store = SqlAlchemyStore(f"sqlite:///{tmp}", (path.parent / "mlartifacts").resolve().as_uri())
+    store.engine.dispose()  # every connection closed: the file is complete, with no journal
+    os.replace(tmp, path)
+
+
 def artifact_dir(uri: str, run_dir: Path) -> Path:
     """Where a new experiment keeps its artifacts: beside an sqlite store (so that runs sharing
     one store, as the members of a multirun do, do not write into one member's directory), else
@@ -233,6 +254,7 @@ class Tracker:
     def _start(self) -> None:
         from mlflow.tracking import MlflowClient
 
+        create_local_store(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
         record = read_record(self.run_dir) if self.resume else None
         run = self._recorded_run(record) if record is not None else None

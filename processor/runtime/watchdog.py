@@ -157,8 +157,8 @@ class Heartbeat:
         return self.nodes is not None and len(set(self.nodes)) > 1
 
     def _name_lost(self, lost: list[int]) -> str:
-        """``rank 1 was lost``; on several nodes, by node: ``node 1 (host) was lost (ranks [2, 3])``
-        when all its ranks are, else ``rank 2 (node 1 (host)) was lost``."""
+        """``rank 1 was lost``; on several nodes, by node: ``node 1 (host) (ranks [2, 3]) was lost``
+        when all its ranks are, else ``rank 3 of node 1 (host) was lost``."""
         if not self._several_nodes():
             return f"{_ranks(lost)} {'was' if len(lost) == 1 else 'were'} lost"
         parts, whole = [], []

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from processor.runtime.torchrun import FRESH_STORE_ENV, TorchrunSetupError, check_restartable
-from tests.agents import AGENT_TIMEOUT_S, agent, agent_env, two_nodes, wait_agents
+from tests.agents import AGENT_TIMEOUT_S, agent, agent_env, standalone, two_nodes, wait_agents
 from tests.processes import run_in_own_session, start_in_own_session
 from tests.training.conftest import small_overrides
 from training.checkpoint import load_checkpoint
@@ -36,8 +35,7 @@ def _training(run_dir: Path, dataset: Path, *overrides: str) -> list[str]:
 def one_agent(tmp_path_factory, small_dataset) -> Path:
     """The reference: the same 4 ranks under one torchrun agent."""
     run_dir = tmp_path_factory.mktemp("one-agent")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
-    command += _training(run_dir, small_dataset)
+    command = [*standalone(4), *_training(run_dir, small_dataset)]
     rc, _, err = run_in_own_session(command, run_dir, agent_env(), AGENT_TIMEOUT_S)
     assert rc == 0, err[-3000:]
     return run_dir

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 import pytest
 import torch
 
+from tests.agents import standalone
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from training.app import run
@@ -43,12 +43,7 @@ def test_torchrun_restart_resumes_bit_for_bit(tmp_path, small_dataset):
 
     faulty = tmp_path / "faulty"
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--max-restarts=1",
+        *standalone(2, "--max-restarts=1"),
         "-m",
         "training",
         *small_overrides(faulty, small_dataset),

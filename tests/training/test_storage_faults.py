@@ -1,6 +1,7 @@
-"""Storage that fails under a running job: at checkpoint time (here a file-size limit, as a full
-disk would) a clear one-line error, the previous checkpoint intact and loadable, every rank
-stopped in time; a dataset damaged mid-run, one line naming the date and variables."""
+"""Storage that fails under a running job: at checkpoint time (a file-size limit; a real full
+tmpfs; a file system remounted read-only) a clear one-line error, the previous checkpoint
+intact and loadable, every rank stopped in time; a dataset damaged mid-run, one line naming
+the date and variables."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
@@ -92,3 +95,58 @@ def test_a_store_damaged_mid_run_stops_every_rank_naming_date_and_variables(tmp_
         rf"{re.escape(str(store))}: .*",
         errors[0],
     ), errors
+
+
+def _can_mount() -> bool:
+    """Whether this machine lets an unprivileged mount namespace mount a tmpfs."""
+    probe = ["unshare", "--mount", "--map-root-user", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+# Inside a mount namespace of its own: train to step 3 on the real disk, put the checkpoint
+# directory on a tmpfs with room for 1.5 checkpoints (full) or remount it read-only, and
+# resume to step 6, whose checkpoint cannot be written; then copy out what the tmpfs holds.
+_VOLUME_SCRIPT = """
+set -e
+"$@" trainer.steps=3
+size=$(stat -c %s "$CK/latest.pt")
+mkdir -p "$RUN/saved" "$RUN/after"
+cp "$CK/latest.pt" "$RUN/saved/"
+mount -t tmpfs -o size=$((size * 3 / 2)) tmpfs "$CK"
+cp "$RUN/saved/latest.pt" "$CK/"
+if [ "$KIND" = read_only ]; then mount -o remount,ro "$CK"; fi
+set +e
+"$@" trainer.steps=6 > "$RUN/after/stdout" 2> "$RUN/after/stderr"
+echo $? > "$RUN/after/rc"
+ls -a "$CK" > "$RUN/after/listing"
+cp "$CK/latest.pt" "$RUN/after/"
+"""
+
+
+@pytest.mark.skipif(not _can_mount(), reason="no unprivileged mount namespace (unshare --mount --map-root-user)")
+@pytest.mark.parametrize("kind,reason", [("full", "No space left on device"), ("read_only", "Read-only file system")])
+def test_a_full_or_read_only_checkpoint_volume_stops_every_rank(tmp_path, small_dataset, kind, reason):
+    run_dir = tmp_path / "run"
+    train = [sys.executable, "-m", "training", *small_overrides(run_dir, small_dataset)]
+    train += ["logging.mlflow=false", "evaluate.at_end_of_training=false"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env.update(OMP_NUM_THREADS="1", RUN=str(run_dir), CK=str(run_dir / "checkpoints"), KIND=kind)
+    command = ["unshare", "--mount", "--map-root-user", "bash", "-c", _VOLUME_SCRIPT, "volume", *train]
+    rc, out, err = run_in_own_session(command, tmp_path, env, timeout_s=300)
+    assert rc == 0, err[-3000:]
+
+    after = run_dir / "after"
+    err = (after / "stderr").read_text()
+    errors = [line for line in ((after / "stdout").read_text() + err).splitlines() if line.startswith("error: ")]
+    assert int((after / "rc").read_text()) == EXIT_USER_ERROR, err[-3000:]
+    assert errors == [
+        f"error: could not write the checkpoint of step 6 to {run_dir / 'checkpoints'}: {reason}; "
+        "the previous checkpoint there is intact: free space or point run_dir elsewhere (copying the "
+        "checkpoints), then run again to resume"
+    ], err[-3000:]
+    assert "Traceback" not in err
+    assert load_checkpoint(after / LATEST)["step"] == 3  # intact and loadable
+    assert not [n for n in (after / "listing").read_text().split() if n.startswith(PARTIAL_PREFIX)]

@@ -170,3 +170,31 @@ def test_server_stopped_mid_run_loses_nothing(tmp_path, small_dataset, mlflow_se
     synced = {m.step: m.value for m in server.get_metric_history(server_run.info.run_id, "train/loss")}
     assert 1 <= len(synced) < steps
     assert all(local_losses[s] == v for s, v in synced.items())
+
+
+_CREATE = (
+    "import sys; import mlflow.store.tracking.sqlalchemy_store; from training.tracking import create_local_store; "
+    "print('creating', flush=True); create_local_store(sys.argv[1]); print('made', flush=True)"
+)
+
+
+def test_a_store_creation_killed_midway_leaves_no_broken_store(tmp_path):
+    """MLflow makes a new sqlite store in dozens of committed steps; rank 0 killed among them
+    must not leave a half-made store (every later segment would fail to open it, as the soak
+    once saw). Killed at several points of the creation: no store, or a whole one."""
+    killed_midway = 0
+    for i, delay_s in enumerate((0.15, 0.4, 0.7)):
+        directory = tmp_path / str(i)
+        directory.mkdir()
+        uri = f"sqlite:///{directory / 'mlflow.db'}"
+        proc = subprocess.Popen([sys.executable, "-c", _CREATE, uri], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "creating"
+        time.sleep(delay_s)
+        proc.send_signal(signal.SIGKILL)
+        finished = "made" in proc.communicate()[0]
+        store = directory / "mlflow.db"
+        killed_midway += not finished and list(directory.glob(".mlflow.db.partial-*")) != []
+        assert store.exists() == finished  # nothing at mlflow.db until it is whole
+        client = MlflowClient(uri)  # makes it anew if the kill left none
+        assert client.get_experiment_by_name("Default") is not None
+    assert killed_midway >= 1  # at least one kill landed inside the creation
