@@ -4,7 +4,7 @@ backward pass, or in the middle of writing a checkpoint) ends with the parameter
 uninterrupted run, bit for bit; every checkpoint it wrote could be loaded the moment it
 appeared; its MLflow run holds every step once.
 
-About 12 minutes on a 2-core machine: marked ``soak``, left out of the default run
+About 14 minutes on a 2-core machine (12 of them the faulted run): marked ``soak``, left out of the default run
 (``pyproject.toml``); ``pytest -m soak`` runs it, and so does CI (``.ci/run``).
 """
 

@@ -12,7 +12,10 @@ from processor.distributed import CommCounter, Transport, shard_offsets, shard_s
 from processor.distributed.parameter_split import gather_full, split_of
 from processor.strategies import ShardHybrid, ShardSequence, Strategy
 
-BF16_TOL = 3e-2  # of the largest value: bf16 has 8 bits of mantissa, sums run in other orders
+# Of the largest value: bf16 has 8 bits of mantissa, sums run in other orders. The q_norm
+# weight's summed gradient (a sum over every point and head) reached 3.1e-2 on one of this
+# farm's two CPU kinds (ring, P = 3) and stays under 3e-2 on the other; a wrong exchange is O(1).
+BF16_TOL = 5e-2
 
 
 def _model(case: dict, strategy: str | Strategy) -> TransformerProcessor:
