@@ -25,7 +25,9 @@ from processor.interop.anemoi import (  # noqa: E402
 from processor.interop.anemoi_processor import AnemoiTransformerProcessor  # noqa: E402
 
 BATCH, POINTS, CHANNELS = 2, 40, 32
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
+# float32: the k_norm weight's gradient (a sum over every point) on 3 ranks reached 1.05e-5 of
+# its largest value on one of this farm's two CPU kinds; round-off, not a wrong exchange (O(1)).
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}
 
 
 def settings(window: int | None, qk_norm: bool) -> dict:
