@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from processor.runtime.placement import model_groups, this_node
+from processor.runtime.placement import gather_nodes, model_groups
 from processor.runtime.torchrun import init_torchrun_group, under_torchrun
 
 
@@ -35,9 +35,7 @@ def _join(cfg: dict[str, Any]) -> list[str]:
     """Join this attempt's group (once per process); the node of every world rank."""
     if not dist.is_initialized():
         init_torchrun_group("nccl" if cfg["device"] == "cuda" else "gloo", cfg["timeout_s"])
-    nodes: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(nodes, this_node())
-    return nodes
+    return gather_nodes()
 
 
 def run_on_torchrun_world(cfg: dict[str, Any]) -> list[dict[str, Any]]:

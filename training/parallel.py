@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from processor.distributed import parallelize_gradients
-from processor.runtime.placement import describe_layout, model_groups, this_node
+from processor.runtime.placement import describe_layout, gather_nodes, model_groups, this_node
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,7 @@ class ParallelDims:
                 raise ValueError(f"ranks_per_model = {ranks_per_model} needs a process group; none is initialised")
             return cls(1, 1, 0, None, None, nodes=[this_node()])
         world, rank = dist.get_world_size(), dist.get_rank()
-        nodes: list[str] = [""] * world
-        dist.all_gather_object(nodes, this_node())
+        nodes = gather_nodes()
         groups = model_groups(nodes, ranks_per_model, placement)
         if rank == 0:
             log.info("layout: %s", describe_layout(nodes, groups, placement))

@@ -30,6 +30,16 @@ def this_node() -> str:
     return f"node {group_rank} ({host})" if group_rank is not None else host
 
 
+def gather_nodes() -> list[str]:
+    """The node of every rank of the default group (:func:`this_node`; one ``all_gather_object``,
+    every rank calls)."""
+    import torch.distributed as dist
+
+    nodes: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(nodes, this_node())
+    return nodes
+
+
 def nodes_in_order(nodes: list[str]) -> dict[str, list[int]]:
     """``{node: its world ranks}``, nodes in the order of their lowest rank."""
     by_node: dict[str, list[int]] = {}
