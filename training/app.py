@@ -46,6 +46,7 @@ from processor.runtime.torchrun import (
 )
 from training.auto_strategy import resolve_auto
 from training.config import check_config
+from training.device import backend_for, check_local_ranks, rank_device, resolve_device
 from training.run_lock import RunDirBusyError, RunDirLock
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,10 @@ def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
     cfg = resolve_auto(cfg)  # strategy=auto: the cost model's pick, printed and kept for MLflow
     check_config(cfg, world)
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    t_cfg = resolved["trainer"]
+    t_cfg["device"] = resolve_device(t_cfg["device"])  # the device it ran on, in the record
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else t_cfg["nprocs"]
+    check_local_ranks(t_cfg["device"], local_ranks, t_cfg["debug_share_gpu"])
     resolved["run_dir"] = str(Path(resolved["run_dir"]).resolve())
     if adopt is not None:
         adopt(resolved)
@@ -140,29 +145,37 @@ def run(cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None =
         from processor.runtime import run_local
 
         return run_local(
-            rank_main, t["nprocs"], resolved, timeout_s=t["timeout_s"], threads_per_rank=t["threads_per_rank"]
+            rank_main,
+            t["nprocs"],
+            resolved,
+            backend=backend_for(t["device"], t["debug_share_gpu"]),
+            timeout_s=t["timeout_s"],
+            threads_per_rank=t["threads_per_rank"],
         )[0]
 
 
 def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> Any:
     """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
     resolved configuration, so all ranks share one run directory; its failure fails all."""
-    import torch
     import torch.distributed as dist
+
+    from training.config import ConfigValueError
 
     try:
         check_restartable()
-    except TorchrunSetupError:  # before the group exists: rank 0 reports it
+        device = resolve_device(cfg.trainer.device)
+        check_local_ranks(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.trainer.debug_share_gpu)
+    except (TorchrunSetupError, ConfigValueError):  # before the group exists: rank 0 reports it
         if torchrun_rank() != 0:
             sys.exit(EXIT_USER_ERROR)
         raise
-    init_torchrun_group("nccl" if torch.cuda.is_available() else "gloo", cfg.trainer.timeout_s)
+    rank_device(device)  # NCCL and its object collectives use the current CUDA device
+    init_torchrun_group(backend_for(device, cfg.trainer.debug_share_gpu), cfg.trainer.timeout_s)
     lock = contextlib.ExitStack()
     try:
         # Each rank composed its own configuration (its own command line and config files);
         # rank 0's is the one used, so any difference is an error, on every rank at once.
         from processor.distributed.consistency import agree_on_values
-        from training.config import ConfigValueError
         from training.tracking import flatten
 
         try:

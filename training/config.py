@@ -139,6 +139,11 @@ class TrainerConfig:
     checkpoint_interval: int = 100
     resume: bool = True
     stop_at_step: int | None = None  # end this run early (checkpointed); a later run resumes
+    # auto: cuda when torch sees a GPU, else cpu. On cuda each local rank owns one GPU (NCCL).
+    device: str = "auto"
+    # Tests and debugging only: local ranks share one GPU over gloo, messages staged through host
+    # memory (processor.distributed.HostStagedTransport); slow, never chosen by itself.
+    debug_share_gpu: bool = False
     nprocs: int = 2  # local ranks to spawn when not started by torchrun
     ranks_per_model: int = 2  # model-parallel group size
     # within_nodes: a model group's ranks are consecutive, inside one node when ranks_per_model
@@ -222,6 +227,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("trainer.val_interval", lambda v: v >= 1, ">= 1"),
     ("trainer.val_batches", lambda v: v >= 1, ">= 1"),
     ("trainer.checkpoint_interval", lambda v: v >= 1, ">= 1"),
+    ("trainer.device", lambda v: v in ("auto", "cpu", "cuda"), "auto|cpu|cuda"),
     ("trainer.nprocs", lambda v: v >= 1, ">= 1"),
     ("trainer.ranks_per_model", lambda v: v >= 1, ">= 1"),
     ("trainer.timeout_s", lambda v: v > 0, "> 0"),

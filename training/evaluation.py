@@ -67,10 +67,10 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
         for sample_id, sample in enumerate(mine):
             x, targets = session.batches([sample], steps)
             forecasts = rollout(model, x, steps, session.grids, session.model_group, session.transport)
-            initial = dataset.denormalise(x[0].numpy())
+            initial = dataset.denormalise(x[0].cpu().numpy())
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
-                truth = dataset.denormalise(target[0].numpy())
-                scores.add("model", k, dataset.denormalise(forecast[0].numpy()), truth, sample_id)
+                truth = dataset.denormalise(target[0].cpu().numpy())
+                scores.add("model", k, dataset.denormalise(forecast[0].cpu().numpy()), truth, sample_id)
                 scores.add("persistence", k, initial, truth, sample_id)
                 scores.add("climatology", k, clim, truth, sample_id)
     model.train(was_training)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from processor.distributed import parallelize_gradients
+from processor.distributed.transport import collective_device
 from processor.runtime.placement import describe_layout, gather_nodes, model_groups, this_node
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,15 @@ class ParallelDims:
 
     def sum_over_world(self, values: list[float]) -> list[float]:
         """Sum a few numbers over every rank (for logging losses)."""
-        t = torch.tensor(values, dtype=torch.float64)
-        if self.world > 1:
-            dist.all_reduce(t)
+        return self._over_world(values, dist.ReduceOp.SUM)
+
+    def max_over_world(self, values: list[float]) -> list[float]:
+        """The largest of a few numbers over every rank (peak memories)."""
+        return self._over_world(values, dist.ReduceOp.MAX)
+
+    def _over_world(self, values: list[float], op: dist.ReduceOp) -> list[float]:
+        if self.world == 1:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=collective_device(None))
+        dist.all_reduce(t, op=op)
         return t.tolist()

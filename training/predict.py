@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from training.data import DatasetError
+from training.device import to_device
 from training.evaluate import adopt_checkpoint
 
 log = logging.getLogger(__name__)
@@ -73,14 +74,23 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
         layout=session.grids.data_layout,
         group=dims.mp_group,
     )
-    x = torch.from_numpy(dataset.state(t, session.points))[None]
-    store.write(0, dataset.denormalise(x[0].numpy()))
+    initial = dataset.state(t, session.points)
+    x = to_device(initial[None], session.device)
+    store.write(0, _physical(dataset, x[0]))
     with torch.no_grad():
         states = rollout(session.model, x, steps, session.grids, session.model_group, session.transport)
         for k, state in enumerate(states):
-            store.write(k + 1, dataset.denormalise(state[0].numpy()))
+            store.write(k + 1, _physical(dataset, state[0]))
     store.close()
     return path
+
+
+def _physical(dataset, state: torch.Tensor) -> torch.Tensor:
+    """A normalised ``(local points, variables)`` state in physical units, on its own device
+    (the store exchanges its block edges there: CUDA under NCCL)."""
+    mean = torch.as_tensor(dataset.mean, device=state.device)
+    stdev = torch.as_tensor(dataset.stdev, device=state.device)
+    return state * stdev + mean  # as ZarrDataset.denormalise computes it (float32)
 
 
 def predict_on_rank(cfg: dict[str, Any]) -> list[str]:

@@ -16,13 +16,16 @@ import torch
 import yaml
 from torch import nn
 
+from processor.distributed import Transport
 from processor.distributed.parameter_split import (
     full_optimizer_state,
     full_state_dict,
     load_full_optimizer_state,
     load_full_state_dict,
 )
+from processor.distributed.transport import collective_device
 from training.checkpoint import LATEST, CheckpointError, load_training_checkpoint, save_checkpoint
+from training.device import device_free
 from training.parallel import ParallelDims
 
 log = logging.getLogger(__name__)
@@ -92,7 +95,24 @@ def restore_training_state(
         raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
     if len(state["rng"]) == dims.world:  # the same ranks: every rank's random stream continues
         torch.set_rng_state(state["rng"][dims.rank])
+        cuda_rng = state.get("cuda_rng")
+        if cuda_rng is not None and len(cuda_rng) == dims.world and _device_of(model).type == "cuda":
+            torch.cuda.set_rng_state(cuda_rng[dims.rank])  # the current device's, this rank's GPU
     return int(state["step"])
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _every_rank(state: torch.Tensor, dims: ParallelDims) -> list[torch.Tensor]:
+    """Every rank's ``state`` (a random generator's state), on the CPU, in rank order."""
+    if dims.world == 1:
+        return [state.clone()]
+    device = collective_device(None)  # NCCL gathers CUDA tensors only
+    parts = [torch.empty_like(state, device=device) for _ in range(dims.world)]
+    torch.distributed.all_gather(parts, state.to(device))
+    return [p.cpu() for p in parts]
 
 
 class CheckpointWriteError(OSError):
@@ -108,17 +128,19 @@ def save_training_state(
     optimiser,
     schedule,
     fault: Callable[[int], None] | None = None,
+    transport: Transport | None = None,
 ) -> None:
     """Write the training state after ``step`` (every rank calls; rank 0 writes, atomically).
+    Every tensor is written from the CPU, so the checkpoint loads on any device.
     ``fault``: a test's hook (:meth:`training.faults.FaultInjector.checkpoint_write`), given
-    the bytes rank 0 has written, and 0 on the other ranks while rank 0 writes."""
-    rng = [torch.get_rng_state()]
-    if dims.world > 1:
-        rng = [torch.empty_like(rng[0]) for _ in range(dims.world)]
-        torch.distributed.all_gather(rng, torch.get_rng_state())
+    the bytes rank 0 has written, and 0 on the other ranks while rank 0 writes. ``transport``:
+    what gathers split parameters (the session's)."""
+    rng = _every_rank(torch.get_rng_state(), dims)
+    on_cuda = _device_of(model).type == "cuda"
+    cuda_rng = _every_rank(torch.cuda.get_rng_state(), dims) if on_cuda else None
     # Full tensors, whatever the strategy: split parameters are gathered over the model group.
-    model_state = full_state_dict(model, dims.mp_group)
-    optimiser_state = full_optimizer_state(optimiser, dims.mp_group)
+    model_state = device_free(full_state_dict(model, dims.mp_group, transport))
+    optimiser_state = device_free(full_optimizer_state(optimiser, dims.mp_group, transport))
     failure = ""
     if dims.rank == 0:
         state = {
@@ -128,6 +150,7 @@ def save_training_state(
             "scheduler": schedule.state_dict(),
             "rng": rng,
             "config": yaml.safe_dump(cfg),
+            **({"cuda_rng": cuda_rng} if cuda_rng is not None else {}),
         }
         try:
             save_checkpoint(directory, state, progress=fault)

@@ -12,13 +12,14 @@ import numpy as np
 import torch
 
 from processor import TransformerProcessor
-from processor.distributed import CommCounter, GroupLike, Transport, agree_on_values
+from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport, agree_on_values
 from processor.grids import get_grid
 from processor.runtime import Heartbeat, set_freed_memory_policy
 from training.config import processor_config, strategy_settings
 from training.data import DatasetError, ZarrDataset
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
+from training.device import rank_device, to_device
 from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
 from training.tracking import flatten
@@ -105,11 +106,12 @@ def check_ranks_agree(cfg: dict[str, Any], dataset: ZarrDataset, dims: ParallelD
 
 class Batches:
     """States of one member for this rank's block of data points: an input and the targets of a
-    rollout, ``lead`` dates apart."""
+    rollout, ``lead`` dates apart, on ``device``."""
 
-    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids, lead: int) -> None:
+    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids, lead: int, device: torch.device) -> None:
         self.dataset = dataset
         self.lead = lead
+        self.device = device
         layout = grids.data_layout
         self.points = slice(layout.start, layout.stop)
 
@@ -123,7 +125,7 @@ class Batches:
                 for k in range(1, steps + 1)
             ]
         )
-        return torch.from_numpy(x), torch.from_numpy(y)
+        return to_device(x, self.device), to_device(y, self.device)
 
 
 @dataclass
@@ -140,6 +142,7 @@ class Session:
     counter: CommCounter
     transport: Transport
     model_group: GroupLike  # what the model takes: the mp group, or shard_hybrid's sub-groups of it
+    device: torch.device  # where the model, the graphs and the batches are
 
     @property
     def points(self) -> slice:
@@ -148,10 +151,12 @@ class Session:
 
 
 def open_session(cfg: dict[str, Any], dims: ParallelDims, horizon: int = 1) -> Session:
-    """Set this rank up for ``cfg``: threads, dataset (checked, the same on every rank), the
-    grids' shards and graphs, and the model (the same initial parameters on every rank; split
-    when the strategy splits them). ``horizon``: forecast steps each sample must have targets for."""
+    """Set this rank up for ``cfg``: threads, device, dataset (checked, the same on every rank),
+    the grids' shards and graphs, and the model (the same initial parameters on every rank,
+    whatever the device; split when the strategy splits them), all on the device.
+    ``horizon``: forecast steps each sample must have targets for."""
     t_cfg = cfg["trainer"]
+    device = rank_device(t_cfg["device"])
     torch.set_num_threads(t_cfg["threads_per_rank"])
     set_freed_memory_policy(t_cfg["retain_freed_memory"])
     dataset = open_dataset(cfg)
@@ -164,12 +169,14 @@ def open_session(cfg: dict[str, Any], dims: ParallelDims, horizon: int = 1) -> S
         dims.mp_rank,
         cfg["model"]["encoder_neighbours"],
         cfg["model"]["decoder_neighbours"],
-    )
-    torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank
-    model = build_model(cfg, len(dataset.variables))
+    ).to(device)
+    torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank, drawn on the CPU
+    model = build_model(cfg, len(dataset.variables)).to(device)
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     samples = dataset_samples(cfg, dataset, horizon)
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
-    batches = Batches(dataset, grids, samples.lead)
-    return Session(cfg, dims, dataset, grids, model, samples, batches, counter, Transport(counter), model_group)
+    batches = Batches(dataset, grids, samples.lead, device)
+    # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
+    transport = HostStagedTransport(counter) if t_cfg["debug_share_gpu"] else Transport(counter)
+    return Session(cfg, dims, dataset, grids, model, samples, batches, counter, transport, model_group, device)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from processor.distributed.transport import collective_device
 from processor.grids import Grid, gaussian_latitudes, get_grid
 
 GAUSSIAN = "gaussian quadrature"
@@ -307,14 +308,12 @@ class SkillAccumulator:
         _check_same_keys(keys, mp_group)
         n_var = len(self.variables)
         sums = np.stack([self._sums[k] for k in keys]) if keys else np.zeros((0, _N_SUMS, n_var))
-        sums_t = torch.from_numpy(sums.copy())
         if mp_group is not None and keys:
-            dist.all_reduce(sums_t, group=mp_group)
-        totals = self._over_samples(keys, sums_t.numpy())
-        totals_t = torch.from_numpy(totals)
+            sums = _sum_over(sums, mp_group)
+        totals = self._over_samples(keys, sums)
         if dp_group is not None:
-            dist.all_reduce(totals_t, group=dp_group)
-        return self._table(totals_t.numpy())
+            totals = _sum_over(totals, dp_group)
+        return self._table(totals)
 
     def _over_samples(self, keys: list[tuple[int, int, int]], sums: np.ndarray) -> np.ndarray:
         """``(kinds, leads, 3, variables)``: sums over samples of MSE and ACC, and sample counts,
@@ -341,12 +340,21 @@ class SkillAccumulator:
         return SkillTable(rows)
 
 
+def _sum_over(values: np.ndarray, group: dist.ProcessGroup) -> np.ndarray:
+    """``values`` summed over the ranks of ``group`` (on the group's device: CUDA under NCCL)."""
+    t = torch.from_numpy(values.copy()).to(collective_device(group))
+    dist.all_reduce(t, group=group)
+    return t.cpu().numpy()
+
+
 def _check_same_keys(keys: list[tuple[int, int, int]], group: dist.ProcessGroup | None) -> None:
     """Raise ``ValueError`` on every rank of ``group`` unless all added the same samples."""
     if group is None:
         return
     fingerprint = float(zlib.crc32(repr(keys).encode()))
-    t = torch.tensor([len(keys), fingerprint, -len(keys), -fingerprint], dtype=torch.float64)
+    t = torch.tensor(
+        [len(keys), fingerprint, -len(keys), -fingerprint], dtype=torch.float64, device=collective_device(group)
+    )
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     if t[0] != -t[2] or t[1] != -t[3]:
         raise ValueError(

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from processor.runtime import peak_rss
 from training.checkpoint import LATEST, remove_partials
+from training.device import PeakDeviceMemory, autocast, synchronize
 from training.evaluation import evaluate_skill, evaluation_samples, report_skill
 from training.faults import FaultInjector
 from training.reporting import final_pictures, open_tracker
@@ -78,16 +79,16 @@ class Trainer:
         self.last_step_s = 0.1
         dataset = session.dataset
         weights = loss_weights(cfg, dataset.variables, dataset.latitudes, session.points)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.t_cfg["precision"] == "bf16")
+        self.device_memory = PeakDeviceMemory(session.device)
         per_replica = self.t_cfg["batch_size"] * dataset.n_points * len(dataset.variables)
         self.step_fn = TrainStep(
             dims.parallelize(session.model),
             self.optimiser,
             self.schedule,
             self.t_cfg["grad_clip"],
-            autocast,
+            autocast(session.device, self.t_cfg["precision"]),
             per_replica,
-            weights,
+            None if weights is None else weights.to(session.device),
         )
 
     def nothing_to_do(self) -> str | None:
@@ -143,7 +144,7 @@ class Trainer:
                 if step % self.session.cfg["logging"]["log_interval"] == 0 or "val/loss" in metrics:
                     self.tracker.log_metrics(step, metrics)
                 last_val = metrics.get("val/loss", last_val)
-                bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", val=f"{last_val:.4f}")
+                bar.set_postfix(self.progress(metrics, last_val))
                 bar.update()
                 stopping = t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]
                 if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or stopping:
@@ -163,13 +164,16 @@ class Trainer:
         t0 = time.perf_counter()
         lr = self.schedule.get_last_lr()[0]
         s.counter.reset()
+        self.device_memory.reset()
         x, y = s.batches([s.samples.train[i] for i in picks], rollout)
         self.faults.start_step(step, self.last_step_s)
         fault = functools.partial(self.faults.after_backward, step)
         loss = self.step_fn(x, y, s.grids, s.model_group, s.transport, after_backward=fault)
+        synchronize(s.device)  # the step's time includes the work queued on the GPU
         elapsed = self.last_step_s = time.perf_counter() - t0
         train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, s.counter.total_bytes])
         train_loss /= dims.dp
+        device_peak = dims.max_over_world([self.device_memory.peak_gib()])[0]
         if not math.isfinite(train_loss):  # equal on every rank: all stop together
             self.tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})
             raise FloatingPointError(
@@ -181,10 +185,24 @@ class Trainer:
             "train/rollout": float(rollout),
             "lr": lr,
             "step_time_s": elapsed,
+            "samples_per_s": dims.dp * t_cfg["batch_size"] / elapsed,
             "points_per_s": dims.dp * t_cfg["batch_size"] * s.dataset.n_points / elapsed,
             "peak_rss_gib_mean_rank": peak / dims.world,  # resident high-water mark so far
             "comm_bytes_per_rank": sent / dims.world,
+            **({"peak_device_memory_gib": device_peak} if s.device.type == "cuda" else {}),
         }
+
+    def progress(self, metrics: dict[str, float], last_val: float) -> dict[str, str]:
+        """What the progress bar shows after a step: losses, samples/s and, on a GPU, the step's
+        peak device memory (the largest over the ranks)."""
+        shown = {
+            "loss": f"{metrics['train/loss']:.4f}",
+            "val": f"{last_val:.4f}",
+            "samples/s": f"{metrics['samples_per_s']:.3g}",
+        }
+        if "peak_device_memory_gib" in metrics:
+            shown["gpu_mem"] = f"{metrics['peak_device_memory_gib']:.2f}GiB"
+        return shown
 
     def validate(self) -> float:
         """The one-step loss on the first ``trainer.val_batches`` batches of validation samples,
@@ -209,7 +227,9 @@ class Trainer:
                 f"(step {self.last_checkpoint}) in {self.ckpt_dir}"
             )
         fault = self.faults.checkpoint_write(step)
-        save_training_state(self.ckpt_dir, step, s.cfg, s.dims, s.model, self.optimiser, self.schedule, fault)
+        save_training_state(
+            self.ckpt_dir, step, s.cfg, s.dims, s.model, self.optimiser, self.schedule, fault, s.transport
+        )
         self.last_checkpoint = step
 
     def final_report(self):
@@ -237,4 +257,4 @@ def _forecast_part(session: Session) -> np.ndarray:
     with torch.no_grad():
         pred = session.model(x, session.grids, session.model_group)
     session.model.train()
-    return np.stack([y[0, 0].numpy(), pred[0].numpy()])
+    return np.stack([y[0, 0].cpu().numpy(), pred[0].cpu().numpy()])

@@ -93,12 +93,14 @@ def gather_full(
     return split.full(shares)
 
 
-def full_state_dict(module: nn.Module, group: dist.ProcessGroup | None) -> dict[str, Tensor]:
+def full_state_dict(
+    module: nn.Module, group: dist.ProcessGroup | None, transport: Transport | None = None
+) -> dict[str, Tensor]:
     """``module.state_dict()`` with every split parameter gathered into its full tensor: what
     one rank holding everything has, loadable on any rank count and strategy. Every rank of
-    ``group`` calls."""
+    ``group`` calls; the gathers go through ``transport`` (default: the process group)."""
     splits = _splits_by_name(module)
-    return {key: gather_full(value, splits.get(key), group) for key, value in module.state_dict().items()}
+    return {key: gather_full(value, splits.get(key), group, transport) for key, value in module.state_dict().items()}
 
 
 def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int) -> None:
@@ -112,15 +114,20 @@ def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int)
     module.load_state_dict(local)
 
 
-def full_optimizer_state(optimizer: torch.optim.Optimizer, group: dist.ProcessGroup | None) -> dict[str, object]:
+def full_optimizer_state(
+    optimizer: torch.optim.Optimizer, group: dist.ProcessGroup | None, transport: Transport | None = None
+) -> dict[str, object]:
     """``optimizer.state_dict()`` with the per-parameter tensors of split parameters (Adam's
-    moments) gathered like the parameters. Every rank of ``group`` calls. Tensors of replicated
-    parameters are the optimiser's own (not copies): save the result before the next step."""
+    moments) gathered like the parameters (through ``transport``). Every rank of ``group``
+    calls. Tensors of replicated parameters are the optimiser's own (not copies): save the
+    result before the next step."""
     state = optimizer.state_dict()  # its per-parameter dicts are the live state: build new ones
     splits = _splits_by_index(optimizer)
     state["state"] = {
         index: {
-            key: gather_full(value, splits[index], group) if _shaped_like_share(value, index, splits) else value
+            key: gather_full(value, splits[index], group, transport)
+            if _shaped_like_share(value, index, splits)
+            else value
             for key, value in entry.items()
         }
         for index, entry in state["state"].items()

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from processor.distributed.consistency import agree_on_values, settings_fingerprint
 from processor.distributed.shards import shard_offsets, shard_sizes
-from processor.distributed.transport import Transport
+from processor.distributed.transport import Transport, collective_device
 
 Downstream = Literal["replicated", "rank_local"]
 _DOWNSTREAM: tuple[str, ...] = get_args(Downstream)
@@ -154,8 +154,9 @@ def _agree(
     """Every rank's ``rows`` (its block's length), once no rank reports a ``problem`` and
     ``common`` is equal on every rank; else the same one-line ``ValueError`` on every rank."""
     world = dist.get_world_size(group)
-    mine = torch.tensor([int(bool(problem)), settings_fingerprint(common), rows], dtype=torch.int64, device=x.device)
-    table = torch.empty(world * 3, dtype=torch.int64, device=x.device)
+    device = collective_device(group)  # the group's, not x's: ranks sharing a GPU talk over gloo
+    mine = torch.tensor([int(bool(problem)), settings_fingerprint(common), rows], dtype=torch.int64, device=device)
+    table = torch.empty(world * 3, dtype=torch.int64, device=device)
     dist.all_gather_single(table, mine, group=group)
     seen = table.view(world, 3).tolist()
     if any(row[0] for row in seen):

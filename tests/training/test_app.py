@@ -80,7 +80,7 @@ def test_mlflow_holds_params_metrics_and_artifacts(sequence_run):
     losses = client.get_metric_history(result["run_id"], "train/loss")
     assert [m.step for m in losses] == list(range(6))
     assert len(client.get_metric_history(result["run_id"], "val/loss")) == 2
-    for key in ("lr", "step_time_s", "points_per_s", "peak_rss_gib_mean_rank", "comm_bytes_per_rank"):
+    for key in ("lr", "step_time_s", "samples_per_s", "points_per_s", "peak_rss_gib_mean_rank", "comm_bytes_per_rank"):
         assert client.get_metric_history(result["run_id"], key), key
     assert client.get_metric_history(result["run_id"], "comm_bytes_per_rank")[0].value > 0
     artifacts = {a.path for a in client.list_artifacts(result["run_id"])}

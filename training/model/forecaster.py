@@ -9,6 +9,7 @@ through the shard boundaries are exact.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,6 +70,16 @@ class ShardedGrids:
             dec,
             torch.from_numpy(data_f),
             torch.from_numpy(hidden_f),
+        )
+
+    def to(self, device: torch.device | str) -> ShardedGrids:
+        """These grids with their graphs and node features on ``device``."""
+        return dataclasses.replace(
+            self,
+            encoder=self.encoder.to(device),
+            decoder=self.decoder.to(device),
+            data_features=self.data_features.to(device),
+            hidden_features=self.hidden_features.to(device),
         )
 
 

@@ -54,6 +54,10 @@ class LocalGraph:
     edge_attr: torch.Tensor  # (local edges, 4)
     halo: int  # rows of source halo each side (same on every rank)
 
+    def to(self, device: torch.device | str) -> LocalGraph:
+        """This graph with its edges on ``device``."""
+        return LocalGraph(self.edge_index.to(device), self.edge_attr.to(device), self.halo)
+
 
 def shard_graph(
     edge_index: np.ndarray, edge_attr: np.ndarray, src_sizes: list[int], dst_sizes: list[int], rank: int
