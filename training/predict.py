@@ -73,6 +73,7 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
         attributes={**attributes, "initial_date": str(start)},
         layout=session.grids.data_layout,
         group=dims.mp_group,
+        transport=session.transport,
     )
     initial = dataset.state(t, session.points)
     x = to_device(initial[None], session.device)

@@ -39,6 +39,7 @@ def open_tracker(cfg: dict[str, Any], dims: ParallelDims, start: int, tags: dict
         "strategy": cfg["strategy"]["name"],
         "ranks": str(dims.world),
         "ranks_per_model": str(dims.mp),
+        "device": str(cfg["trainer"].get("device", "cpu")),
         "grid": cfg["data"]["grid"],
         "hidden_grid": cfg["model"]["hidden_grid"],
         "git_commit": git_commit(),

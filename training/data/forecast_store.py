@@ -43,6 +43,7 @@ import zarr
 
 from processor.distributed.halo import HaloConfig, start_halo_exchange
 from processor.distributed.shards import ShardLayout, shard_offsets
+from processor.distributed.transport import Transport, collective_device
 from training.data.anemoi_layout import FORMAT_VERSION, frequency_to_string
 from training.data.zarr_compat import open_group_v2, write_array
 
@@ -200,9 +201,11 @@ class ForecastStore:
         variables: list[str],
         dates: np.ndarray,
         root: Any = None,
+        transport: Transport | None = None,
     ) -> None:
         """Use :meth:`create`. ``data`` is the open ``data`` array; ``root`` the group, on rank 0."""
         self.path, self._data, self.layout, self.group = path, data, layout, group
+        self.transport = transport
         self.variables, self.dates, self._root = list(variables), dates, root
         self.chunk = int(data.chunks[3])
         self.region = chunk_regions(layout.sizes, self.chunk)[layout.rank]
@@ -210,7 +213,6 @@ class ForecastStore:
         self._low = np.full(len(variables), np.inf)
         self._high = np.full(len(variables), -np.inf)
         self._written: set[int] = set()
-        self._device = torch.device("cpu")
         self.closed = False
 
     @property
@@ -233,6 +235,7 @@ class ForecastStore:
         attributes: dict[str, Any],
         layout: ShardLayout,
         group: dist.ProcessGroup | None,
+        transport: Transport | None = None,
     ) -> ForecastStore:
         """Create the store (collective over ``group``, None for one rank): rank 0 writes the arrays
         and metadata at ``<path>.partial`` (refusing an existing ``path`` or ``<path>.partial``) and
@@ -240,7 +243,8 @@ class ForecastStore:
         ``(steps,)`` ``datetime64[s]``, ``mean``/``stdev`` ``(variables,)`` of the source dataset.
         ``attributes`` become store attributes (``resolution``, ``field_shape``, ``initial_date``,
         ``checkpoint``, ...); a ``provenance`` mapping among them (git commit, checkpoint, ...) is
-        merged into the store's own provenance record."""
+        merged into the store's own provenance record. ``transport``: what sends the block edges
+        in :meth:`write` (the session's; default: the process group)."""
         world = 1 if group is None else dist.get_world_size(group)
         if (layout.world_size, layout.rank) != (world, _rank(group)):
             raise ValueError(
@@ -262,7 +266,8 @@ class ForecastStore:
         root = _on_rank0(group, make)  # rank 0's error (an existing path, ...) raised on every rank
         if root is None:
             root = zarr.open_group(str(_partial(path)), mode="r+")
-        return cls(path, root["data"], layout, group, list(variables), dates, root if _rank(group) == 0 else None)
+        mine = root if _rank(group) == 0 else None
+        return cls(path, root["data"], layout, group, list(variables), dates, mine, transport)
 
     def write(self, step_index: int, local_state: np.ndarray | torch.Tensor) -> None:
         """Write this rank's ``(local points, variables)`` state (physical units) at date index
@@ -278,10 +283,10 @@ class ForecastStore:
                 f"rank {self.layout.rank}: state is {tuple(x.shape)}, expected "
                 f"({self.layout.local_size}, {len(self.variables)}) (local points, variables)"
             )
-        self._device = x.device
         if self._width > 0:
             with torch.no_grad():
-                _, right = start_halo_exchange(x, HaloConfig(self._width, dim=0), self.layout, self.group).finish()
+                config = HaloConfig(self._width, dim=0)
+                _, right = start_halo_exchange(x, config, self.layout, self.group, self.transport).finish()
             x = torch.cat([x, right], dim=0)  # global rows [start, stop + len(right))
         a, b = self.region
         rows = x[a - self.layout.start : b - self.layout.start].cpu().numpy()
@@ -297,8 +302,9 @@ class ForecastStore:
         dates never written as ``missing_dates``, and renames ``<path>.partial`` to ``path``."""
         if self.closed:
             return
-        extremes = torch.tensor(np.concatenate([self._high, -self._low]), dtype=torch.float64, device=self._device)
+        extremes = torch.tensor(np.concatenate([self._high, -self._low]), dtype=torch.float64)
         if self.group is not None:
+            extremes = extremes.to(collective_device(self.group))  # CUDA under NCCL
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=self.group)
         high, low = np.split(extremes.cpu().numpy(), 2)
         _on_rank0(self.group, lambda: self._finish(-low, high))
