@@ -46,7 +46,7 @@ class KernelCase:
 @dataclass(frozen=True)
 class KernelResult:
     case: KernelCase
-    seconds: float | None  # median of the timed repeats; None when it did not run
+    seconds: float | None  # per call: CUDA events over the repeats, or the CPU median; None when it did not run
     peak_bytes: int | None  # CUDA only
     note: str = ""
 
@@ -81,8 +81,10 @@ def _problem(case: KernelCase, device: torch.device) -> str | None:
 def timed(
     call: Callable[[], None], device: torch.device, repeats: int, warmup: int, above_base: bool = False
 ) -> tuple[float, int | None]:
-    """Median wall time of ``repeats`` calls after ``warmup`` (each synchronised), and the CUDA
-    peak allocation over them (``above_base``: less what was allocated before; None on CPU)."""
+    """Seconds per call of ``repeats`` calls after ``warmup``, and the CUDA peak allocation over
+    them (reset after the warm-up; ``above_base``: less what was allocated before; None on CPU).
+    On CUDA: CUDA events around all the repeats, synchronised once, the elapsed time over the
+    repeats (no host synchronisation between calls); on CPU: the median of each call's wall time."""
     for _ in range(warmup):
         call()
     _sync(device)
@@ -90,20 +92,26 @@ def timed(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device) if above_base else 0
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            call()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / repeats
+        return seconds, torch.cuda.max_memory_allocated(device) - base
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         call()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else None
-    return sorted(times)[len(times) // 2], peak
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2], None
 
 
 def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmup: int = 2) -> KernelResult:
-    """Median time of ``repeats`` calls after ``warmup`` (the first compiles FlexAttention), and
-    the peak CUDA memory of one call beyond the inputs. A path that cannot run, or runs out of
-    memory, comes back with ``seconds=None`` and the reason in ``note``."""
+    """Time per call of ``repeats`` calls after ``warmup`` (the first compiles FlexAttention; see
+    :func:`timed`), and the peak CUDA memory of one call beyond the inputs. A path that cannot
+    run, or runs out of memory, comes back with ``seconds=None`` and the reason in ``note``."""
     problem = _problem(case, device)
     if problem is not None:
         return KernelResult(case, None, None, problem)

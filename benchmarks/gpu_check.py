@@ -1,251 +1,150 @@
 """The GPU check, one command: ``python -m benchmarks.gpu_check`` (or ``bash scripts/gpu_check.sh``).
 
-On a machine with a CUDA GPU and PyTorch (nothing else fetched: it needs torch, einops, numpy
-and pytest) it
+On a machine with a CUDA GPU it runs these parts, each on its own with ``--only PART`` (a comma
+list or repeated; default: all, in this order), each within its time budget:
 
-1. runs the CUDA tests (``pytest -m cuda`` on the ``test_cuda*.py`` files);
-2. times a bf16 and an fp32 dense GEMM (8192³) in this process, the yardstick;
-3. times the windowed attention kernel alone, forward+backward, at o96 (40 320 points) and n320
-   (542 080) sizes, 16 heads of 64 (C = 1024), W = 512, bf16 and fp32, through every path that
-   runs there, and anemoi's approach (one SDPA call under an ``N x N`` mask) where it fits;
-4. times the processor (2 layers, C = 1024, H = 16, W = 512) forward+backward on one GPU at
-   the same sizes: TFLOP/s from the band model, peak memory, and their fraction of the GEMM;
-5. writes it all, dated and with the device's name, as a section of ``docs/benchmarks.md``
-   (replacing that day's section for the same device), and checks the issue's goals.
+- ``tests``: the CUDA tests (``pytest -m cuda`` on the ``test_cuda*.py`` files);
+- ``kernel``: the windowed attention kernel alone, forward+backward, at o96 and n320 sizes,
+  16 heads of 64, W = 512, bf16 and fp32, through every path, and anemoi's dense masked SDPA
+  where it fits (goal: block-sparse >= 10x faster and >= 20x less memory);
+- ``processor``: the processor (2 layers, C = 1024) forward+backward on one GPU at the same
+  sizes, against the bf16 and fp32 GEMM measured in the same process (goal: bf16 >= 40%);
+- ``train``: the default training run on the GPU (one rank, bf16; then the 2-rank
+  shard_sequence setting sharing the GPU, if time allows), as a subprocess;
+- ``sweep``: a benchmark sweep over layer counts and grids, one rank, bf16.
 
-Without a GPU it says why and exits 0, writing nothing. ``--dry-run`` runs steps 2–5 on the
-CPU at toy sizes to check the code path (figures meaningless; printed, never written to the
-docs unless ``--doc`` names a file).
+``train`` and ``sweep`` need Hydra, MLflow and zarr (``scripts/gpu_wheels.sh``); the others
+need only torch, einops, numpy and pytest. Each part writes its own block of the day's section
+for the device in ``docs/benchmarks.md`` (:mod:`benchmarks.gpu.section`), replacing only that
+block; a part that fails writes why in one line there, and the other parts still run.
+
+Without a GPU it says why and exits 0, writing nothing. ``--dry-run`` runs the parts on the CPU
+at toy sizes to check the code path (figures meaningless; printed, never written to the docs
+unless ``--doc`` names a file).
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-from dataclasses import dataclass
-from datetime import date
+import time
+import traceback
+from collections.abc import Callable
+from datetime import date, datetime
 from pathlib import Path
 
 import torch
 
-from benchmarks.attention_paths import DTYPES, KernelCase, KernelResult, markdown, measure_path, timed
-from benchmarks.flops import processor_flops
-from processor import ProcessorConfig, TransformerProcessor
+from benchmarks.gpu.common import ROOT, Context, PartFailed, device_name
+from benchmarks.gpu.cuda_tests import tests_part
+from benchmarks.gpu.kernels import kernel_part, processor_part
+from benchmarks.gpu.section import BEGIN, compose, write_section
+from benchmarks.gpu.sweep import sweep_part
+from benchmarks.gpu.train import train_part
 
-ROOT = Path(__file__).resolve().parent.parent
-GRID_POINTS = {"o96": 40320, "n320": 542080}
-DRY_RUN_POINTS = {"o96/64": 630, "n320/64": 8470}  # the same grids' sizes / 64, for --dry-run
-HEADS, HEAD_DIM, WINDOW = 16, 64, 512
-BEGIN, END = "<!-- gpu_check:begin {} -->", "<!-- gpu_check:end -->"
-
-
-@dataclass(frozen=True)
-class ProcessorResult:
-    grid: str
-    n: int
-    dtype: str
-    path: str
-    seconds: float | None
-    peak_bytes: int | None
-    tflops: float | None
-    note: str = ""
-
-
-def gemm_tflops(device: torch.device, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
-    """Dense ``size³`` matmul rate in this process (TF32 off for fp32)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-    seconds, _ = timed(lambda: a @ b, device, repeats, warmup=1)
-    return 2 * size**3 / seconds / 1e12
+PARTS: dict[str, Callable[[Context], str]] = {
+    "tests": tests_part,
+    "kernel": kernel_part,
+    "processor": processor_part,
+    "train": train_part,
+    "sweep": sweep_part,
+}
+TITLES = {
+    "tests": "CUDA tests",
+    "kernel": "Attention kernel",
+    "processor": "Processor forward+backward on one device",
+    "train": "Training run on the device",
+    "sweep": "Benchmark sweep on one device",
+}
+BUDGET_S = 480.0  # each part's, so that it ends within 9 minutes on an H100
 
 
-def measure_processor(
-    grid: str, n: int, dtype: str, path: str, device: torch.device, channels: int, layers: int, repeats: int = 3
-) -> ProcessorResult:
-    """Forward+backward of a ``layers``-layer processor on ``(1, n, channels)``; ``dtype`` bf16
-    runs under autocast (fp32 parameters)."""
-    config = ProcessorConfig(
-        num_layers=layers, num_channels=channels, num_heads=HEADS, window_size=WINDOW, num_chunks=0,
-        attention_path=path,
-    )  # fmt: skip
+def selected_parts(only: list[str] | None) -> list[str]:
+    """The parts ``--only`` names (comma lists, repeatable), in the canonical order; all without it."""
+    if not only:
+        return list(PARTS)
+    names = {n.strip() for item in only for n in item.split(",") if n.strip()}
+    unknown = sorted(names - set(PARTS))
+    if unknown:
+        raise SystemExit(f"gpu_check: unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
+    return [p for p in PARTS if p in names]
+
+
+def run_part(name: str, ctx: Context) -> tuple[str, bool]:
+    """The part's Markdown and whether it succeeded. A failure (any exception) becomes one
+    line, with the traceback printed; it never stops the other parts."""
+    start = time.monotonic()
+    print(f"gpu_check: part {name} ...", flush=True)
     try:
-        model = TransformerProcessor(config).to(device)
-        x = torch.randn(1, n, channels, device=device, requires_grad=True)
-
-        def step() -> None:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bf16"):
-                y = model(x)
-            y.float().square().mean().backward()
-
-        seconds, peak = timed(step, device, repeats, warmup=2)
-    except (torch.OutOfMemoryError, ValueError) as exc:
-        return ProcessorResult(grid, n, dtype, path, None, None, None, str(exc).splitlines()[0][:120])
-    finally:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    flops = processor_flops(n, channels, WINDOW, layers, config.mlp_hidden_ratio)
-    return ProcessorResult(grid, n, dtype, path, seconds, peak, flops / seconds / 1e12)
+        body, ok = PARTS[name](ctx), True
+    except PartFailed as exc:
+        body, ok = f"### {TITLES[name]}\n\n**failed**: {exc.line}\n\n{exc.details}".rstrip(), False
+    except Exception as exc:
+        traceback.print_exc()
+        message = (str(exc).strip().splitlines() or [""])[0][:200]
+        body, ok = f"### {TITLES[name]}\n\n**failed**: {type(exc).__name__}: {message}", False
+    seconds = time.monotonic() - start
+    stamp = f"_`--only {name}`: {'done' if ok else 'failed'} in {seconds:.0f} s ({datetime.now():%H:%M})._"
+    print(f"gpu_check: part {name} {'done' if ok else 'FAILED'} in {seconds:.0f} s", flush=True)
+    return f"{body}\n\n{stamp}", ok
 
 
-def dense_mask_fits(n: int, device: torch.device) -> bool:
-    """Whether anemoi's ``N x N`` mask (bool, and SDPA's additive copy) fits in half the free memory."""
-    if device.type != "cuda":
-        return n <= 4096
-    free, _ = torch.cuda.mem_get_info(device)
-    return 3 * n * n < free / 2
-
-
-def run_cuda_tests() -> tuple[int, str]:
-    """``pytest -m cuda`` on the CUDA test files: its exit code and last line."""
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_cuda*.py"))
-    command = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", *files]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    print(done.stdout[-4000:], done.stderr[-2000:], sep="\n")
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    return done.returncode, lines[-1] if lines else "(no output)"
-
-
-def kernel_results(device: torch.device, sizes: dict[str, int], head_dim: int) -> list[KernelResult]:
-    """Every path at every size and dtype, forward+backward; dense only where its mask fits."""
-    results = []
-    for n in sizes.values():
-        for dtype in ("bf16", "fp32"):
-            for path in ("flash_attn", "flex", "sdpa_blocks", "dense"):
-                case = KernelCase(n, HEADS, head_dim, WINDOW, dtype, path, backward=True)
-                if path == "dense" and not dense_mask_fits(n, device):
-                    results.append(
-                        KernelResult(case, None, None, f"N x N mask ({3 * n * n / 2**30:.1f} GiB) does not fit")
-                    )
-                else:
-                    results.append(measure_path(case, device))
-                print(markdown(results[-1:]).splitlines()[-1], flush=True)
-    return results
-
-
-def processor_results(device: torch.device, sizes: dict[str, int], channels: int) -> list[ProcessorResult]:
-    results = []
-    for grid, n in sizes.items():
-        for dtype in ("bf16", "fp32"):
-            paths = ["auto"] + (["dense"] if dense_mask_fits(n, device) else [])
-            for path in paths:
-                results.append(measure_processor(grid, n, dtype, path, device, channels, layers=2))
-                print(results[-1], flush=True)
-    return results
-
-
-def goals(kernels: list[KernelResult], processors: list[ProcessorResult], gemm_bf16: float, n_small: int) -> list[str]:
-    """The issue's goals, each as a line saying met or not, with the figures."""
-    lines = []
-    at_small = [r for r in kernels if r.case.n == n_small and r.case.dtype == "bf16" and r.seconds is not None]
-    dense = next((r for r in at_small if r.case.path == "dense"), None)
-    sparse = [r for r in at_small if r.case.path in ("flex", "flash_attn")]
-    if dense and sparse:
-        best = min(sparse, key=lambda r: r.seconds)
-        speed = dense.seconds / best.seconds
-        memory = (dense.peak_bytes or 0) / max(best.peak_bytes or 1, 1)
-        lines.append(
-            f"- block-sparse kernel ({best.case.path}) vs dense masked SDPA at N = {n_small}, bf16 fwd+bwd: "
-            f"{speed:.1f}x faster (goal >= 10x: {'met' if speed >= 10 else 'NOT met'}), "
-            f"{memory:.1f}x less memory (goal >= 20x: {'met' if memory >= 20 else 'NOT met'})"
-        )
-    for r in processors:
-        if r.path == "auto" and r.dtype == "bf16" and r.tflops is not None:
-            share = r.tflops / gemm_bf16
-            lines.append(
-                f"- processor fwd+bwd at {r.grid}, bf16: {r.tflops:.1f} TFLOP/s = {share:.0%} of the bf16 GEMM's "
-                f"{gemm_bf16:.1f} (goal >= 40%: {'met' if share >= 0.4 else 'NOT met'})"
-            )
-    return lines
-
-
-def processor_markdown(results: list[ProcessorResult], gemm: dict[str, float]) -> str:
-    lines = [
-        "| grid | N | dtype | attention | ms | TFLOP/s | of the GEMM | peak GiB | note |",
-        "|---|---:|---|---|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        ms = "—" if r.seconds is None else f"{r.seconds * 1e3:.1f}"
-        tf = "—" if r.tflops is None else f"{r.tflops:.2f}"
-        share = "—" if r.tflops is None else f"{r.tflops / gemm[r.dtype]:.0%}"
-        peak = "—" if r.peak_bytes is None else f"{r.peak_bytes / 2**30:.2f}"
-        lines.append(f"| {r.grid} | {r.n} | {r.dtype} | {r.path} | {ms} | {tf} | {share} | {peak} | {r.note} |")
-    return "\n".join(lines)
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run: toy sizes, not figures)"
-
-
-def section(
-    device: torch.device, tests: str, gemm: dict[str, float], gemm_size: int, kernels, processors, goal_lines
-) -> str:
+def header(device: torch.device) -> tuple[str, str]:
+    """The section's begin line (device and day) and its header."""
     name, today = device_name(device), date.today().isoformat()
     cuda = torch.version.cuda or "none"
-    return "\n".join(
+    return BEGIN.format(f"{name} {today}"), "\n".join(
         [
-            BEGIN.format(f"{name} {today}"),
             f"## GPU check ({today}, {name})",
             "",
-            f"`python -m benchmarks.gpu_check`; torch {torch.__version__}, CUDA {cuda}, one device. "
-            f"CUDA tests: {tests}. Dense GEMM ({gemm_size}³, in this process): bf16 {gemm['bf16']:.1f} TFLOP/s, "
-            f"fp32 (no TF32) {gemm['fp32']:.1f} TFLOP/s. Useful FLOPs by the band model "
-            "(`benchmarks/flops.py`); peak memory above the inputs (kernel) or in all (processor).",
-            "",
-            "Goals:",
-            *(goal_lines or ["- (no goal could be checked: see the tables)"]),
-            "",
-            f"### Attention kernel, forward+backward, {HEADS} heads, W = {WINDOW}",
-            "",
-            markdown(kernels),
-            "",
-            f"### Processor forward+backward on one device (2 layers, W = {WINDOW})",
-            "",
-            processor_markdown(processors, gemm),
-            END,
+            f"`bash scripts/gpu_check.sh` (`python -m benchmarks.gpu_check`); torch {torch.__version__}, "
+            f"CUDA {cuda}, one device. Each part below is written by `--only PART` alone (the day's other "
+            "parts are kept).",
         ]
     )
 
 
-def write_section(doc: Path, text: str) -> None:
-    """Put ``text`` at the end of ``doc``, replacing an earlier section with the same begin line."""
-    old = doc.read_text() if doc.exists() else ""
-    begin = text.splitlines()[0]
-    if begin in old:
-        head, rest = old.split(begin, 1)
-        old = head + rest.split(END, 1)[1].lstrip("\n")
-    doc.write_text(old.rstrip("\n") + "\n\n" + text + "\n")
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", metavar="PART[,PART]", help=f"of {', '.join(PARTS)}")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: run the code on CPU at toy sizes")
     parser.add_argument("--doc", type=Path, default=None, help="where to write (default docs/benchmarks.md on a GPU)")
     parser.add_argument("--section-out", type=Path, default=None, help="also write the section alone here")
-    parser.add_argument("--skip-tests", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--skip-tests", action="store_true", help="leave the tests part out")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="each part's time budget")
+    parser.add_argument("--scratch", type=Path, default=None, help="the runs' folder (default outputs/gpu_check/<now>)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen parts, writing each one's block as it ends; 1 if any part failed."""
+    args = parse_args(argv)
+    names = [n for n in selected_parts(args.only) if not (args.skip_tests and n == "tests")]
     if not torch.cuda.is_available() and not args.dry_run:
         print("gpu_check: skipped: no CUDA device (torch.cuda.is_available() is False); nothing run, nothing written")
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
-    sizes = GRID_POINTS if device.type == "cuda" else DRY_RUN_POINTS
-    head_dim, channels, gemm_size = (HEAD_DIM, HEADS * HEAD_DIM, 8192) if device.type == "cuda" else (16, 64, 512)
-    code, tests = (0, "not run") if args.skip_tests or device.type != "cuda" else run_cuda_tests()
-    gemm = {d: gemm_tflops(device, DTYPES[d], gemm_size) for d in ("bf16", "fp32")}
-    kernels = kernel_results(device, sizes, head_dim)
-    processors = processor_results(device, sizes, channels)
-    goal_lines = goals(kernels, processors, gemm["bf16"], min(sizes.values()))
-    text = section(device, tests, gemm, gemm_size, kernels, processors, goal_lines)
-    print(text)
+    scratch = args.scratch or ROOT / "outputs" / "gpu_check" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}"
+    scratch.mkdir(parents=True, exist_ok=True)
     doc = args.doc or (ROOT / "docs" / "benchmarks.md" if device.type == "cuda" else None)
-    if doc is not None:
-        write_section(doc, text)
+    ctx = Context(device, args.budget_s, scratch, doc)
+    begin, head = header(device)
+    blocks, failed, text = {}, [], ""
+    for name in names:
+        blocks[name], ok = run_part(name, ctx)
+        failed += [] if ok else [name]
+        print(blocks[name], flush=True)
+        if doc is not None:
+            text = write_section(doc, begin, head, {name: blocks[name]}, tuple(PARTS))
+    text = text or compose(begin, head, blocks, tuple(PARTS))
     if args.section_out is not None:
         args.section_out.write_text(text + "\n")
     for path in (doc, args.section_out):
         if path is not None:
             print(f"gpu_check: wrote {path}")
-    return code
+    tail = f"; failed: {', '.join(failed)}" if failed else ""
+    print(f"gpu_check: {len(names) - len(failed)} of {len(names)} parts done{tail}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

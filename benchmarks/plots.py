@@ -122,8 +122,9 @@ def _save(fig: Figure, handles: list[Line2D], title: str, path: Path) -> Path:
 
 
 def _label(row: dict[str, Any], keys: list[str]) -> str:
-    """A line's legend entry: its strategy and the other varying settings."""
-    return ", ".join(f"{k}={row[k]}" if k != "strategy" else str(row[k]) for k in keys)
+    """A line's legend entry: its strategy and the other varying settings (the strategy alone
+    when nothing varies: an empty label would show as matplotlib's ``_child0``)."""
+    return ", ".join(f"{k}={row[k]}" if k != "strategy" else str(row[k]) for k in keys) or str(row["strategy"])
 
 
 def _varying(rows: list[dict[str, Any]], exclude: set[str]) -> list[str]:

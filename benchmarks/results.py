@@ -18,6 +18,7 @@ MIB = 2**20
 
 # One name per quantity wherever it is shown: console, results.md, plots, docs/benchmarks.md.
 PEAK_COLUMN = "peak/rank (MiB)"
+DEVICE_PEAK_COLUMN = "peak device/rank (MiB)"  # CUDA points: torch.cuda.max_memory_allocated, model and inputs too
 SENT_STEP_COLUMN = "sent/rank/step (MiB)"
 SENT_LAYER_COLUMN = "sent/rank/layer (MiB)"
 ANALYTIC_LAYER_COLUMN = "analytic/rank/layer (MiB)"
@@ -89,25 +90,34 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The measured points as a Markdown table (skipped and failed points left out); a column of
-    the nodes each point's ranks ran on when a sweep under torchrun spanned several."""
-    nodes = any(r.get("nodes", 1) > 1 for r in rows if r.get("status") == "ok")
+    the nodes each point's ranks ran on when a sweep under torchrun spanned several, and one of
+    the peak device memory per rank (all of it: model, inputs, step) when some ran on CUDA."""
+    ok = [r for r in rows if r.get("status") == "ok"]
+    nodes = any(r.get("nodes", 1) > 1 for r in ok)
+    device = any(r.get("device") == "cuda" for r in ok)
     head = (
         f"| target | grid | points | layers | strategy | P |{' nodes |' if nodes else ''} step time (s) | spread (s) "
-        f"| points/s | GFLOP/s | {PEAK_COLUMN} | {SENT_LAYER_COLUMN} | {ANALYTIC_LAYER_COLUMN} |"
+        f"| points/s | GFLOP/s | {PEAK_COLUMN} |{f' {DEVICE_PEAK_COLUMN} |' if device else ''} {SENT_LAYER_COLUMN} "
+        f"| {ANALYTIC_LAYER_COLUMN} |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
+    for r in ok:
         node_cell = f" {r.get('nodes', 1)} |" if nodes else ""
+        device_cell = f" {_device_peak(r)} |" if device else ""
         lines.append(
             f"| {r['target']} | {r['grid']} | {r['points']} | {r['num_layers']} | {r['strategy']} | {r['ranks']} "
             f"|{node_cell} {r['step_time_s']:.3f} | {r['step_time_min_s']:.3f}–{r['step_time_max_s']:.3f} "
             f"| {r['points_per_s']:.0f} | {r['processor_flop_per_s'] / 1e9:.1f} "
-            f"| {r['peak_increase_bytes_max'] / MIB:.0f} | {r['bytes_sent_per_layer_max'] / MIB:.2f} "
+            f"| {r['peak_increase_bytes_max'] / MIB:.0f} |{device_cell} {r['bytes_sent_per_layer_max'] / MIB:.2f} "
             f"| {r['analytic_bytes_per_layer_max'] / MIB:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _device_peak(row: dict[str, Any]) -> str:
+    """The most device memory any rank of a CUDA point held (MiB); a dash for a CPU point."""
+    peaks = row.get("peak_bytes_per_rank")
+    return f"{max(peaks) / MIB:.0f}" if row.get("device") == "cuda" and peaks else "—"
 
 
 def _mib(text: str) -> float:

@@ -2,7 +2,9 @@
 
 ``measure(group, cfg)`` runs on every rank of the point's group (``None`` for one rank) and
 returns plain Python values. Each step starts at a barrier, so the slowest rank's time is
-the step's time.
+the step's time. On CUDA a step is timed with CUDA events (the device synchronised once, after
+the timed steps) and memory is the device's (``torch.cuda.max_memory_allocated``, reset when
+the point starts and for the one-step peak); on CPU, wall clock and resident memory.
 """
 
 from __future__ import annotations
@@ -194,13 +196,22 @@ def _reset_peak_rss() -> bool:
     return True
 
 
-def _timed(step: Step, transport: Transport, group, device: torch.device) -> float:
+def _timed(step: Step, transport: Transport, group, device: torch.device) -> Callable[[], float]:
+    """Run one step after a barrier; returns its time in seconds, to be read once the device
+    is synchronised. On CUDA: CUDA events around the step, no host synchronisation here (the
+    caller synchronises once after all the steps); on CPU: wall clock."""
     if group is not None:
         dist.barrier(group)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(transport)
+        end.record()
+        return lambda: start.elapsed_time(end) / 1e3
     t0 = time.perf_counter()
     step(transport)
-    _sync(device)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    return lambda: seconds
 
 
 def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -219,8 +230,8 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
     build = _processor_step if cfg["target"] == "processor" else _train_step
     step, info = build(cfg, group, rank, world, device, autocast)
 
-    times: list[float] = []
-    local_copy_times: list[float] = []
+    pending: list[Callable[[], float]] = []
+    local_copy_pending: list[Callable[[], float]] = []
     sent: dict[str, int] = {}
     for i in range(cfg["warmup"] + cfg["steps"]):
         counter = CommCounter()
@@ -228,10 +239,12 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
         if cfg["compare_local_copy"]:
             local_copy = _timed(step, LocalCopyTransport(), group, device)
         if i >= cfg["warmup"]:
-            times.append(elapsed)
+            pending.append(elapsed)
             sent = dict(counter.bytes_sent)
             if cfg["compare_local_copy"]:
-                local_copy_times.append(local_copy)
+                local_copy_pending.append(local_copy)
+    _sync(device)  # once: the CUDA events of every step are then readable
+    times, local_copy_times = [t() for t in pending], [t() for t in local_copy_pending]
     peak = memory.peak()
     retained = device.type == "cpu" and cfg["retain_freed_memory"]
     step_peak = None if retained else memory.step_peak(lambda: step(Transport()))
