@@ -120,4 +120,4 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from training.app import main as launch  # torchrun ranks but 0 get Hydra overrides that write nothing
 
-    launch(main)
+    launch(main, training_schema=False)

@@ -14,11 +14,17 @@ output directory, ``.hydra`` record or log file (:func:`follower_overrides`), an
 one MLflow store, ``<hydra.sweep.dir>/mlflow.db``, so they appear side by side (each member's
 files stay in its own directory; the store's artifacts are beside it, a folder per run).
 
-Errors: a configuration or data error (an unknown or out-of-range key, a missing or mismatched
-dataset, a checkpoint of another model; also when a spawned or torchrun rank raised it) prints
-``error: <message>`` and a hint, and exits with code 2. ``HYDRA_FULL_ERROR=1`` (Hydra's own
-switch, which also unfolds Hydra's composition errors) shows its traceback instead. Any other
-exception is a bug and keeps its traceback.
+Resuming: a command in a run directory that holds a run continues it with that run's settings,
+changed only by what the command line gives (:mod:`training.run_settings`). How a run ends, and
+the command that continues a stopped one: :mod:`training.run_end`; Ctrl-C and SIGTERM:
+:mod:`training.interrupt`.
+
+Errors (:mod:`training.errors`): a configuration or data error (a misspelt key or option, checked
+before Hydra makes a run directory (:mod:`training.cli_check`); a value out of range, a missing
+or mismatched dataset, a checkpoint of another model; also when a spawned or torchrun rank raised
+it) prints ``error: <message>`` and a hint, exits with code 2 and leaves no run directory behind.
+``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows its traceback instead. Any other exception is
+a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -26,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -45,40 +50,37 @@ from processor.runtime.torchrun import (
     under_torchrun,
 )
 from training.auto_strategy import resolve_auto
-from training.config import check_config
+from training.cli_check import check_overrides
+from training.config import ConfigValueError, check_config
 from training.device import backend_for, check_local_ranks, rank_device, resolve_device
-from training.run_lock import RunDirBusyError, RunDirLock
+from training.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
+from training.interrupt import LauncherSignals, remove_stop_marker
+from training.run_end import RunFinished, check_not_finished, command_line_keys, report_end, write_settings
+from training.run_lock import RunDirLock
+from training.run_settings import continue_from, resume_line, saved_run
+from training.run_start import startup_line
 
 log = logging.getLogger(__name__)
-
-EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
-EXIT_PEER_FAILURE = 3  # another rank or node was lost, stuck or failed: running again may well work
-DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
-# What a user fixes in the command line, the configs or the data; the rest are bugs. By name
-# too, as a spawned rank's exception reaches the parent as text (see user_error).
-_USER_ERRORS = (
-    "ConfigValueError",
-    "DatasetError",
-    "CheckpointError",
-    "ConfigError",
-    "FileExistsError",
-    "RunDirBusyError",
-    "CheckpointWriteError",
-    "TorchrunSetupError",
-)
-
 
 RankMain = Callable[[dict[str, Any]], Any]
 Adopt = Callable[[dict[str, Any]], None]
 
 
-def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
+def prepare(cfg: DictConfig, adopt: Adopt | None = None, given: list[str] | None = None) -> dict[str, Any]:
     """Check the configuration and the dataset (writing the built-in one if asked) before any
     rank starts; return the resolved configuration as plain data.
 
     ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
-    checkpoint's model; without it this is a training run, whose checkpoint is checked."""
+    checkpoint's model; without it this is a training run, whose checkpoint is checked.
+    ``given``: the keys this command line set (:func:`training.run_settings.given_keys`); a
+    training run resuming in a run directory then takes every other setting from the run it
+    continues (:mod:`training.run_settings`). None: ``cfg`` as it is (the API's callers)."""
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
+    saved = None
+    if adopt is None and given is not None and cfg.trainer.resume:
+        saved = saved_run(Path(cfg.run_dir).resolve())
+        if saved is not None:
+            cfg = continue_from(cfg, saved, given)
     cfg = resolve_auto(cfg)  # strategy=auto: the cost model's pick, printed and kept for MLflow
     check_config(cfg, world)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -94,8 +96,9 @@ def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
     if data["path"] is not None and not data.get("open_dataset"):
         data["path"] = str(Path(data["path"]).resolve())
     if data["path"] and not Path(data["path"]).exists() and data["generate"] and int(os.environ.get("RANK", "0")) == 0:
-        from training.data import generate_rossby_haurwitz
+        from training.data import check_built_in_path, generate_rossby_haurwitz
 
+        check_built_in_path(data["path"])  # a typo is not filled with the built-in data
         log.info("writing the built-in dataset to %s", data["path"])
         generate_rossby_haurwitz(data["path"], data["grid"] or "o32", data["generate_steps"], data["generate_seed"])
     from training.trainer import check_resumable, open_dataset
@@ -106,6 +109,12 @@ def prepare(cfg: DictConfig, adopt: Adopt | None = None) -> dict[str, Any]:
     Path(resolved["run_dir"]).mkdir(parents=True, exist_ok=True)
     if adopt is None:
         check_resumable(resolved)  # and here on a checkpoint of another model
+        if saved is not None:
+            check_not_finished(saved, resolved)
+            log.info(resume_line(Path(resolved["run_dir"]), saved, resolved))
+        write_settings(resolved)  # what a later run in this directory continues from
+        remove_stop_marker(resolved["run_dir"])  # left by a launcher that was killed
+    log.info(startup_line(resolved, dataset.n_points))
     return resolved
 
 
@@ -132,34 +141,42 @@ def _rank_main(resolved: dict[str, Any]) -> dict[str, Any]:
     return train(resolved)
 
 
-def run(cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None = None) -> Any:
+def run(
+    cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None = None, given: list[str] | None = None
+) -> Any:
     """Run ``rank_main`` (default: training) with ``cfg`` on the torchrun ranks, or on
-    ``trainer.nprocs`` spawned local ranks; return rank 0's result."""
+    ``trainer.nprocs`` spawned local ranks; return rank 0's result. ``given``: see :func:`prepare`.
+
+    A first Ctrl-C or SIGTERM reaches the local ranks as SIGTERM (they finish their step and
+    checkpoint); a training result then carries the signal (``"signal"``)."""
     if under_torchrun():
-        return _run_torchrun(cfg, rank_main, adopt)
+        return _run_torchrun(cfg, rank_main, adopt, given)
     with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
-        resolved = prepare(cfg, adopt)
+        resolved = prepare(cfg, adopt, given)
         t = resolved["trainer"]
         if t["nprocs"] == 1:
             return rank_main(resolved)
         from processor.runtime import run_local
 
-        return run_local(
-            rank_main,
-            t["nprocs"],
-            resolved,
-            backend=backend_for(t["device"], t["debug_share_gpu"]),
-            timeout_s=t["timeout_s"],
-            threads_per_rank=t["threads_per_rank"],
-        )[0]
+        with LauncherSignals(resolved["run_dir"]) as signals:
+            result = run_local(
+                rank_main,
+                t["nprocs"],
+                resolved,
+                backend=backend_for(t["device"], t["debug_share_gpu"]),
+                timeout_s=t["timeout_s"],
+                threads_per_rank=t["threads_per_rank"],
+                on_start=signals.watch,
+            )[0]
+        if isinstance(result, dict) and signals.signum is not None:
+            result["signal"] = signals.signum
+        return result
 
 
-def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> Any:
+def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, given: list[str] | None) -> Any:
     """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
     resolved configuration, so all ranks share one run directory; its failure fails all."""
     import torch.distributed as dist
-
-    from training.config import ConfigValueError
 
     try:
         check_restartable()
@@ -188,12 +205,14 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None) -> 
         if dist.get_rank() == 0:
             try:  # rank 0 holds the run directory's lock until its ranks' work is done
                 lock.enter_context(RunDirLock(Path(cfg.run_dir).resolve()))
-                payload = [("ok", prepare(cfg, adopt))]
+                payload = [("ok", prepare(cfg, adopt, given))]
             except Exception as exc:
                 payload = [("error", exc)]
         dist.broadcast_object_list(payload, src=0)
         status, value = payload[0]
         if status == "error":
+            if dist.get_rank() != 0 and isinstance(value, RunFinished):
+                sys.exit(0)  # rank 0 says so
             if dist.get_rank() != 0 and user_error(value) is not None:
                 sys.exit(EXIT_USER_ERROR)  # rank 0 reports it
             raise value
@@ -216,10 +235,20 @@ def follower_overrides(scratch: str) -> list[str]:
     ]
 
 
-def main(hydra_main: Callable[[], Any] | None = None) -> None:
+def main(hydra_main: Callable[[], Any] | None = None, training_schema: bool = True) -> None:
     """``python -m training`` (or another app's ``hydra_main``): Hydra composes the configuration
     from ``configs/`` and the command line, then :func:`run`; torchrun ranks other than 0 get
-    :func:`follower_overrides` first."""
+    :func:`follower_overrides` first. ``training_schema``: the app's configuration is the training
+    schema, whose keys and group options are checked before Hydra runs (the evaluation and
+    prediction apps; not the benchmarks, whose schema is their own)."""
+    if training_schema:
+        try:  # before Hydra makes a run directory: a misspelt key or option is one line
+            check_overrides(sys.argv[1:])
+        except ConfigValueError as exc:
+            if torchrun_rank() != 0:
+                sys.exit(EXIT_USER_ERROR)  # rank 0 reports it
+            exit_on_user_error(exc)
+            raise
     scratch = None
     if torchrun_rank() != 0:
         scratch = tempfile.mkdtemp(prefix="gridshard-hydra-")
@@ -233,13 +262,19 @@ def main(hydra_main: Callable[[], Any] | None = None) -> None:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> float:
-    result = run_reporting_errors(run, cfg)
-    history = result["history"]
-    final = history[-1][1]["train/loss"] if history else float("nan")
+    given = command_line_keys()
+    try:
+        result = run_reporting_errors(lambda c: run(c, given=given), cfg)
+    except RunFinished as finished:
+        if torchrun_rank() == 0:
+            log.info("%s", finished)
+        return float("nan")
+    except KeyboardInterrupt:  # before the ranks started (preparing, writing the dataset)
+        print("error: interrupted before training started (no step trained)", file=sys.stderr)
+        sys.exit(130)
     if torchrun_rank() == 0:
         log_skill(result.get("skill"), cfg.run_dir)
-        log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], cfg.run_dir)
-    return final
+    return report_end(result, cfg.run_dir)
 
 
 def log_skill(skill: Any, run_dir: str) -> None:
@@ -264,86 +299,12 @@ def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> An
     try:
         return fn(cfg)
     except Exception as exc:
-        exit_on_user_error(exc)
+        exit_on_user_error(exc, _run_dir_of(cfg))
         raise
 
 
-def exit_on_user_error(exc: BaseException) -> None:
-    """For a configuration or data error (:func:`user_error`): print ``error: <message>`` and the
-    hint, and exit with :data:`EXIT_USER_ERROR`; for a failure of another rank or node
-    (:func:`peer_failure`) the same with :data:`EXIT_PEER_FAILURE`. Returns (the caller
-    re-raises) for a bug, or when ``HYDRA_FULL_ERROR=1`` asks for the traceback."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        return
-    message, code = user_error(exc), EXIT_USER_ERROR
-    if message is None:
-        message, code = peer_failure(exc), EXIT_PEER_FAILURE
-    if message is None:
-        return
-    where = f"rank {torchrun_rank()}: " if torchrun_rank() != 0 else ""
-    print(f"error: {where}{message}", file=sys.stderr)
-    print(f"({DEBUG_HINT})", file=sys.stderr)
-    sys.exit(code)
-
-
-# What a rank's line in run_local's report says when the rank is not to blame for the failure.
-_NOT_TO_BLAME = re.compile(r"^  rank \d+: (finished|died without a result|did not report|(?:\w+\.)*PeerFailureError: )")
-
-
-def peer_failure(exc: BaseException) -> str | None:
-    """The message of a failure of another rank or node (lost, stuck, or stopped by an error of
-    its own), else None. For :func:`~processor.runtime.run_local`'s report: its rank lines, when
-    every rank either died or blamed another (no traceback: nothing here is a bug)."""
-    from processor.runtime import PeerFailureError
-
-    if isinstance(exc, PeerFailureError):
-        return str(exc)
-    if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
+def _run_dir_of(cfg: DictConfig) -> str | None:
+    try:
+        return str(cfg.run_dir)
+    except Exception:  # an interpolation that cannot resolve here: nothing to tidy
         return None
-    lines = [line for line in str(exc).splitlines() if line.startswith("  rank ")]
-    if not all(_NOT_TO_BLAME.match(line) for line in lines):
-        return None
-    return str(exc).splitlines()[0] + "\n" + "\n".join(lines)
-
-
-_REPORT = re.compile(r"\d+ of \d+ ranks failed:\n")
-_RANK_LINE = re.compile(r"^  rank \d+: (?:\w+\.)*(\w+): (.*)$", re.MULTILINE)
-_EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*(\w+): (.*)$")
-
-
-def user_error(exc: BaseException) -> str | None:
-    """The message of a configuration or data error, else None (a bug).
-
-    :func:`processor.runtime.run_local` reports what its spawned ranks raised as the text of a
-    ``RuntimeError`` (a line per rank, ``<module>.<Type>: <message>``, then the first rank's
-    traceback); the type and message are read back from it, so an error on a rank is reported
-    as if the parent had raised it.
-    """
-    from processor import ConfigError
-    from training.checkpoint import CheckpointError
-    from training.config import ConfigValueError
-    from training.data import DatasetError
-    from training.resume import CheckpointWriteError
-
-    kinds = (
-        ConfigValueError,
-        DatasetError,
-        CheckpointError,
-        ConfigError,
-        FileExistsError,
-        RunDirBusyError,
-        TorchrunSetupError,
-    )
-    if isinstance(exc, (*kinds, CheckpointWriteError)):
-        return str(exc)
-    if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
-        return None
-    report = str(exc)
-    for name, message in _RANK_LINE.findall(report):
-        if name in _USER_ERRORS:
-            return message
-    # A message of several lines: the rank lines hold its last; the traceback ends with the rest.
-    headers = [m for line in report.splitlines() if (m := _EXCEPTION_LINE.match(line))]
-    if headers and headers[-1][1] in _USER_ERRORS:
-        return headers[-1][2]
-    return None

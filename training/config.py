@@ -182,6 +182,7 @@ class EvaluateConfig:
     steps: int = 8  # forecast steps of the data's lead time to roll out to
     samples: int = 16  # initial dates, evenly spread over the validation period
     at_end_of_training: bool = True  # a training run evaluates its final model
+    at_stop: bool = False  # ... also when it stops early (trainer.stop_at_step, Ctrl-C, SIGTERM)
 
 
 @dataclass

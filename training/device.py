@@ -76,19 +76,6 @@ def rank_device(device: str) -> torch.device:
     return cuda
 
 
-def describe(device: torch.device, share_gpu: bool) -> str:
-    """One line on where the ranks compute, for the start of a run's log."""
-    if device.type != "cuda":
-        return f"device: cpu ({torch.get_num_threads()} threads per rank)"
-    line = f"device: {device} ({torch.cuda.get_device_name(device)}), one GPU per local rank, NCCL"
-    if share_gpu:
-        line = (
-            f"device: {device} ({torch.cuda.get_device_name(device)}) SHARED by the local ranks over gloo, "
-            "messages staged through host memory (trainer.debug_share_gpu: for tests and debugging, slow)"
-        )
-    return line
-
-
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """``array`` as a tensor on ``device``: on CUDA through pinned host memory, copied without
     blocking the host (the copy is ordered before the kernels that read it)."""

@@ -8,8 +8,10 @@ is the checkpoint's; grid and variables must match), rolls it out ``evaluate.ste
 ``evaluate.samples`` validation dates on the configured ranks and strategy, and reports the
 area-weighted RMSE and anomaly correlation per variable and lead beside persistence and
 climatology: ``skill.md``, ``skill.csv`` and ``rmse_by_lead.png`` in its run directory, and an
-MLflow run (metrics with step = lead hours) in the checkpoint's run store unless
-``logging.tracking_uri`` names another, tagged with the checkpoint and its training run.
+MLflow run in the checkpoint's run store unless ``logging.tracking_uri`` names another, tagged
+with the checkpoint and its training run: one evaluation, its metrics named with their lead
+(``eval/rmse/<variable>/<kind>/<lead>``, see :func:`training.evaluation.evaluation_metrics`)
+and logged at the checkpoint's training step.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def evaluate_on_rank(cfg: dict[str, Any]) -> dict[str, Any]:
         tags = {"kind": "evaluation", **source_run_tags(checkpoint, step)}
         tracker = open_tracker(cfg, dims, 0, tags)
         if dims.rank == 0:
-            report_skill(table, Path(cfg["run_dir"]), tracker)
+            report_skill(table, Path(cfg["run_dir"]), tracker, model_step=step)
         tracker.finish()
         return {"skill": table, "run_id": tracker.run_id, "checkpoint_step": step}
 

@@ -60,27 +60,127 @@ def loss_curve(history: list[tuple[int, dict[str, float]]], path: Path) -> Path:
     return path
 
 
+MAP_DPI = 100
+_MAX_MAP_PX = 30000  # the tallest forecast map (many variables): its resolution is lowered to fit
+
+
+def _raster(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, tuple[float, float, float, float]]:
+    """For any grid (reduced Gaussian, unstructured): the index of the nearest grid point (on the
+    sphere) of each cell of a regular latitude-longitude raster about as fine as the grid (90 to
+    360 rows, twice as many columns), and the raster's ``imshow`` extent. Each point's value
+    fills the cells nearest it: the field as the model sees it, not interpolated."""
+    from scipy.spatial import cKDTree
+
+    rows = int(np.clip(round(2 * np.sqrt(len(lat) / 2)), 90, 360))
+    west = -180.0 if float(np.min(lon)) < 0 else 0.0
+    lat_c = 90 - (np.arange(rows) + 0.5) * 180 / rows
+    lon_c = west + (np.arange(2 * rows) + 0.5) * 180 / rows
+    glon, glat = np.meshgrid(np.radians(lon_c), np.radians(lat_c))
+
+    def xyz(la: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        return np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], axis=-1).reshape(-1, 3)
+
+    _, nearest = cKDTree(xyz(np.radians(lat), np.radians(lon))).query(xyz(glat, glon))
+    return nearest.reshape(rows, 2 * rows), (west, west + 360.0, -90.0, 90.0)
+
+
+def _with_unit(label: str, unit: str | None) -> str:
+    return f"{label} [{unit}]" if unit else label
+
+
+# The forecast map's layout, in inches: a map panel (2:1, longitude by latitude), the gaps beside
+# it, a colour bar, room for a colour bar's labels, the margins. Laid out by hand: matplotlib's
+# constrained layout takes seconds for a few dozen panels.
+_PANEL_W, _PANEL_H, _GAP, _BAR, _BAR_ROOM, _ROW_GAP = 4.4, 2.2, 0.25, 0.14, 1.05, 0.62
+_LEFT, _RIGHT, _TOP, _BOTTOM = 0.75, 0.15, 0.75, 0.55
+
+
+def forecast_map_figure(
+    lat: np.ndarray,
+    lon: np.ndarray,
+    truth: np.ndarray,
+    forecast: np.ndarray,
+    variables: list[str],
+    lead_hours: float | None = None,
+    valid_date: str | None = None,
+    units: dict[str, str] | None = None,
+    initial_date: str | None = None,
+) -> plt.Figure:
+    """Truth, forecast and their difference of every variable: ``truth`` and ``forecast``
+    ``(points, variables)`` in physical units on the grid's points (degrees ``lat``, ``lon``).
+    One row per variable; truth and forecast share a colour scale (one colour bar), the error
+    has its own, symmetric about 0; each panel's title names the variable, the lead (hours) and
+    the valid date (ISO); colour bars carry ``units`` where known."""
+    truth, forecast = np.asarray(truth, dtype=np.float64), np.asarray(forecast, dtype=np.float64)
+    if truth.ndim == 1:
+        truth, forecast = truth[:, None], forecast[:, None]
+    units = units or {}
+    nearest, extent = _raster(np.asarray(lat), np.asarray(lon))
+    lead = f"+{lead_hours:g} h" if lead_hours is not None else "lead ?"
+    valid = valid_date or "valid date ?"
+    # columns: truth | gap | forecast | gap | bar | room | error | gap | bar | room
+    widths = [_PANEL_W, _GAP, _PANEL_W, 0.08, _BAR, _BAR_ROOM, _PANEL_W, 0.08, _BAR, _BAR_ROOM]
+    n = len(variables)
+    width = _LEFT + sum(widths) + _RIGHT
+    height = _TOP + n * _PANEL_H + (n - 1) * _ROW_GAP + _BOTTOM
+    fig = plt.figure(figsize=(width, height))
+    grid = fig.add_gridspec(
+        n, len(widths), width_ratios=widths, wspace=0, hspace=_ROW_GAP / _PANEL_H,
+        left=_LEFT / width, right=1 - _RIGHT / width, top=1 - _TOP / height, bottom=_BOTTOM / height,
+    )  # fmt: skip
+    show = {"origin": "upper", "extent": extent, "interpolation": "nearest", "aspect": "auto"}
+    first = None
+    for row, var in enumerate(variables):
+        t, f = truth[:, row], forecast[:, row]
+        lo, hi = float(min(t.min(), f.min())), float(max(t.max(), f.max()))
+        err = f - t
+        elim = float(np.abs(err).max()) or 1.0
+        ax_t, ax_f, ax_e = (fig.add_subplot(grid[row, c], sharex=first, sharey=first) for c in (0, 2, 6))
+        first = first or ax_t
+        ax_t.imshow(t[nearest], cmap="viridis", vmin=lo, vmax=hi, **show)
+        im = ax_f.imshow(f[nearest], cmap="viridis", vmin=lo, vmax=hi, **show)
+        im_e = ax_e.imshow(err[nearest], cmap="RdBu_r", vmin=-elim, vmax=elim, **show)
+        ax_t.set_title(f"{var}: truth, valid {valid}", fontsize="medium")
+        ax_f.set_title(f"{var}: forecast {lead}, valid {valid}", fontsize="medium")
+        rms = float(np.sqrt(np.mean(err**2)))
+        ax_e.set_title(f"{var}: forecast \u2212 truth ({lead}), RMS {rms:.3g}", fontsize="medium")
+        fig.colorbar(im, cax=fig.add_subplot(grid[row, 4]), label=_with_unit(var, units.get(var)))
+        fig.colorbar(im_e, cax=fig.add_subplot(grid[row, 8]), label=_with_unit("error", units.get(var)))
+        for ax in (ax_t, ax_f, ax_e):
+            ax.tick_params(labelsize="small", labelbottom=row == n - 1, labelleft=ax is ax_t)
+        ax_t.set_ylabel("latitude (\u00b0)")
+        if row == n - 1:
+            for ax in (ax_t, ax_f, ax_e):
+                ax.set_xlabel("longitude (\u00b0)")
+    first.set_xticks(np.arange(extent[0], extent[1] + 1, 60))
+    first.set_yticks([-90, -45, 0, 45, 90])
+    first.set_xlim(extent[:2])
+    first.set_ylim(extent[2:])
+    init = f", initialised {initial_date}" if initial_date else ""
+    fig.suptitle(
+        f"Forecast {lead}, valid {valid}{init}: truth, forecast and error of each variable",
+        y=1 - 0.25 / height, fontsize="large",
+    )  # fmt: skip
+    return fig
+
+
 def forecast_map(
-    lat: np.ndarray, lon: np.ndarray, truth: np.ndarray, forecast: np.ndarray, name: str, path: Path
+    lat: np.ndarray,
+    lon: np.ndarray,
+    truth: np.ndarray,
+    forecast: np.ndarray,
+    variables: list[str] | str,
+    path: Path,
+    lead_hours: float | None = None,
+    valid_date: str | None = None,
+    units: dict[str, str] | None = None,
+    initial_date: str | None = None,
 ) -> Path:
-    """Truth, forecast and error of one field on the grid's points, ``(points,)`` each."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
-    vmin, vmax = float(truth.min()), float(truth.max())
-    err = forecast - truth
-    elim = float(np.abs(err).max()) or 1.0
-    panels = [
-        ("truth", truth, "viridis", vmin, vmax),
-        ("forecast", forecast, "viridis", vmin, vmax),
-        ("forecast - truth", err, "RdBu_r", -elim, elim),
-    ]
-    for ax, (title, values, cmap, lo, hi) in zip(axes, panels):
-        sc = ax.scatter(lon, lat, c=values, s=4, cmap=cmap, vmin=lo, vmax=hi)
-        ax.set_title(f"{name}: {title}")
-        ax.set_xlabel("longitude")
-        fig.colorbar(sc, ax=ax, shrink=0.8)
-    axes[0].set_ylabel("latitude")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    """:func:`forecast_map_figure` as a PNG at ``path`` (1600 px wide; about 300 px high per
+    variable, lower resolution beyond 100 variables)."""
+    variables = [variables] if isinstance(variables, str) else list(variables)
+    fig = forecast_map_figure(lat, lon, truth, forecast, variables, lead_hours, valid_date, units, initial_date)
+    fig.savefig(path, dpi=min(MAP_DPI, _MAX_MAP_PX / fig.get_figheight()))
     plt.close(fig)
     return path
 

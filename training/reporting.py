@@ -63,22 +63,60 @@ def open_tracker(cfg: dict[str, Any], dims: ParallelDims, start: int, tags: dict
     return tracker
 
 
-def final_pictures(tracker, run_dir: Path, dataset: ZarrDataset, forecast: np.ndarray) -> None:
+def variable_units(dataset: ZarrDataset) -> dict[str, str]:
+    """The units of the dataset's variables where its store says them: a ``units`` attribute
+    (``{variable: unit}``) or ``variables_metadata.<variable>.units``; else none (the built-in
+    dataset's fields are non-dimensional)."""
+    path = getattr(dataset, "path", None)
+    if path is None:
+        return {}
+    try:
+        import zarr
+
+        attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+    except Exception:  # not a Zarr group of ours (an anemoi open_dataset source): no units
+        return {}
+    given = attrs.get("units") if isinstance(attrs.get("units"), dict) else {}
+    meta = attrs.get("variables_metadata") if isinstance(attrs.get("variables_metadata"), dict) else {}
+    units = {}
+    for v in dataset.variables:
+        entry = meta.get(v)
+        unit = given.get(v) or (entry.get("units") if isinstance(entry, dict) else None)
+        if isinstance(unit, str) and unit:
+            units[v] = unit
+    return units
+
+
+def final_pictures(
+    tracker,
+    run_dir: Path,
+    dataset: ZarrDataset,
+    forecast: np.ndarray,
+    sample: tuple[int, int] | None = None,
+    lead: int = 1,
+) -> None:
     """The loss curve of the whole run (every resumed segment, from ``metrics.jsonl``) and a
-    map of one forecast: ``forecast`` ``(2, points, variables)`` normalised truth and forecast."""
+    map of one forecast of every variable: ``forecast`` ``(2, points, variables)`` normalised
+    truth and forecast from ``sample`` (``(date index, member)``, the input's) ``lead`` dates on
+    (``Samples.lead``), whose lead and valid date the map names (unknown without ``sample``)."""
     from training.plots import forecast_map, loss_curve
 
     history = read_history(run_dir)
     if history:
         tracker.log_artifact(loss_curve(history, run_dir / "loss_curve.png"))
     truth, pred = dataset.denormalise(forecast[0]), dataset.denormalise(forecast[1])
-    v = dataset.variables.index("tracer") if "tracer" in dataset.variables else 0
+    dates = {}
+    if sample is not None:
+        dates = {"initial_date": dataset.date(sample[0]), "valid_date": dataset.date(sample[0] + lead)}
     path = forecast_map(
         dataset.latitudes,
         dataset.longitudes,
-        truth[:, v],
-        pred[:, v],
-        dataset.variables[v],
+        truth,
+        pred,
+        dataset.variables,
         run_dir / "forecast_map.png",
+        lead_hours=lead * dataset.frequency_s / 3600 if sample is not None else None,
+        units=variable_units(dataset),
+        **dates,
     )
     tracker.log_artifact(path)

@@ -4,7 +4,6 @@ rank's data points."""
 
 from __future__ import annotations
 
-import logging
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -20,12 +19,10 @@ from training.config import processor_config, strategy_settings
 from training.data import DatasetError, ZarrDataset
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
-from training.device import describe, rank_device, to_device
+from training.device import rank_device, to_device
 from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
 from training.tracking import flatten
-
-log = logging.getLogger(__name__)
 
 
 def join_ranks(cfg: dict[str, Any]) -> tuple[ParallelDims, AbstractContextManager]:
@@ -160,8 +157,6 @@ def open_session(cfg: dict[str, Any], dims: ParallelDims, horizon: int = 1) -> S
     ``horizon``: forecast steps each sample must have targets for."""
     t_cfg = cfg["trainer"]
     device = rank_device(t_cfg["device"])
-    if dims.rank == 0:
-        log.info(describe(device, t_cfg["debug_share_gpu"]))
     torch.set_num_threads(t_cfg["threads_per_rank"])
     set_freed_memory_policy(t_cfg["retain_freed_memory"])
     dataset = open_dataset(cfg)

@@ -21,6 +21,17 @@ was last logged at, replays from ``metrics.jsonl`` the earlier steps that never 
 that did reach it (a resumed run computes them again bit for bit). ``metrics.jsonl`` is cut
 back to the steps before the checkpoint when a segment resumes (:func:`training.metrics_file.keep_steps_before`), so
 it too holds each step once; :func:`~training.metrics_file.read_history` reads it back as one history.
+
+An evaluation (skill by lead time, :meth:`Tracker.log_evaluation`) is one record tied to the
+training step of the model it scored, never to the training steps' axis by lead hour: in MLflow
+every score is a metric of its own with the lead in its name (``eval/rmse/psi/model/024h``)
+logged at that step, so a metric's history is skill against training step and its latest value
+is the latest model's; in the run directory it is one line of ``evaluations.jsonl`` (not of
+``metrics.jsonl``). A resumed segment replays the evaluations of models up to its checkpoint
+that MLflow lacks, deduplicated like the steps; an evaluation made now is always sent, so an
+evaluation of the same step made again (other ``evaluate`` settings) is the latest value too.
+
+The experiment is marked as a model-training one (:data:`EXPERIMENT_KIND`) for MLflow 3's UI.
 """
 
 from __future__ import annotations
@@ -34,12 +45,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.metrics_file import keep_steps_before, open_for_append
+from training.metrics_file import (
+    EVALUATIONS,
+    METRICS,
+    keep_evaluations_through,
+    keep_steps_before,
+    open_for_append,
+)
 
 log = logging.getLogger(__name__)
 
 _BATCH = 100  # metric events sent in one request at most
 RECORD = "mlflow_run.json"  # the run directory's record of its MLflow run
+# MLflow 3's experiment kind: this tag, "custom_model_development" (the UI's "model training"),
+# not "genai_development". The UIs since MLflow 3.4 that have experiment kinds pick the experiment
+# page's view by it (and ask the user, or guess, when it is missing); later ones (3.17 here)
+# choose the view with the sidebar's GenAI / Model training switch (kept in the browser;
+# ``?workflowType=machine_learning`` in a link) and show "Training runs" for such an experiment.
+# Name and value are those of MLflow's UI (``mlflow/server/js``); MLflow has no Python constant.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
 def local_store_uri(directory: Path) -> str:
@@ -78,14 +102,32 @@ def artifact_dir(uri: str, run_dir: Path) -> Path:
 
 
 def open_experiment(client, name: str, artifact_dir: Path | None) -> str:
-    """The id of experiment ``name``, created if missing. A new experiment keeps its artifacts in
-    ``artifact_dir`` (sqlite stores would otherwise put them in ``./mlruns`` of the current
-    directory); ``None`` leaves the choice to a tracking server."""
+    """The id of experiment ``name``, created if missing, marked as a model-training experiment
+    (:func:`mark_training_experiment`). A new experiment keeps its artifacts in ``artifact_dir``
+    (sqlite stores would otherwise put them in ``./mlruns`` of the current directory); ``None``
+    leaves the choice to a tracking server."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        mark_training_experiment(client, exp)
         return exp.experiment_id
     location = artifact_dir.resolve().as_uri() if artifact_dir is not None else None
-    return client.create_experiment(name, artifact_location=location)
+    key, value = EXPERIMENT_KIND
+    return client.create_experiment(name, artifact_location=location, tags={key: value})
+
+
+def mark_training_experiment(client, experiment) -> None:
+    """Tag ``experiment`` (an ``Experiment``) with :data:`EXPERIMENT_KIND` unless it has a kind
+    already (one a person chose in the UI stays). A store that refuses (permissions) is warned
+    about; the run goes on."""
+    from mlflow.exceptions import MlflowException
+
+    key, value = EXPERIMENT_KIND
+    if experiment.tags.get(key):
+        return
+    try:
+        client.set_experiment_tag(experiment.experiment_id, key, value)
+    except MlflowException as exc:
+        log.warning("cannot tag MLflow experiment %s as %s=%s: %s", experiment.name, key, value, exc)
 
 
 def log_params(client, run_id: str, params: dict[str, Any]) -> None:
@@ -194,9 +236,13 @@ class Tracker:
         self.client, self.run_id = None, None
         # What earlier segments logged before this one's start, and the last step of each metric
         # MLflow already holds (filled in by the thread): nothing is logged twice.
-        self._earlier = keep_steps_before(run_dir / "metrics.jsonl", start_step) if start_step else []
+        self._earlier = []
+        if start_step:
+            self._earlier += keep_steps_before(run_dir / METRICS, start_step)
+            self._earlier += keep_evaluations_through(run_dir / EVALUATIONS, start_step)
         self._logged_through: dict[str, int] = {}
-        self._jsonl = open_for_append(run_dir / "metrics.jsonl")
+        self._jsonl = open_for_append(run_dir / METRICS)
+        self._evaluations = None  # evaluations.jsonl, opened by the first evaluation
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._delivered: list[tuple[str, Any]] = []  # every event taken so far, replayed on fall-back
         self._finished = False
@@ -214,6 +260,17 @@ class Tracker:
         self._jsonl.flush()
         self._queue.put(("metrics", (step, dict(metrics))))
 
+    def log_evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        """One evaluation of the model after training step ``step`` (its checkpoint's step):
+        ``metrics`` named with their lead (``eval/rmse/psi/model/024h``), all logged at ``step``.
+        Written to ``evaluations.jsonl`` (flushed) first; sent to MLflow even where it holds that
+        step already, so that this evaluation is the latest value of each."""
+        if self._evaluations is None:
+            self._evaluations = open_for_append(self.run_dir / EVALUATIONS)
+        self._evaluations.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._evaluations.flush()
+        self._queue.put(("evaluation", (step, dict(metrics))))
+
     def log_artifact(self, path: Path) -> None:
         self._queue.put(("artifact", str(path)))
 
@@ -224,6 +281,8 @@ class Tracker:
             return
         self._finished = True
         self._jsonl.close()
+        if self._evaluations is not None:
+            self._evaluations.close()
         self._queue.put(("finish", (status, reason)))
         self._thread.join(self.finish_timeout_s)
         if self._thread.is_alive():
@@ -240,7 +299,7 @@ class Tracker:
         self._guard(self._start)
         while True:
             events = [self._queue.get()]
-            while events[-1][0] == "metrics" and len(events) < _BATCH:
+            while events[-1][0] in ("metrics", "evaluation") and len(events) < _BATCH:
                 try:
                     events.append(self._queue.get_nowait())
                 except queue.Empty:
@@ -260,6 +319,7 @@ class Tracker:
         run = self._recorded_run(record) if record is not None else None
         if run is not None:
             continue_run(self.client, run, self.params, self.tags, record.get("params") or {})
+            mark_training_experiment(self.client, self.client.get_experiment(run.info.experiment_id))
         else:
             exp_id = open_experiment(self.client, self.experiment, artifact_dir(self.uri, self.run_dir))
             run = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags)
@@ -271,7 +331,8 @@ class Tracker:
 
     def _catch_up(self, run) -> None:
         """Note the last step of each metric in ``run`` (a new run: none), and log the earlier
-        segments' steps that ``run`` lacks, from ``metrics.jsonl``."""
+        segments' steps and evaluations that ``run`` lacks, from ``metrics.jsonl`` and
+        ``evaluations.jsonl``."""
         self._logged_through = {}
         for key in run.data.metrics:
             steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
@@ -311,15 +372,18 @@ class Tracker:
         return run
 
     def _log_metrics(self, events: list[tuple[str, Any]]) -> None:
-        """Log the metrics of ``events`` but those of steps the run already holds."""
+        """Log the metrics of ``events`` but those of steps the run already holds (a re-run
+        step, a replayed record), and every evaluation made by this segment."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [
             Metric(k, float(v), now, step)
-            for _, (step, m) in _of(events, "metrics")
+            for kind, payload in events
+            if kind in ("metrics", "evaluation")
+            for step, m in [payload]
             for k, v in m.items()
-            if step > self._logged_through.get(k, -1)
+            if kind == "evaluation" or step > self._logged_through.get(k, -1)
         ]
         for i in range(0, len(metrics), 1000):  # MLflow's limit per batch
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
@@ -369,6 +433,8 @@ class NullTracker:
     run_id = None
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def log_evaluation(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def log_artifact(self, path: Path) -> None: ...
 

@@ -21,6 +21,7 @@ from training.checkpoint import LATEST, remove_partials
 from training.device import PeakDeviceMemory, autocast, synchronize
 from training.evaluation import evaluate_skill, evaluation_samples, report_skill
 from training.faults import FaultInjector
+from training.interrupt import StopRequest, stop_requests
 from training.reporting import final_pictures, open_tracker
 from training.resume import check_resumable, restore_training_state, save_training_state
 from training.rollout import RolloutSchedule, loss_weights
@@ -50,15 +51,18 @@ def train(cfg: dict[str, Any]) -> dict[str, Any]:
     On several ranks a heartbeat runs alongside (:func:`training.session.join_ranks`).
     """
     dims, heartbeat = join_ranks(cfg)
-    with heartbeat:
-        return Trainer(open_session(cfg, dims, rollout_horizon(cfg))).run()
+    with heartbeat, stop_requests(cfg["run_dir"]) as stop:
+        return Trainer(open_session(cfg, dims, rollout_horizon(cfg)), stop).run()
 
 
 class Trainer:
     """Optimiser, schedule and step of one rank, restored from the run's checkpoint if any."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, stop: StopRequest | None = None) -> None:
         self.session = session
+        self.stop = stop or StopRequest()  # a signal asks every rank to stop after its step
+        self.stopped: str | None = None  # why the loop ended early: "stop_at_step" or "signal"
+        self.stop_agreed = False
         cfg, dims = session.cfg, session.dims
         self.t_cfg, self.run_dir = cfg["trainer"], Path(cfg["run_dir"])
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -107,7 +111,7 @@ class Trainer:
         if reason is not None:
             if dims.rank == 0:
                 log.info("%s; nothing to train", reason)
-            return {"history": [], "run_id": None, "start_step": self.start, "skill": None}
+            return {**self.result([], None, None), "reason": reason}
         if dims.rank == 0:
             for partial in remove_partials(self.ckpt_dir):
                 log.warning("removed %s, left by a checkpoint write that was interrupted", partial)
@@ -115,7 +119,8 @@ class Trainer:
         skill = None
         try:
             history = self.loop()
-            if history:
+            # A stop (trainer.stop_at_step, a signal) is not the end: no final evaluation unless asked.
+            if history and (self.stopped is None or self.session.cfg["evaluate"]["at_stop"]):
                 skill = self.final_report()
         except BaseException as exc:
             self.tracker.finish("FAILED", reason=f"{type(exc).__name__}: {exc}")
@@ -123,7 +128,22 @@ class Trainer:
         finally:
             self.faults.close()
         self.tracker.finish()
-        return {"history": history, "run_id": self.tracker.run_id, "start_step": self.start, "skill": skill}
+        return self.result(history, self.tracker.run_id, skill)
+
+    def result(self, history: list, run_id: str | None, skill) -> dict[str, Any]:
+        """What :func:`train` returns: the loss history, the MLflow run, the steps it started and
+        ended at, whether it stopped early (and why), and the skill table when evaluated."""
+        end = history[-1][0] + 1 if history else self.start
+        return {
+            "history": history,
+            "run_id": run_id,
+            "start_step": self.start,
+            "end_step": end,
+            "steps": self.t_cfg["steps"],
+            "stopped": self.stopped,
+            "signal": self.stop.signum,  # the signal this rank received, if any
+            "skill": skill,
+        }
 
     def loop(self) -> list[tuple[int, dict[str, float]]]:
         history: list[tuple[int, dict[str, float]]] = []
@@ -146,10 +166,14 @@ class Trainer:
                 last_val = metrics.get("val/loss", last_val)
                 bar.set_postfix(self.progress(metrics, last_val))
                 bar.update()
-                stopping = t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]
-                if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or stopping:
+                more = step + 1 < t_cfg["steps"]
+                if more and t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]:
+                    self.stopped = "stop_at_step"
+                if more and self.stop_agreed:
+                    self.stopped = "signal"
+                if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or self.stopped:
                     self.checkpoint(step + 1)
-                if stopping:
+                if self.stopped:
                     break
         finally:
             bar.close()
@@ -171,8 +195,11 @@ class Trainer:
         loss = self.step_fn(x, y, s.grids, s.model_group, s.transport, after_backward=fault)
         synchronize(s.device)  # the step's time includes the work queued on the GPU
         elapsed = self.last_step_s = time.perf_counter() - t0
-        train_loss, peak, sent = dims.sum_over_world([loss.item(), peak_rss() / 2**30, s.counter.total_bytes])
+        train_loss, peak, sent, stops = dims.sum_over_world(
+            [loss.item(), peak_rss() / 2**30, s.counter.total_bytes, float(self.stop.requested)]
+        )
         train_loss /= dims.dp
+        self.stop_agreed = stops > 0  # a rank was signalled: every rank stops after this step
         device_peak = dims.max_over_world([self.device_memory.peak_gib()])[0]
         if not math.isfinite(train_loss):  # equal on every rank: all stop together
             self.tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})

@@ -75,9 +75,11 @@ def run_local(
     backend: str = "gloo",
     timeout_s: float = 300.0,
     threads_per_rank: int | None = None,
+    on_start: Callable[[list[mp.Process]], None] | None = None,
 ) -> list[Any]:
     """Call ``fn(*args)`` on ``world_size`` spawned ranks (the default group is initialised);
-    return each rank's result in rank order.
+    return each rank's result in rank order. ``on_start`` is given the ranks' processes once
+    they are started (e.g. to pass signals on to them).
 
     ``timeout_s`` bounds every collective. When a rank raises or dies, the others get
     ``timeout_s`` plus a grace period to fail and report in turn; then the ones left are killed
@@ -104,6 +106,8 @@ def run_local(
     ]
     for p in procs:
         p.start()
+    if on_start is not None:
+        on_start(procs)
     ok: dict[int, Any] = {}
     failed: dict[int, str] = {}  # rank -> traceback or how it died, in the order seen
     deadline = float("inf")

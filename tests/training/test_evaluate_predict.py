@@ -32,9 +32,9 @@ def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):
         assert all(np.isfinite(table.rmse(kind, "tracer")))
     assert (run_dir / "skill.md").read_text().count("| 12 |") == len(table.variables)
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    history = client.get_metric_history(result["run_id"], "eval/rmse/tracer/model")
-    assert sorted(m.step for m in history) == [6, 12]
-    assert history[0].value == pytest.approx(table.rmse("model", "tracer")[0 if history[0].step == 6 else 1])
+    for k, lead in enumerate(("006h", "012h")):  # the lead in the name, the model's training step as the step
+        history = client.get_metric_history(result["run_id"], f"eval/rmse/tracer/model/{lead}")
+        assert [(m.step, m.value) for m in history] == [(6, pytest.approx(table.rmse("model", "tracer")[k]))]
     artifacts = {a.path for a in client.list_artifacts(result["run_id"])}
     assert {"rmse_by_lead.png", "skill.csv", "skill.md", "loss_curve.png"} <= artifacts
 
@@ -54,6 +54,8 @@ def test_evaluate_a_checkpoint_on_other_ranks_gives_the_same_table(trained, tmp_
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     tags = client.get_run(out["run_id"]).data.tags
     assert tags["source_run_id"] == result["run_id"] and tags["kind"] == "evaluation"
+    history = client.get_metric_history(out["run_id"], "eval/rmse/tracer/model/012h")
+    assert [(m.step, m.value) for m in history] == [(6, pytest.approx(out["skill"].rmse("model", "tracer")[1]))]
 
 
 def test_evaluate_refuses_a_missing_checkpoint_and_too_many_steps(trained, tmp_path, small_dataset):

@@ -22,9 +22,9 @@ from mlflow.tracking import MlflowClient
 from processor.runtime import run_local
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
-from training.app import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.config import schema_keys
 from training.data import DatasetError
+from training.errors import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.metrics_file import read_history
 from training.tracking import RECORD, Tracker, local_store_uri
 

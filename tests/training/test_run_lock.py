@@ -12,7 +12,7 @@ import pytest
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
-from training.app import EXIT_USER_ERROR
+from training.errors import EXIT_USER_ERROR
 from training.run_lock import RunDirBusyError, RunDirLock
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ import pytest
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
-from training.app import EXIT_USER_ERROR
 from training.checkpoint import LATEST, PARTIAL_PREFIX, load_checkpoint
+from training.errors import EXIT_USER_ERROR
 
 
 def _train(run_dir: Path, dataset: Path, steps: int, file_size_limit: int | None = None) -> tuple[int, str, str]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from processor.grids import get_grid
 from training.data.anemoi_layout import write_anemoi_store
+from training.data.dataset import DatasetError
 
 VARIABLES = ["psi", "zeta", "u", "v", "tracer"]
 STEP_HOURS = 6
@@ -53,6 +54,21 @@ def _fields(
         cos_dist = np.sin(b["lat"]) * sin + np.cos(b["lat"]) * cos * np.cos(lon - lon_b)
         tracer = tracer + b["amp"] * np.exp(-(1 - np.clip(cos_dist, -1, 1)) / b["width"] ** 2)
     return np.stack([psi, zeta, u, v, tracer]).astype(np.float32)
+
+
+BUILT_IN_PREFIX = "rossby_haurwitz"  # the built-in dataset is written only at a path named so
+
+
+def check_built_in_path(path: str | Path) -> None:
+    """Refuse to write the built-in dataset at a ``data.path`` not named for it: a path that does
+    not exist is far more often a typo of the user's store than a request for synthetic data."""
+    name = Path(path).name
+    if not (name.startswith(BUILT_IN_PREFIX) and name.endswith(".zarr")):
+        raise DatasetError(
+            f"data.path = {path} does not exist: give an existing anemoi-datasets store (the built-in "
+            f"dataset is written only at a path named {BUILT_IN_PREFIX}*.zarr, as the default "
+            f"data/{BUILT_IN_PREFIX}_o32.zarr)"
+        )
 
 
 def generate_rossby_haurwitz(
