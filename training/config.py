@@ -192,7 +192,7 @@ class PredictConfig:
     checkpoint: str | None = None  # a training checkpoint; None: the run directory's latest
     initial_dates: list[str] | None = None  # ISO dates in the dataset; None: the first validation date
     steps: int = 8  # forecast steps of the data's lead time
-    output: str | None = None  # directory of the stores; None: <run_dir>/predictions
+    output: str | None = None  # directory of the stores; None: predictions/ in the checkpoint's run directory
 
 
 @dataclass

@@ -10,7 +10,7 @@ area-weighted RMSE and anomaly correlation per variable and lead beside persiste
 climatology: ``skill.md``, ``skill.csv`` and ``rmse_by_lead.png`` in its run directory, and an
 MLflow run in the checkpoint's run store unless ``logging.tracking_uri`` names another, tagged
 with the checkpoint and its training run: one evaluation, its metrics named with their lead
-(``eval/rmse/<variable>/<kind>/<lead>``, see :func:`training.evaluation.evaluation_metrics`)
+(``eval/rmse/<variable>/<kind>/<lead>``, see :meth:`training.skill.SkillTable.metrics`)
 and logged at the checkpoint's training step.
 """
 

@@ -10,7 +10,6 @@ turns with them, and every rank scores its own block of points (see
 from __future__ import annotations
 
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from training.data import DatasetError
 from training.data.samples import Sample
 from training.rollout import rollout
 from training.session import Session, dataset_samples
-from training.skill import SkillAccumulator, SkillTable, _metric_part, area_weights, climatology
+from training.skill import SkillAccumulator, SkillTable, area_weights, climatology
 
 log = logging.getLogger(__name__)
 
@@ -96,56 +95,18 @@ def skill_summary(table: SkillTable) -> str:
     return "\n".join(lines)
 
 
-def lead_labels(lead_hours: list[float]) -> dict[float, str]:
-    """Each lead as it appears in a metric's name: ``024h``, zero-padded so that names sort by
-    lead (``006h`` before ``024h``); with two decimals when a lead is not a whole hour."""
-    decimals = 0 if all(float(h).is_integer() for h in lead_hours) else 2
-    width = 3 + (decimals + 1 if decimals else 0)
-    return {h: f"{h:0{width}.{decimals}f}h" for h in lead_hours}
-
-
-def evaluation_metrics(table: SkillTable) -> dict[str, float]:
-    """One evaluation as MLflow metrics, the lead in each name: ``eval/rmse/<variable>/<kind>/<lead>``
-    and ``eval/acc/<variable>/<kind>/<lead>`` for every row of the table (``skill.csv``; NaN left
-    out: no samples, climatology's ACC), and ``eval/rmse/<variable>/model_over_persistence/<lead>``,
-    the model's RMSE over persistence's (below 1: better than persistence)."""
-    labels = lead_labels(table.lead_hours)
-    out: dict[str, float] = {}
-    for r in table.rows:
-        for name, value in (("rmse", r.rmse), ("acc", r.acc)):
-            if math.isfinite(value):
-                out[f"eval/{name}/{_metric_part(r.variable)}/{r.kind}/{labels[r.lead_h]}"] = float(value)
-    if {"model", "persistence"} <= set(table.kinds):
-        for var in table.variables:
-            model, persistence = table.rmse("model", var), table.rmse("persistence", var)
-            for lead, m, p in zip(table.lead_hours, model, persistence):
-                ratio = m / p if p > 0 else math.nan
-                if math.isfinite(ratio):
-                    out[f"eval/rmse/{_metric_part(var)}/model_over_persistence/{labels[lead]}"] = ratio
-    return out
-
-
-def report_skill(table: SkillTable, directory: Path, tracker, model_step: int | None = None) -> str:
+def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -> str:
     """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``) to
     ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
-    (:func:`evaluation_metrics`, all at ``model_step``: the training step of the model scored,
-    its checkpoint's step); return the table as markdown.
-
-    ``model_step`` None (a caller not yet passing it): the step after the last training step
-    recorded in ``directory``'s ``metrics.jsonl`` (0 if none), with a warning.
-    """
-    from training.metrics_file import read_history
+    (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored,
+    its checkpoint's step); return the table as markdown."""
     from training.plots import rmse_by_lead
 
-    if model_step is None:
-        history = read_history(directory)
-        model_step = history[-1][0] + 1 if history else 0
-        log.warning("report_skill without model_step: logging the evaluation at step %d", model_step)
     directory.mkdir(parents=True, exist_ok=True)
     text = f"Model after training step {model_step}.\n\n" + table.to_markdown()
     (directory / "skill.md").write_text(text + "\n")
     table.to_csv(directory / "skill.csv")
-    tracker.log_evaluation(model_step, evaluation_metrics(table))
+    tracker.log_evaluation(model_step, table.metrics())
     for path in (directory / "skill.md", directory / "skill.csv", rmse_by_lead(table, directory / "rmse_by_lead.png")):
         tracker.log_artifact(path)
     return text

@@ -117,7 +117,7 @@ def forecast_map_figure(
     units = units or {}
     nearest, extent = _raster(np.asarray(lat), np.asarray(lon))
     lead = f"+{lead_hours:g} h" if lead_hours is not None else "lead ?"
-    valid = valid_date or "valid date ?"
+    valid = valid_date or "?"
     # columns: truth | gap | forecast | gap | bar | room | error | gap | bar | room
     widths = [_PANEL_W, _GAP, _PANEL_W, 0.08, _BAR, _BAR_ROOM, _PANEL_W, 0.08, _BAR, _BAR_ROOM]
     n = len(variables)
@@ -145,7 +145,7 @@ def forecast_map_figure(
         rms = float(np.sqrt(np.mean(err**2)))
         ax_e.set_title(f"{var}: forecast \u2212 truth ({lead}), RMS {rms:.3g}", fontsize="medium")
         fig.colorbar(im, cax=fig.add_subplot(grid[row, 4]), label=_with_unit(var, units.get(var)))
-        fig.colorbar(im_e, cax=fig.add_subplot(grid[row, 8]), label=_with_unit("error", units.get(var)))
+        fig.colorbar(im_e, cax=fig.add_subplot(grid[row, 8]), label=_with_unit(f"{var} error", units.get(var)))
         for ax in (ax_t, ax_f, ax_e):
             ax.tick_params(labelsize="small", labelbottom=row == n - 1, labelleft=ax is ax_t)
         ax_t.set_ylabel("latitude (\u00b0)")

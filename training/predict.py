@@ -4,9 +4,10 @@ anemoi-datasets layout.
 python -m training.predict predict.checkpoint=outputs/.../checkpoints/latest.pt \
     'predict.initial_dates=["2020-03-01T00:00:00"]' predict.steps=20
 
-One store per initial date, ``<predict.output>/forecast_<date>.zarr`` (default output: the run
-directory's ``predictions/``), whose dates are the initial date plus 0, 1, ... ``steps`` leads
-(the first holds the initial state), in physical units, with the source dataset's statistics.
+One store per initial date, ``<predict.output>/forecast_<date>.zarr`` (default output: the
+``predictions/`` folder of the run that wrote the checkpoint), whose dates are the initial date
+plus 0, 1, ... ``steps`` leads (the first holds the initial state), in physical units, with the
+source dataset's statistics.
 The model-parallel ranks write their own blocks of points (no rank holds the whole grid);
 data-parallel replicas take turns with the initial dates.
 """
@@ -105,7 +106,8 @@ def predict_on_rank(cfg: dict[str, Any]) -> list[str]:
         p_cfg = cfg["predict"]
         step = load_model_weights(p_cfg["checkpoint"], cfg, dims, session.model)
         session.model.eval()
-        output = Path(p_cfg["output"] or Path(cfg["run_dir"]) / "predictions")
+        # Beside the run that trained the model (checkpoints/latest.pt -> <that run>/predictions)
+        output = Path(p_cfg["output"] or Path(p_cfg["checkpoint"]).parent.parent / "predictions")
         attributes = {"checkpoint": p_cfg["checkpoint"], "checkpoint_step": step, "source": str(session.dataset.path)}
         written = []
         for t in initial_indices(session, p_cfg["initial_dates"])[dims.dp_rank :: dims.dp]:

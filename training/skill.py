@@ -221,16 +221,34 @@ class SkillTable:
                 writer.writerow([r.kind, r.variable, f"{r.lead_h:g}", repr(r.rmse), repr(r.acc), r.n_samples])
         return path
 
-    def metrics(self) -> dict[str, dict[int, float]]:
-        """``eval/rmse/<variable>/<kind>`` and ``eval/acc/<variable>/<kind>`` -> {lead hours: value}
-        (MLflow-ready: the lead is the step); NaN values (no samples, climatology ACC) left out."""
-        out: dict[str, dict[int, float]] = {}
+    def metrics(self) -> dict[str, float]:
+        """The table as one evaluation's MLflow metrics, the lead in each name:
+        ``eval/rmse/<variable>/<kind>/<lead>`` and ``eval/acc/<variable>/<kind>/<lead>`` for every
+        row (NaN left out: no samples, climatology's ACC), and
+        ``eval/rmse/<variable>/model_over_persistence/<lead>`` (below 1: better than persistence).
+        Logged at the training step of the model scored (see README, "Evaluations in MLflow")."""
+        labels = lead_labels(self.lead_hours)
+        out: dict[str, float] = {}
         for r in self.rows:
             for name, value in (("rmse", r.rmse), ("acc", r.acc)):
                 if math.isfinite(value):
-                    key = f"eval/{name}/{_metric_part(r.variable)}/{r.kind}"
-                    out.setdefault(key, {})[int(round(r.lead_h))] = float(value)
+                    out[f"eval/{name}/{_metric_part(r.variable)}/{r.kind}/{labels[r.lead_h]}"] = float(value)
+        if {"model", "persistence"} <= set(self.kinds):
+            for var in self.variables:
+                model, persistence = self.rmse("model", var), self.rmse("persistence", var)
+                for lead, m, p in zip(self.lead_hours, model, persistence):
+                    ratio = m / p if p > 0 else math.nan
+                    if math.isfinite(ratio):
+                        out[f"eval/rmse/{_metric_part(var)}/model_over_persistence/{labels[lead]}"] = ratio
         return out
+
+
+def lead_labels(lead_hours: list[float]) -> dict[float, str]:
+    """Each lead as it appears in a metric's name: ``024h``, zero-padded so that names sort by
+    lead (``006h`` before ``024h``); with two decimals when a lead is not a whole hour."""
+    decimals = 0 if all(float(h).is_integer() for h in lead_hours) else 2
+    width = 3 + (decimals + 1 if decimals else 0)
+    return {h: f"{h:0{width}.{decimals}f}h" for h in lead_hours}
 
 
 def _metric_part(name: str) -> str:

@@ -271,9 +271,12 @@ class Trainer:
                 parts = [None] * dims.mp
                 torch.distributed.all_gather_object(parts, part, group=dims.mp_group)
             if dims.rank == 0:
-                final_pictures(self.tracker, self.run_dir, s.dataset, np.concatenate(parts, axis=1))
+                part = np.concatenate(parts, axis=1)  # the forecast of samples.val[0], one lead on
+                final_pictures(
+                    self.tracker, self.run_dir, s.dataset, part, sample=s.samples.val[0], lead=s.samples.lead
+                )
         if skill is not None and dims.rank == 0:
-            report_skill(skill, self.run_dir, self.tracker)
+            report_skill(skill, self.run_dir, self.tracker, model_step=self.last_checkpoint)
         return skill
 
 

@@ -255,9 +255,12 @@ def test_table_outputs(tmp_path):
     assert f"{skill:+.3f}" in row
     rows = list(csv.DictReader(table.to_csv(tmp_path / "skill.csv").open()))
     assert len(rows) == 3 * 3 * 2 and float(rows[0]["rmse"]) == table.rows[0].rmse
-    metrics = table.metrics()
-    assert metrics["eval/rmse/a/model"] == {6: table.rmse("model", "a")[0], 12: table.rmse("model", "a")[1]}
-    assert "eval/acc/b/persistence" in metrics and "eval/acc/b/climatology" not in metrics  # NaN left out
+    metrics = table.metrics()  # one evaluation: the lead in the name, never the step
+    assert metrics["eval/rmse/a/model/006h"] == table.rmse("model", "a")[0]
+    assert metrics["eval/rmse/a/model/012h"] == table.rmse("model", "a")[1]
+    ratio = table.rmse("model", "a")[1] / table.rmse("persistence", "a")[1]
+    assert metrics["eval/rmse/a/model_over_persistence/012h"] == ratio
+    assert "eval/acc/b/persistence/006h" in metrics and "eval/acc/b/climatology/006h" not in metrics  # NaN out
 
 
 def _width(path) -> int:

@@ -1,0 +1,106 @@
+"""How a training run ends, in one line each: finished, stopped early (``trainer.stop_at_step``),
+interrupted (Ctrl-C, SIGTERM: exit 130 / 143), nothing to train, or already finished; and the
+exact command that continues it.
+
+A stop is not the end of a run: it writes its checkpoint, skips the final evaluation (unless
+``evaluate.at_stop``) and names the command that continues it, which needs nothing but the run
+directory (:mod:`training.run_settings` takes every setting from the run itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from processor.runtime.torchrun import under_torchrun
+from training.interrupt import exit_code, signal_name
+from training.run_settings import SAVED_CONFIG, SavedRun, given_keys
+
+log = logging.getLogger(__name__)
+
+
+class RunFinished(Exception):  # noqa: N818 - not an error: the run has nothing left to do
+    """Resuming a run that already trained every step: nothing is done (the message says where
+    its results are); exit status 0."""
+
+
+def check_not_finished(saved: SavedRun, resolved: dict[str, Any]) -> None:
+    """Raise :class:`RunFinished` when the checkpoint in the run directory is at ``trainer.steps``."""
+    steps, run_dir = resolved["trainer"]["steps"], Path(resolved["run_dir"])
+    if saved.step is None or saved.step < steps:
+        return
+    results = [p for p in ("skill.md", "loss_curve.png", "mlflow.db") if (run_dir / p).exists()]
+    raise RunFinished(
+        f"{run_dir} finished at step {saved.step} of {steps}: nothing to train. Its checkpoint: "
+        f"{saved.source}"
+        + (f"; its results: {', '.join(results)} there" if results else "")
+        + f"; to train on, give a larger trainer.steps (e.g. trainer.steps={2 * steps})"
+    )
+
+
+def command_line_keys() -> list[str] | None:
+    """The keys this ``python -m training`` command line set (None outside a single Hydra run:
+    the API, or ``--multirun``, whose members do not resume from saved settings)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
+        return None
+    return given_keys(list(HydraConfig.get().overrides.task))
+
+
+def write_settings(resolved: dict[str, Any]) -> None:
+    """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically): what a
+    later command in this run directory continues from if it stops before a checkpoint."""
+    run_dir = Path(resolved["run_dir"])
+    tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    os.replace(tmp, run_dir / SAVED_CONFIG)
+
+
+def continue_command(run_dir: str | Path) -> str:
+    """The command that continues the run in ``run_dir`` (its settings are the run's own)."""
+    target = f"-m training hydra.run.dir={shlex.quote(str(run_dir))}"
+    if under_torchrun():
+        return f"the same torchrun command with {target}"
+    python = Path(sys.executable)
+    try:
+        python = python.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"{python} {target}"
+
+
+def report_end(result: dict[str, Any], run_dir: str) -> float:
+    """Say how the run ended (rank 0), in one line; exit 130 / 143 after a signal. Returns the
+    last training loss (nan when nothing was trained)."""
+    history = result["history"]
+    final = history[-1][1]["train/loss"] if history else float("nan")
+    first_rank = not under_torchrun() or int(os.environ["RANK"]) == 0
+    stopped, steps, end = result.get("stopped"), result.get("steps"), result.get("end_step")
+    where = f"step {end} of {steps}"
+    if stopped == "signal":
+        signum = result.get("signal") or 15  # another rank was signalled: SIGTERM, a scheduler's
+        if first_rank:
+            log.info(
+                "interrupted by %s: stopped after %s, checkpoint written; continue with: %s",
+                signal_name(signum),
+                where,
+                continue_command(run_dir),
+            )
+        sys.exit(exit_code(signum))
+    if not first_rank:
+        return final
+    if stopped == "stop_at_step":
+        log.info("stopped at %s; continue with: %s", where, continue_command(run_dir))
+    elif not history:
+        log.info("nothing to train: %s", result.get("reason", "no step left"))
+    else:
+        log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], run_dir)
+    return final
