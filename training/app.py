@@ -50,7 +50,7 @@ from processor.runtime.torchrun import (
     under_torchrun,
 )
 from training.auto_strategy import resolve_auto
-from training.cli_check import check_overrides
+from training.cli_check import check_overrides, discard_refused_run_dir
 from training.config import ConfigValueError, check_config
 from training.device import backend_for, check_local_ranks, rank_device, resolve_device
 from training.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
@@ -270,6 +270,7 @@ def _hydra_main(cfg: DictConfig) -> float:
             log.info("%s", finished)
         return float("nan")
     except KeyboardInterrupt:  # before the ranks started (preparing, writing the dataset)
+        discard_refused_run_dir(cfg.run_dir)
         print("error: interrupted before training started (no step trained)", file=sys.stderr)
         sys.exit(130)
     if torchrun_rank() == 0:

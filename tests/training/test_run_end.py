@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import signal
@@ -19,7 +20,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.processes import run_in_own_session
-from tests.training.conftest import small_overrides
+from tests.training.conftest import small_config, small_overrides
+from training.app import prepare
 from training.checkpoint import load_checkpoint
 from training.errors import DEBUG_HINT, EXIT_USER_ERROR
 from training.run_settings import SavedRun, changed_settings, continue_from, given_keys
@@ -91,19 +93,16 @@ def test_stop_resume_stop_resume_keeps_the_run_s_settings_and_mlflow_tells_the_t
     assert "train loss nan" not in text and "MLflow run None" not in text
 
 
-def test_a_run_directory_with_settings_and_no_checkpoint_starts_from_step_0(tmp_path, small_dataset):
-    source = tmp_path / "source"
-    rc, text = _training([*_tiny(small_dataset), *ONE_RANK, "trainer.steps=1", f"hydra.run.dir={source}"], tmp_path)
-    assert rc == 0, text[-3000:]
+def test_a_run_directory_with_settings_and_no_checkpoint_starts_from_step_0(tmp_path, small_dataset, caplog):
+    prepare(small_config(tmp_path / "source", small_dataset, *ONE_RANK, "trainer.steps=2"))  # writes config.yaml
     run_dir = tmp_path / "R"
     run_dir.mkdir()
-    settings = yaml.safe_load((source / "config.yaml").read_text())
-    settings["trainer"]["steps"] = 2
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(settings))
-    rc, text = _training([f"hydra.run.dir={run_dir}"], tmp_path)
-    assert rc == 0, text[-3000:]
-    assert f"resuming {run_dir} from step 0 of 2 (it has settings, config.yaml, but no checkpoint)" in text
-    assert _step_of(run_dir) == 2
+    (run_dir / "config.yaml").write_text((tmp_path / "source" / "config.yaml").read_text())
+    with caplog.at_level(logging.INFO, logger="training.app"):
+        resolved = prepare(small_config(run_dir, small_dataset), given=["run_dir"])  # the default's 600 steps
+    assert resolved["trainer"]["steps"] == 2 and resolved["trainer"]["nprocs"] == 1  # the run's own
+    line = f"resuming {run_dir} from step 0 of 2 (it has settings, config.yaml, but no checkpoint)"
+    assert line in caplog.text
 
 
 def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
