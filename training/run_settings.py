@@ -12,7 +12,8 @@ refused by the checkpoint's own check (:func:`training.resume.check_compatible`)
 The saved settings are the checkpoint's (the resolved configuration it was written with) or,
 for a run that stopped before its first checkpoint, ``config.yaml`` in the run directory.
 Settings of one invocation (:data:`INVOCATION_KEYS`) are never taken from the saved ones: a
-run stopped at step 30 by ``trainer.stop_at_step=30`` would otherwise stop there again.
+run stopped at step 30 by ``trainer.stop_at_step=30`` would otherwise stop there again, and a run
+trained on GPUs could not continue on a machine without one.
 """
 
 from __future__ import annotations
@@ -28,8 +29,16 @@ from training.checkpoint import LATEST, load_training_checkpoint
 from training.config import schema_keys
 from training.tracking import flatten
 
-# Settings of one invocation, not of the run: this command line's (or the default) always.
-INVOCATION_KEYS = ("run_dir", "trainer.stop_at_step", "trainer.resume", "evaluate.at_stop")
+# Settings of one invocation, not of the run: this command line's (or the default) always. The
+# device is the machine's: a run trained on GPUs continues on CPUs under the default ``auto``.
+INVOCATION_KEYS = (
+    "run_dir",
+    "trainer.stop_at_step",
+    "trainer.resume",
+    "evaluate.at_stop",
+    "trainer.device",
+    "trainer.debug_share_gpu",
+)
 SAVED_CONFIG = "config.yaml"  # the resolved configuration, written at the start of every run
 
 

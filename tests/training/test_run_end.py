@@ -212,7 +212,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(tmp_path, override, li
 
 def test_the_saved_settings_are_the_base_and_the_given_keys_change_them():
     saved = {
-        "trainer": {"lr": 0.003, "steps": 60, "stop_at_step": 30},
+        "trainer": {"lr": 0.003, "steps": 60, "stop_at_step": 30, "device": "cuda"},
         "strategy": {"name": "shard_heads", "ring": None},
     }
     from omegaconf import OmegaConf
@@ -225,6 +225,7 @@ def test_the_saved_settings_are_the_base_and_the_given_keys_change_them():
     merged = continue_from(cfg, SavedRun(saved, 30, Path("x")), given)
     assert merged.trainer.lr == 0.001 and merged.trainer.steps == 60  # given, then saved
     assert merged.trainer.stop_at_step is None  # one invocation's setting, never carried over
+    assert merged.trainer.device == "auto"  # the machine's: a GPU run continues on CPUs
     assert merged.strategy.name == "shard_sequence"  # a group given again is this command line's
     changes = changed_settings(saved, OmegaConf.to_container(merged))
     assert "trainer.lr 0.003 -> 0.001" in changes and "strategy.name shard_heads -> shard_sequence" in changes
