@@ -31,7 +31,7 @@ from training.tracking import local_store_uri
 
 pytestmark = pytest.mark.soak
 
-STEPS, EVERY, CHECKPOINT_EVERY, SEED = 1800, 20, 10, 7
+STEPS, EVERY, CHECKPOINT_EVERY, SEED = 1000, 20, 10, 7
 SETTINGS = [
     f"trainer.steps={STEPS}",
     f"trainer.checkpoint_interval={CHECKPOINT_EVERY}",
