@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from training.data import ZarrDataset
 from training.metrics_file import read_history
 from training.parallel import ParallelDims
+from training.run_end import write_settings
 from training.tracking import NullTracker, Tracker, flatten
 
 log = logging.getLogger(__name__)
@@ -57,9 +57,7 @@ def open_tracker(cfg: dict[str, Any], dims: ParallelDims, start: int, tags: dict
         resume=start > 0,
         start_step=start,
     )
-    config_file = run_dir / "config.yaml"
-    config_file.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    tracker.log_artifact(config_file)
+    tracker.log_artifact(write_settings(cfg))
     return tracker
 
 

@@ -55,13 +55,15 @@ def command_line_keys() -> list[str] | None:
     return given_keys(list(HydraConfig.get().overrides.task))
 
 
-def write_settings(resolved: dict[str, Any]) -> None:
-    """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically): what a
-    later command in this run directory continues from if it stops before a checkpoint."""
+def write_settings(resolved: dict[str, Any]) -> Path:
+    """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically: a later
+    command in this run directory continues from it if the run stops before a checkpoint, and
+    MLflow keeps it as an artifact); return its path."""
     run_dir = Path(resolved["run_dir"])
     tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
     tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
     os.replace(tmp, run_dir / SAVED_CONFIG)
+    return run_dir / SAVED_CONFIG
 
 
 def continue_command(run_dir: str | Path) -> str:
