@@ -24,10 +24,10 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import benchmarks.config  # noqa: F401 - registers the schema
-from benchmarks.config import check_point, skip_reason
+from benchmarks.config import BenchmarkConfig, check_point, point_config, skip_reason
 from benchmarks.point import machine, run_point
 from benchmarks.results import (
     ANALYTIC_LAYER_COLUMN,
@@ -40,15 +40,18 @@ from benchmarks.results import (
 )
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
 from processor.runtime.torchrun import torchrun_rank
+from training.settings import to_settings
 
 log = logging.getLogger(__name__)
 
 
-def _describe(cfg: dict[str, Any]) -> dict[str, Any]:
+def _describe(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """The point's settings as a row's columns: :data:`POINT_KEYS` first, the model's flattened in."""
     from processor.grids import grid_points
 
-    flat = {**{k: v for k, v in cfg.items() if k not in ("model", "logging")}, **cfg["model"]}
-    flat["points"] = grid_points(cfg["grid"])
+    settings = to_settings(cfg)
+    flat = {**{k: v for k, v in settings.items() if k not in ("model", "logging")}, **settings["model"]}
+    flat["points"] = grid_points(cfg.grid)
     return {k: flat.get(k) for k in POINT_KEYS} | {k: v for k, v in flat.items() if k not in POINT_KEYS}
 
 
@@ -72,14 +75,14 @@ def done_line(overrides: str, row: dict[str, Any]) -> str:
 
 
 @hydra.main(config_path="pkg://configs.benchmark", config_name="benchmark", version_base=None)
-def main(cfg: DictConfig) -> None:
+def main(composed: DictConfig) -> None:
+    cfg = point_config(composed)
     check_point(cfg)
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     directory = Path(hc.sweep.dir if multirun else hc.runtime.output_dir)
-    point: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     overrides = " ".join(hc.overrides.task)
-    row: dict[str, Any] = {**_describe(point), "overrides": overrides, **machine()}
+    row: dict[str, Any] = {**_describe(cfg), "overrides": overrides, **machine()}
 
     reporter = torchrun_rank() == 0  # under torchrun every rank measures, rank 0 reports
     reason = skip_reason(cfg)
@@ -89,7 +92,7 @@ def main(cfg: DictConfig) -> None:
             print(f"skip  {overrides}: {reason}")
     else:
         try:
-            row |= run_point(point)
+            row |= run_point(cfg)
         except (RuntimeError, ValueError) as exc:  # one failing point does not end the sweep
             row |= {"status": "error", "error": str(exc) or traceback.format_exc()}
             if reporter:
@@ -104,7 +107,7 @@ def main(cfg: DictConfig) -> None:
     if not reporter:
         return
     append_row(directory, row)
-    tracker = tracker_for(cfg)
+    tracker = tracker_for(cfg.logging, cfg.results_root)
     if tracker is not None and row["status"] != "skipped":
         parent = parent_run_id(directory) if multirun else None
         tags = {"status": row["status"], "strategy": row["strategy"], "grid": row["grid"]}

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.flops import window_pairs
 from processor.attention import sliding_window_attention
 from processor.attention.dispatch import AttentionCall, path_problem
+from processor.plan.flops import window_pairs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

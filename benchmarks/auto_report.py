@@ -20,9 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.analytic import hybrid_group_size
-from benchmarks.cost_model import Candidate, Machine, Workload, choose, predict
-from benchmarks.machine_probe import load_machine
+from processor.plan import Machine, Workload, choose, load_machine, predict
+from processor.strategies import Strategy, resolve_strategy, strategy_options
 
 TOLERANCE = 0.10  # auto's pick may be this much slower than the fastest measured strategy
 GROUP_KEYS = ("grid", "window_size", "ranks", "num_layers", "num_channels", "num_heads", "batch_size", "precision")
@@ -43,12 +42,12 @@ def workload(row: dict[str, Any]) -> Workload:
     return Workload.of(row["points"], row, row["batch_size"], row["ranks"], row["precision"])
 
 
-def candidate(row: dict[str, Any]) -> Candidate:
-    """The strategy a row measured, with its knob spelled out as :func:`candidates` does."""
-    if row["strategy"] == "shard_hybrid":
-        g = hybrid_group_size(row["num_heads"], row["ranks"], row.get("head_group_size"))
-        return Candidate("shard_hybrid", {"head_group_size": g})
-    return Candidate(row["strategy"])
+def candidate(row: dict[str, Any]) -> Strategy:
+    """The strategy a row measured, its options as the row set them and its defaults decided
+    for the row's size (as the planner's candidates spell them)."""
+    name = row["strategy"]
+    options = {k: row[k] for k in strategy_options(name) if row.get(k) is not None}
+    return resolve_strategy(name, options).decided(row["num_heads"], row["ranks"])
 
 
 def point_table(rows: list[dict[str, Any]], machine: Machine) -> list[dict[str, Any]]:
@@ -81,14 +80,14 @@ def choice_table(rows: list[dict[str, Any]], machine: Machine) -> list[dict[str,
         pick, _ = choose(workload(next(iter(measured.values()))), machine)
         fastest = min(measured, key=lambda label: measured[label]["step_time_s"])
         best = measured[fastest]["step_time_s"]
-        picked = measured.get(pick.candidate.label)
+        picked = measured.get(pick.label)
         ratio = picked["step_time_s"] / best if picked else float("nan")
         table.append(
             {
                 **dict(zip(GROUP_KEYS, key)),
                 "fastest": fastest,
                 "fastest_s": best,
-                "auto": pick.candidate.label,
+                "auto": pick.label,
                 "auto_s": picked["step_time_s"] if picked else float("nan"),
                 "ratio": ratio,
                 "within": bool(picked) and ratio <= 1 + TOLERANCE,

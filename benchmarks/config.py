@@ -1,8 +1,11 @@
-"""Typed schema of one benchmark point. Hydra merges ``configs/benchmark.yaml`` into it, so an
-unknown key or a wrong type fails at start naming the key; :func:`check_point` adds ranges."""
+"""Typed schema of one benchmark point. Hydra merges ``configs/benchmark/`` into it, so an unknown
+key or a wrong type fails at start naming the key; :func:`point_config` makes the composition a
+:class:`BenchmarkConfig` once, and :func:`check_point` checks it: the ranges declared beside each
+field (:func:`training.settings.setting`), the grids and the processor's own checks."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +17,8 @@ from processor.grids import grid_points
 from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN
 from processor.strategies import strategy_options as strategy_option_names
-from training.config import processor_config, processor_schema
+from training.config import StrategyOptions, processor_config, processor_schema
+from training.settings import ConfigValueError, above, at_least, check_ranges, one_of, setting, within
 
 TARGETS = ("processor", "train_step")
 
@@ -22,6 +26,7 @@ TARGETS = ("processor", "train_step")
 BenchModelConfig = processor_schema(
     "BenchModelConfig",
     dict(num_layers=2, num_channels=64, num_heads=4, window_size=128, mlp_hidden_ratio=4.0, num_chunks=0),
+    module=__name__,
 )
 
 
@@ -36,99 +41,87 @@ class BenchLoggingConfig:
 class ProbeConfig:
     """The memory/scale probe (``python -m benchmarks.scale_probe``)."""
 
-    budget_gib: float = 20.0  # CPU: the machine's memory shared by all ranks; cuda: each GPU's
-    fit_grids: list[str] = field(default_factory=lambda: ["o32", "o64"])  # measured to fit the memory model
-    family: str = "o"  # candidate grids: oN or fN, N a multiple of `step`
-    step: int = 8
-    margin: float = 0.95  # aim below the budget by this factor
+    budget_gib: float = setting(20.0, above(0))  # CPU: the machine's memory shared by all ranks; cuda: each GPU's
+    fit_grids: list[str] = setting(factory=lambda: ["o32", "o64"])  # measured to fit the memory model
+    family: str = setting("o", one_of("o", "f"))  # candidate grids: oN or fN, N a multiple of `step`
+    step: int = setting(8, at_least(1))
+    margin: float = setting(0.95, within(0, 1, "(]"))  # aim below the budget by this factor
     verify: bool = True  # measure the predicted grid (and step down while it does not fit)
-    max_tries: int = 3
+    max_tries: int = setting(3, at_least(1))
 
 
 @dataclass
-class BenchmarkConfig:
-    target: str = "processor"  # processor: its forward+backward; train_step: the whole forecaster step
+class BenchmarkConfig(StrategyOptions):  # type: ignore[misc, valid-type]
+    """One point: what is timed, on which grid, strategy and ranks. The strategy's options
+    (``ring=false``, ``head_group_size=2``) are the built-in strategies' own fields, set at the
+    top level so that a sweep over strategies may set an option of one of them."""
+
+    target: str = setting("processor", one_of(*TARGETS))  # processor: its forward+backward; train_step: the whole step
     grid: str = "o32"  # the processor's grid (oN, fN, nN)
     data_grid: str | None = None  # train_step only: the data grid (None: same as grid)
-    num_variables: int = 8  # train_step only
+    num_variables: int = setting(8, at_least(1))  # train_step only
     strategy: str = "shard_sequence"
-    ring: bool | None = None  # shard_sequence, shard_hybrid: ring (true), halo (false), by the reach (null)
-    head_group_size: int | None = None  # shard_hybrid: ranks per head group (null: largest divisor <= heads, <= 8)
-    ranks: int = 1
-    placement: str = "within_nodes"  # under torchrun: the point's ranks inside a node, or across_nodes
-    device: str = "cpu"  # cpu (gloo) | cuda (NCCL, one GPU per rank)
-    threads_per_rank: int = 1
-    batch_size: int = 1
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    segments: int = 0  # processor only: pack this many equal segments into the points (segment ids); 0: none
+    ranks: int = setting(1, at_least(1))
+    # under torchrun: the point's ranks inside a node, or across_nodes
+    placement: str = setting("within_nodes", one_of(*PLACEMENTS))
+    device: str = setting("cpu", one_of("cpu", "cuda"))  # cpu (gloo) | cuda (NCCL, one GPU per rank)
+    threads_per_rank: int = setting(1, at_least(1))
+    batch_size: int = setting(1, at_least(1))
+    precision: str = setting("fp32", one_of("fp32", "bf16"))  # bf16: autocast
+    # processor only: pack this many equal segments into the points (segment ids); 0: none
+    segments: int = setting(0, at_least(0, " (0: no segment ids)"))
 
     retain_freed_memory: bool = True  # CPU: keep freed memory (fast steps); false: return it at once (lean peaks)
-    compare_local_copy: bool = False  # shard_sequence: also time each step with the halo exchange as a local copy
+    compare_local_copy: bool = False  # also time each step with every exchange a local copy of its bytes
     profile: bool = False  # rank 0 profiles one more step: time split by kernel
-    warmup: int = 1
-    steps: int = 3
+    warmup: int = setting(1, at_least(0))
+    steps: int = setting(3, at_least(1))
     seed: int = 0
-    timeout_s: float = 900.0
+    timeout_s: float = setting(900.0, above(0))
     results_root: str = "benchmarks/results"  # the sweep's MLflow store lives here
-    model: BenchModelConfig = field(default_factory=BenchModelConfig)
+    model: BenchModelConfig = field(default_factory=BenchModelConfig)  # type: ignore[valid-type]
     logging: BenchLoggingConfig = field(default_factory=BenchLoggingConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
-_RANGES: list[tuple[str, Any, str]] = [
-    ("target", lambda v: v in TARGETS, "|".join(TARGETS)),
-    ("ranks", lambda v: v >= 1, ">= 1"),
-    ("placement", lambda v: v in PLACEMENTS, "|".join(PLACEMENTS)),
-    ("device", lambda v: v in ("cpu", "cuda"), "cpu|cuda"),
-    ("threads_per_rank", lambda v: v >= 1, ">= 1"),
-    ("batch_size", lambda v: v >= 1, ">= 1"),
-    ("precision", lambda v: v in ("fp32", "bf16"), "fp32|bf16"),
-    ("segments", lambda v: v >= 0, ">= 0 (0: no segment ids)"),
-    ("warmup", lambda v: v >= 0, ">= 0"),
-    ("steps", lambda v: v >= 1, ">= 1"),
-    ("num_variables", lambda v: v >= 1, ">= 1"),
-    ("timeout_s", lambda v: v > 0, "> 0"),
-    ("probe.budget_gib", lambda v: v > 0, "> 0"),
-    ("probe.family", lambda v: v in ("o", "f"), "o|f"),
-    ("probe.step", lambda v: v >= 1, ">= 1"),
-    ("probe.margin", lambda v: 0 < v <= 1, "in (0, 1]"),
-    ("probe.max_tries", lambda v: v >= 1, ">= 1"),
-]
-
-
-STRATEGY_OPTIONS = ("ring", "head_group_size")  # top-level keys passed to the strategies that have them
-
-
-def strategy_options(cfg: Any) -> dict[str, Any]:
-    """:func:`training.config.processor_config`'s arguments for the strategy's options: the
-    top-level keys here (``ring=false``) that the point's strategy has, so that a sweep over
-    strategies may set an option of one of them."""
-    known = strategy_option_names(cfg["strategy"]) if cfg["strategy"] in BUILT_IN else ()
-    return {"options": {key: cfg[key] for key in STRATEGY_OPTIONS if key in known}, "option_prefix": ""}
-
-
-def check_point(cfg: Any) -> None:
-    """Raise ``ValueError`` naming the first key that is out of range or an unknown grid."""
+def point_config(composed: Any) -> BenchmarkConfig:
+    """The typed point of Hydra's composition ``composed`` (a ``DictConfig``; a
+    :class:`BenchmarkConfig` is returned as it is), interpolations resolved."""
     from omegaconf import OmegaConf
 
-    for key, ok, expected in _RANGES:
-        value = OmegaConf.select(cfg, key)
-        if not ok(value):
-            raise ValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
+    if isinstance(composed, BenchmarkConfig):
+        return composed
+    typed = OmegaConf.to_object(composed)
+    assert isinstance(typed, BenchmarkConfig), type(typed)
+    return typed
+
+
+def strategy_options(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """:func:`training.config.processor_config`'s arguments for the strategy's options: the
+    top-level options here (``ring=false``) that the point's strategy has, so that a sweep over
+    strategies may set an option of one of them."""
+    known = strategy_option_names(cfg.strategy) if cfg.strategy in BUILT_IN else ()
+    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(StrategyOptions) if f.name in known}
+    return {"options": options, "option_prefix": ""}
+
+
+def check_point(cfg: BenchmarkConfig) -> None:
+    """Raise ``ValueError`` naming the first key that is out of range or an unknown grid."""
+    check_ranges(cfg)
     for key in ("grid", "data_grid"):
-        value = OmegaConf.select(cfg, key)
+        value = getattr(cfg, key)
         if value is not None:
             grid_points(value)  # raises ValueError naming the grid
     if cfg.target == "train_step" and cfg.segments:
-        raise ValueError("config key segments: segment ids are a processor benchmark (target=processor)")
+        raise ConfigValueError("config key segments: segment ids are a processor benchmark (target=processor)")
     if cfg.target == "train_step":
         for name in (cfg.grid, cfg.data_grid or cfg.grid):
             if not name.startswith(("o", "f")):
-                raise ValueError(f"target=train_step needs grid coordinates: use an oN or fN grid, not {name}")
+                raise ConfigValueError(f"target=train_step needs grid coordinates: use an oN or fN grid, not {name}")
     processor_config(cfg.model, cfg.strategy, key_prefix="model.", strategy_key="strategy", **strategy_options(cfg))
 
 
-def skip_reason(cfg: Any) -> str | None:
+def skip_reason(cfg: BenchmarkConfig) -> str | None:
     """Why a point of a cross-product sweep is not run (``None``: it is run)."""
     if cfg.strategy != "none" and cfg.ranks == 1:
         return "one rank is the strategy none baseline"

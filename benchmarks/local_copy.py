@@ -17,7 +17,8 @@ from processor.distributed import Posted, Transport
 
 @dataclass(frozen=True)
 class LocalCopyTransport(Transport):
-    """Halo exchanges, ring passes and all-to-alls as local copies; counts nothing."""
+    """Halo exchanges, ring passes, all-to-alls, all-gathers and reduce-scatters as local
+    copies; counts nothing."""
 
     def post(
         self,
@@ -33,3 +34,13 @@ class LocalCopyTransport(Transport):
         packed = x.contiguous().clone()  # the copy a real send makes of what it sends
         del packed
         return x.new_zeros(sum(recv_splits))
+
+    def all_gather(self, x: Tensor, splits: list[int], group: dist.ProcessGroup) -> Tensor:
+        sent = x.contiguous().clone()  # the copy a real send makes of what it sends
+        del sent
+        return x.new_zeros(sum(splits))
+
+    def reduce_scatter(self, x: Tensor, splits: list[int], group: dist.ProcessGroup) -> Tensor:
+        sent = x.contiguous().clone()
+        del sent
+        return x.new_zeros(splits[dist.get_rank(group)])

@@ -3,7 +3,8 @@
 Self time of every operator is put in one bucket: ``projections`` (q, k, v and output
 matmuls), ``mlp`` (matmuls touching the MLP's hidden width, and the activation),
 ``attention`` (the fused attention kernels and the band views' backward), ``norms``,
-``communication`` (collectives and point-to-point, including waiting for peers), and
+``communication`` (collectives and point-to-point, including waiting for peers: the
+self time of the ``gridshard/`` ranges of :mod:`processor.distributed.ranges`), and
 ``other`` (copies, fills, adds, the optimiser, the graph mappers).
 """
 
@@ -26,6 +27,8 @@ def bucket(name: str, shapes: list[list[int]], mlp_hidden: int) -> str:
     lowered = name.lower()
     if "scaled_dot_product" in lowered or "flash_attention" in lowered or "unfold" in lowered:
         return "attention"
+    if lowered.startswith("gridshard/"):  # processor.distributed.ranges: waiting for peers included
+        return "communication"
     if any(k in lowered for k in ("c10d", "gloo", "nccl", "all_to_all", "send", "recv", "barrier", "allreduce")):
         return "communication"
     if "layer_norm" in lowered:
@@ -37,8 +40,9 @@ def bucket(name: str, shapes: list[list[int]], mlp_hidden: int) -> str:
     return "other"
 
 
-def profile_split(step: Callable[[], None], group, device: torch.device, model: dict[str, Any]) -> dict[str, float]:
-    """Seconds of self time per bucket in one profiled ``step`` on this rank."""
+def profile_split(step: Callable[[], None], group, device: torch.device, model: Any) -> dict[str, float]:
+    """Seconds of self time per bucket in one profiled ``step`` on this rank, for the processor of
+    the ``model`` section (a :class:`benchmarks.config.BenchModelConfig`)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     if group is not None:
         dist.barrier(group)
@@ -46,7 +50,7 @@ def profile_split(step: Callable[[], None], group, device: torch.device, model: 
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    hidden = mlp_hidden_channels(model["num_channels"], model["mlp_hidden_ratio"])
+    hidden = mlp_hidden_channels(model.num_channels, model.mlp_hidden_ratio)
     split: dict[str, float] = defaultdict(float)
     for event in prof.key_averages(group_by_input_shape=True):
         seconds = (event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total) / 1e6

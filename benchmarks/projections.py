@@ -1,7 +1,7 @@
 """``python -m benchmarks.projections``: the cost model at cluster scale, as a Markdown table.
 
 Every strategy (and ``shard_hybrid`` knob) that can run each grid on ``P`` GPUs of a given
-machine (default ``h100_nvlink_ib``, :data:`benchmarks.machine_probe.PRESETS`, whose numbers
+machine (default ``h100_nvlink_ib``, :data:`processor.plan.PRESETS`, whose numbers
 state their sources): predicted step time, bytes sent and memory per GPU, and which one
 ``strategy=auto`` picks. Nothing here is measured.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.cost_model import Workload, choose
-from benchmarks.machine_probe import load_machine
 from processor.grids import grid_points
+from processor.plan import Workload, choose, load_machine
 
 GRIDS = ("o96", "n320", "o1280")
 RANKS = (4, 8, 16, 32, 64)
@@ -32,10 +31,10 @@ def projection_rows(machine_name: str, window: int | None, grids=GRIDS, ranks=RA
             except ValueError:  # nothing fits: report the least memory
                 pick, table = None, []
             for pred in table:
-                mark = " **auto**" if pick is not None and pred.candidate == pick.candidate else ""
+                mark = " **auto**" if pick is not None and pred.strategy == pick.strategy else ""
                 fits = "" if pred.fits else " (does not fit)"
                 rows.append(
-                    f"| {grid} | {p} | {pred.candidate.label}{mark} | {pred.step_s * 1e3:.1f} | "
+                    f"| {grid} | {p} | {pred.label}{mark} | {pred.step_s * 1e3:.1f} | "
                     f"{pred.compute_s * 1e3:.1f} | {pred.exposed_comm_s * 1e3:.1f} | {pred.bytes_sent / MIB:.0f} | "
                     f"{pred.memory_b / GIB:.1f}{fits} |"
                 )

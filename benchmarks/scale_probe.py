@@ -13,28 +13,30 @@ python -m benchmarks.scale_probe --multirun strategy=shard_heads,shard_sequence 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 import hydra
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 import benchmarks.config  # noqa: F401 - registers the schema
-from benchmarks.config import check_point, skip_reason
+from benchmarks.config import BenchmarkConfig, check_point, point_config, skip_reason
 from benchmarks.point import machine, run_ranks
 from processor.grids import grid_points
+from training.settings import to_settings
 
 
-def used_bytes(cfg: dict[str, Any], reports: list[dict[str, Any]]) -> int:
+def used_bytes(cfg: BenchmarkConfig, reports: list[dict[str, Any]]) -> int:
     """What counts against the budget: all ranks' peaks on CPU, the largest on GPUs."""
     peaks = [r["peak_bytes"] for r in reports]
-    return max(peaks) if cfg["device"] == "cuda" else sum(peaks)
+    return max(peaks) if cfg.device == "cuda" else sum(peaks)
 
 
-def measure_grid(cfg: dict[str, Any], grid: str) -> int:
-    point = dict(cfg, grid=grid)
+def measure_grid(cfg: BenchmarkConfig, grid: str) -> int:
+    point = dataclasses.replace(cfg, grid=grid)
     used = used_bytes(point, run_ranks(point))
     print(f"  {grid:>6s} ({grid_points(grid):>8d} points): {used / 2**30:7.2f} GiB")
     return used
@@ -64,23 +66,22 @@ def largest_fitting(
     return best
 
 
-def probe(cfg: dict[str, Any]) -> dict[str, Any]:
-    p = cfg["probe"]
-    budget = p["budget_gib"] * 2**30
-    samples = {grid_points(g): measure_grid(cfg, g) for g in p["fit_grids"]}
-    global_attention = cfg["model"]["window_size"] is None
-    grid = largest_fitting(samples, p["margin"] * budget, p["family"], p["step"], global_attention)
+def probe(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """Fit the memory model on ``probe.fit_grids``, then find (and check) the largest grid that fits."""
+    p = cfg.probe
+    budget = p.budget_gib * 2**30
+    samples = {grid_points(g): measure_grid(cfg, g) for g in p.fit_grids}
+    global_attention = cfg.model.window_size is None
+    grid = largest_fitting(samples, p.margin * budget, p.family, p.step, global_attention)
     verified = None
-    for _ in range(p["max_tries"] if p["verify"] else 0):
+    for _ in range(p.max_tries if p.verify else 0):
         used = measure_grid(cfg, grid)
         samples[grid_points(grid)] = used
         if used <= budget:
             verified = used
             break
-        grid = largest_fitting(
-            samples, p["margin"] * budget, p["family"], p["step"], global_attention, below=grid_points(grid)
-        )
-    found = verified is not None or not p["verify"]
+        grid = largest_fitting(samples, p.margin * budget, p.family, p.step, global_attention, below=grid_points(grid))
+    found = verified is not None or not p.verify
     return {
         "largest_grid": grid if found else None,
         "largest_points": grid_points(grid) if found else None,
@@ -90,24 +91,24 @@ def probe(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 @hydra.main(config_path="pkg://configs.benchmark", config_name="scale_probe", version_base=None)
-def main(cfg: DictConfig) -> None:
+def main(composed: DictConfig) -> None:
+    cfg = point_config(composed)
     check_point(cfg)
     reason = skip_reason(cfg)
     if reason:
         print(f"skip {cfg.strategy} on {cfg.ranks} ranks: {reason}")
         return
-    point: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    m = point["model"]
+    m = cfg.model
     print(
-        f"scale probe: {cfg.strategy}, {cfg.ranks} ranks, {m['num_layers']} layers x {m['num_channels']} channels, "
-        f"W = {m['window_size']}, budget {cfg.probe.budget_gib} GiB"
+        f"scale probe: {cfg.strategy}, {cfg.ranks} ranks, {m.num_layers} layers x {m.num_channels} channels, "
+        f"W = {m.window_size}, budget {cfg.probe.budget_gib} GiB"
     )
-    found = probe(point)
+    found = probe(cfg)
     row = {
         "strategy": cfg.strategy,
         "ranks": cfg.ranks,
         "device": cfg.device,
-        "model": m,
+        "model": to_settings(m),
         "budget_gib": cfg.probe.budget_gib,
         **found,
         **machine(),

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from benchmarks.config import BenchLoggingConfig
 from benchmarks.plots import sweep_plots
 from benchmarks.results import load_rows, markdown_table, write_csv
 from benchmarks.tracking import SweepTracker
@@ -26,13 +27,23 @@ log = logging.getLogger(__name__)
 SWEEP_FILE = "sweep.json"
 
 
-def tracker_for(cfg: DictConfig) -> SweepTracker | None:
-    if not cfg.logging.mlflow:
+def tracker_for(logging_cfg: BenchLoggingConfig, results_root: str) -> SweepTracker | None:
+    """The sweep's MLflow tracker for the ``logging`` section (None: MLflow off); its sqlite store,
+    unless ``logging.tracking_uri`` names another, in ``results_root``."""
+    if not logging_cfg.mlflow:
         return None
-    root = Path(cfg.results_root)
+    root = Path(results_root)
     root.mkdir(parents=True, exist_ok=True)
-    uri = cfg.logging.tracking_uri or local_store_uri(root)
-    return SweepTracker(uri, cfg.logging.experiment, root / "mlartifacts")
+    uri = logging_cfg.tracking_uri or local_store_uri(root)
+    return SweepTracker(uri, logging_cfg.experiment, root / "mlartifacts")
+
+
+def _tracker_of(config: DictConfig) -> SweepTracker | None:
+    """:func:`tracker_for` of a sweep's composed configuration (the callbacks get it with its
+    ``hydra`` section, so only the sections read are made typed)."""
+    logging_cfg = OmegaConf.to_object(config.logging)
+    assert isinstance(logging_cfg, BenchLoggingConfig)
+    return tracker_for(logging_cfg, str(config.results_root))
 
 
 def parent_run_id(directory: Path) -> str | None:
@@ -61,7 +72,7 @@ class SweepOutputs(Callback):
             return
         directory = Path(config.hydra.sweep.dir)
         directory.mkdir(parents=True, exist_ok=True)
-        tracker = tracker_for(config)
+        tracker = _tracker_of(config)
         parent = None
         if tracker is not None:
             overrides = " ".join(config.hydra.overrides.task)
@@ -78,7 +89,7 @@ class SweepOutputs(Callback):
         if torchrun_rank() != 0 or not (directory / "results.jsonl").exists():
             return
         files = write_outputs(directory)
-        tracker = tracker_for(config)
+        tracker = _tracker_of(config)
         if tracker is not None:
             parent = parent_run_id(directory)
             tracker.log_artifacts(parent, files)

@@ -11,14 +11,17 @@ skipped (:func:`world_skip_reason`).
 from __future__ import annotations
 
 import os
-import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from processor.runtime.failures import RankFailure, RanksFailedError
 from processor.runtime.placement import gather_nodes, model_groups
 from processor.runtime.torchrun import init_torchrun_group, under_torchrun
+
+if TYPE_CHECKING:
+    from benchmarks.config import BenchmarkConfig
 
 
 def world_skip_reason(ranks: int) -> str | None:
@@ -31,35 +34,35 @@ def world_skip_reason(ranks: int) -> str | None:
     return None
 
 
-def _join(cfg: dict[str, Any]) -> list[str]:
+def _join(cfg: BenchmarkConfig) -> list[str]:
     """Join this attempt's group (once per process); the node of every world rank."""
     if not dist.is_initialized():
-        init_torchrun_group("nccl" if cfg["device"] == "cuda" else "gloo", cfg["timeout_s"])
+        init_torchrun_group("nccl" if cfg.device == "cuda" else "gloo", cfg.timeout_s)
     return gather_nodes()
 
 
-def run_on_torchrun_world(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every torchrun rank: measure the point on its group of ``cfg["ranks"]`` ranks; return the
-    group's reports in group order (on every rank). A failure on a member is raised on every
-    rank, as a ``RuntimeError`` naming the rank, so that all go on to the next point together."""
+def run_on_torchrun_world(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
+    """Every torchrun rank: measure the point on its group of ``cfg.ranks`` ranks; return the
+    group's reports in group order (on every rank). A failure on members is raised on every
+    rank, as a :class:`~processor.runtime.failures.RanksFailedError` holding their records, so
+    that all go on to the next point together."""
     from benchmarks.worker import measure  # (it imports benchmarks.config, which imports this module)
 
-    members = model_groups(_join(cfg), cfg["ranks"], cfg["placement"])[0]
+    members = model_groups(_join(cfg), cfg.ranks, cfg.placement)[0]
     group = dist.new_group(members)  # collective over the world: every rank creates it
     report: Any = None
     if dist.get_rank() in members:
-        torch.set_num_threads(cfg["threads_per_rank"])
-        if cfg["device"] == "cuda":
+        torch.set_num_threads(cfg.threads_per_rank)
+        if cfg.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         try:
             report = ("ok", measure(group if len(members) > 1 else None, cfg))
-        except Exception:
-            report = ("error", traceback.format_exc())
+        except Exception as exc:
+            report = ("error", RankFailure.from_exception(dist.get_rank(), exc))
     reports: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(reports, report)
     dist.destroy_process_group(group)
-    failed = [(r, reports[r][1]) for r in members if reports[r][0] == "error"]
+    failed = [reports[r][1] for r in members if reports[r][0] == "error"]
     if failed:
-        rank, text = failed[0]
-        raise RuntimeError(f"rank {rank} failed: {text.strip().splitlines()[-1]}\n{text}")
+        raise RanksFailedError(members, failed)
     return [reports[r][1] for r in members]

@@ -1,15 +1,15 @@
 """One benchmark point on one rank: build, warm up, time steps, count bytes and memory.
 
-``measure(group, cfg)`` runs on every rank of the point's group (``None`` for one rank) and
-returns plain Python values. Each step starts at a barrier, so the slowest rank's time is
-the step's time. On CUDA a step is timed with CUDA events (the device synchronised once, after
-the timed steps) and memory is the device's (``torch.cuda.max_memory_allocated``, reset when
-the point starts and for the one-step peak); on CPU, wall clock and resident memory.
+``measure(group, cfg)`` runs on every rank of the point's group (``None`` for one rank) with the
+point's :class:`~benchmarks.config.BenchmarkConfig` and returns plain Python values. Each step
+starts at a barrier, so the slowest rank's time is the step's time. On CUDA a step is timed
+with CUDA events (the device synchronised once, after the timed steps) and memory is the
+device's (``torch.cuda.max_memory_allocated``, reset when the point starts and for the one-step
+peak); on CPU, wall clock and resident memory.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.config import strategy_options
+from benchmarks.config import BenchmarkConfig, strategy_options
 from benchmarks.local_copy import LocalCopyTransport
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_sizes
@@ -30,12 +30,12 @@ from training.config import processor_config
 Step = Callable[[Transport], None]
 
 
-def _processor(cfg: dict[str, Any], world: int, group: dist.ProcessGroup | None) -> TransformerProcessor:
+def _processor(cfg: BenchmarkConfig, world: int, group: dist.ProcessGroup | None) -> TransformerProcessor:
     """The processor with this rank's share of the parameters (``shard_channels``) or all of them."""
     if world == 1:
-        model = TransformerProcessor(processor_config(cfg["model"], "none"))
+        model = TransformerProcessor(processor_config(cfg.model, "none"))
     else:
-        model = TransformerProcessor(processor_config(cfg["model"], cfg["strategy"], **strategy_options(cfg)))
+        model = TransformerProcessor(processor_config(cfg.model, cfg.strategy, **strategy_options(cfg)))
     model.split_parameters(group)
     return model
 
@@ -45,16 +45,16 @@ def _parallelize(model: torch.nn.Module, group: dist.ProcessGroup | None) -> tor
     return model if group is None else parallelize_gradients(model, mp_group=group)
 
 
-def _processor_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
-    n = grid_points(cfg["grid"])
+def _processor_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
+    n = grid_points(cfg.grid)
     sizes = shard_sizes(n, world)
     processor = _processor(cfg, world, group).to(device)
     model_group = processor.build_groups(group)  # shard_hybrid's sub-groups; the group for the others
     model = _parallelize(processor, group)
-    x = torch.randn(cfg["batch_size"], sizes[rank], cfg["model"]["num_channels"], device=device, requires_grad=True)
+    x = torch.randn(cfg.batch_size, sizes[rank], cfg.model.num_channels, device=device, requires_grad=True)
     # The gradient the decoder would send back: a fixed tensor, so no loss temporaries count.
     cotangent = torch.randn_like(x)
-    ids = _segment_ids(n, cfg["segments"], sizes, rank, device)
+    ids = _segment_ids(n, cfg.segments, sizes, rank, device)
 
     def step(transport: Transport) -> None:
         model.zero_grad(set_to_none=True)
@@ -75,14 +75,14 @@ def _segment_ids(n: int, segments: int, sizes: list[int], rank: int, device) -> 
     return points * segments // n
 
 
-def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
+def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
     from training.config import ModelConfig, TrainerConfig
     from training.model import Forecaster, ShardedGrids
     from training.step import TrainStep, build_optimiser
 
-    hidden = get_grid(cfg["grid"])
-    data = get_grid(cfg["data_grid"] or cfg["grid"])
-    defaults = ModelConfig()
+    hidden = get_grid(cfg.grid)
+    data = get_grid(cfg.data_grid or cfg.grid)
+    defaults = ModelConfig()  # the training run's graphs (its encoder and decoder neighbours)
     grids = ShardedGrids.build(
         data.latitudes,
         data.longitudes,
@@ -92,14 +92,14 @@ def _train_step(cfg, group, rank, world, device, autocast) -> tuple[Step, dict[s
         defaults.encoder_neighbours,
         defaults.decoder_neighbours,
     )
-    v, b = cfg["num_variables"], cfg["batch_size"]
-    model = Forecaster(v, cfg["model"]["num_channels"], _processor(cfg, world, group)).to(device)
+    v, b = cfg.num_variables, cfg.batch_size
+    model = Forecaster(v, cfg.model.num_channels, _processor(cfg, world, group)).to(device)
     model_group = model.processor.build_groups(group)
-    trainer = dataclasses.asdict(TrainerConfig())  # the training run's optimiser and clipping
+    trainer = TrainerConfig()  # the training run's optimiser and clipping
     optimiser, schedule = build_optimiser(model, trainer)
     n_data = len(data.latitudes)
     parallel = _parallelize(model, group)
-    train_step = TrainStep(parallel, optimiser, schedule, trainer["grad_clip"], autocast, b * n_data * v)
+    train_step = TrainStep(parallel, optimiser, schedule, trainer.grad_clip, autocast, b * n_data * v)
     x = torch.randn(b, grids.data_layout.local_size, v, device=device)
     y = torch.randn(b, grids.data_layout.local_size, v, device=device)
     grids = _to_device(grids, device)
@@ -214,39 +214,39 @@ def _timed(step: Step, transport: Transport, group, device: torch.device) -> Cal
     return lambda: seconds
 
 
-def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Time ``cfg["warmup"] + cfg["steps"]`` steps on this rank; report the timed ones."""
+def measure(group: dist.ProcessGroup | None, cfg: BenchmarkConfig) -> dict[str, Any]:
+    """Time ``cfg.warmup + cfg.steps`` steps on this rank; report the timed ones."""
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
-    if cfg["device"] == "cuda":
+    if cfg.device == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["precision"] == "bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     if device.type == "cpu":
-        set_freed_memory_policy(cfg["retain_freed_memory"])
+        set_freed_memory_policy(cfg.retain_freed_memory)
     memory = _Memory(device)
-    torch.manual_seed(cfg["seed"])
-    build = _processor_step if cfg["target"] == "processor" else _train_step
+    torch.manual_seed(cfg.seed)
+    build = _processor_step if cfg.target == "processor" else _train_step
     step, info = build(cfg, group, rank, world, device, autocast)
 
     pending: list[Callable[[], float]] = []
     local_copy_pending: list[Callable[[], float]] = []
     sent: dict[str, int] = {}
-    for i in range(cfg["warmup"] + cfg["steps"]):
+    for i in range(cfg.warmup + cfg.steps):
         counter = CommCounter()
         elapsed = _timed(step, Transport(counter), group, device)
-        if cfg["compare_local_copy"]:
+        if cfg.compare_local_copy:
             local_copy = _timed(step, LocalCopyTransport(), group, device)
-        if i >= cfg["warmup"]:
+        if i >= cfg.warmup:
             pending.append(elapsed)
             sent = dict(counter.bytes_sent)
-            if cfg["compare_local_copy"]:
+            if cfg.compare_local_copy:
                 local_copy_pending.append(local_copy)
     _sync(device)  # once: the CUDA events of every step are then readable
     times, local_copy_times = [t() for t in pending], [t() for t in local_copy_pending]
     peak = memory.peak()
-    retained = device.type == "cpu" and cfg["retain_freed_memory"]
+    retained = device.type == "cpu" and cfg.retain_freed_memory
     step_peak = None if retained else memory.step_peak(lambda: step(Transport()))
     report = {
         **info,
@@ -260,10 +260,10 @@ def measure(group: dist.ProcessGroup | None, cfg: dict[str, Any]) -> dict[str, A
         "gemm_flop_per_s": gemm_flop_rate(device),
         "node": this_node(),
     }
-    if cfg["profile"]:
+    if cfg.profile:
         from benchmarks.profile_split import profile_split
 
-        split = profile_split(lambda: step(Transport()), group, device, cfg["model"])
+        split = profile_split(lambda: step(Transport()), group, device, cfg.model)
         if rank == 0:
             report["profile_split_s"] = split
     return report

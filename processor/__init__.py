@@ -8,6 +8,7 @@ and gradient reduction, :mod:`processor.strategies` the strategy contract, and
 
 from processor.attention import SelfAttention, dense_window_attention, sliding_window_attention
 from processor.config import ConfigError, ProcessorConfig
+from processor.errors import UserError
 from processor.mlp import MLP
 from processor.strategies import Strategy
 from processor.transformer import TransformerBlock, TransformerProcessor
@@ -20,6 +21,7 @@ __all__ = [
     "Strategy",
     "TransformerBlock",
     "TransformerProcessor",
+    "UserError",
     "dense_window_attention",
     "sliding_window_attention",
 ]

@@ -18,11 +18,12 @@ from typing import Any
 
 from processor.attention.dispatch import PATHS
 from processor.distributed.consistency import settings_fingerprint
+from processor.errors import UserError
 from processor.mlp import ACTIVATIONS
 from processor.strategies import Strategy, resolve_strategy
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A processor setting out of range: ``key`` names it (as a :class:`ProcessorConfig` field)."""
 
     def __init__(self, key: str, message: str) -> None:

@@ -30,6 +30,16 @@ class MLP(nn.Sequential):
     def __init__(self, num_channels: int, hidden: int, activation: str) -> None:
         super().__init__(nn.Linear(num_channels, hidden), make_activation(activation), nn.Linear(hidden, num_channels))
 
+    @property
+    def widen(self) -> nn.Linear:
+        """The first layer, ``C`` -> ``hidden``."""
+        return self[0]
+
+    @property
+    def narrow(self) -> nn.Linear:
+        """The last layer, ``hidden`` -> ``C``; its bias is the output bias."""
+        return self[2]
+
     def forward(self, x: Tensor, add_output_bias: bool = True) -> Tensor:
         """``add_output_bias=False`` leaves out the last layer's bias: for a partial sum that
         ranks add up before the bias is added once (``shard_channels``)."""

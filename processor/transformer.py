@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 
 from processor.attention.module import SelfAttention
 from processor.config import ProcessorConfig
-from processor.distributed.consistency import agree_on_layout
-from processor.distributed.hybrid_groups import GroupLike, HybridGroups, process_group_of
+from processor.distributed.consistency import LayoutAgreement
+from processor.distributed.mesh import GroupLike, ModelMesh, process_group_of
 from processor.distributed.parameter_split import (
     full_state_dict,
     load_full_state_dict,
@@ -102,8 +102,9 @@ class TransformerProcessor(nn.Module):
 
         Args:
             x: ``(batch, local_points, channels)``, this rank's contiguous block of points.
-            group: the model-parallel group, or a 1-D device mesh of it (e.g. ``mesh["mp"]``);
-                ``None`` for one rank; for ``shard_hybrid``, what :meth:`build_groups` made of it.
+            group: the model-parallel group, or a 1-D device mesh of it (e.g. ``mesh["mp"]``),
+                or what :meth:`build_groups` made of it (a strategy that splits more than one
+                mesh axis, ``shard_hybrid``, needs that); ``None`` for one rank.
             shard_sizes: optional points per rank, checked against the actual blocks
                 (gathered from the ranks either way).
             segment_ids: optional integer ids of this rank's points, ``(batch, local_points)``
@@ -119,8 +120,8 @@ class TransformerProcessor(nn.Module):
                 gets wrong (shapes, channels, shard sizes, segment ids, any processor setting).
         """
         ctx = self._context(x, process_group_of(group), shard_sizes, transport or Transport(), segment_ids)
-        if isinstance(group, HybridGroups):
-            ctx = replace(ctx, hybrid_groups=group)
+        if ctx.world_size > 1:
+            ctx = replace(ctx, mesh=self._mesh(group, ctx.world_size))
         c = self.config
         chunks = max(c.num_chunks, 1)
         per_chunk = c.num_layers // chunks
@@ -153,8 +154,9 @@ class TransformerProcessor(nn.Module):
             _check_single_rank(x, self.config.num_channels, shard_sizes)
             layout = ShardLayout((x.shape[1],), 0)
         else:
-            # Agree first: ranks with different settings all raise here, together.
-            layout = agree_on_layout(x, group, self.config.num_channels, settings, shard_sizes)
+            # Agree first: ranks with different settings all raise here, together (once per
+            # shape, group and settings: see LayoutAgreement for what the ranks must keep to).
+            layout = _agreement(self).layout(x, group, self.config.num_channels, settings, shard_sizes)
             self.config.check_world_size(world)
         if split_problem is not None:
             raise ValueError(split_problem)
@@ -163,15 +165,31 @@ class TransformerProcessor(nn.Module):
         ids = normalise_segment_ids(segment_ids, x)  # the same error on every rank: the kinds agreed
         return ShardContext.build(group, layout, self.strategy, transport, self.config.window_size, ids)
 
-    def build_groups(self, group: GroupLike) -> GroupLike:
-        """What :meth:`forward` takes as its group under this model's strategy, made once per
-        run from the model-parallel ``group`` (every rank of it calls, together): the group
-        itself, or ``shard_hybrid``'s :class:`~processor.distributed.hybrid_groups.HybridGroups`."""
+    def build_groups(self, group: GroupLike) -> ModelMesh | None:
+        """The model-parallel ``group`` as a mesh with this model's strategy's degrees
+        (:class:`~processor.distributed.mesh.ModelMesh`), what :meth:`forward` takes as its
+        group: made once per run, every rank of the world calling together (a strategy that
+        splits several axes creates their groups). None for one rank."""
         plain = process_group_of(group)
         if plain is None or dist.get_world_size(plain) == 1:
-            return plain
-        self.config.check_world_size(dist.get_world_size(plain))
-        return self.strategy.build_groups(plain, self.config.num_heads)
+            return None
+        world = dist.get_world_size(plain)
+        self.config.check_world_size(world)
+        return ModelMesh.build(plain, self.strategy.degrees(self.config.num_heads, world))
+
+    def _mesh(self, group: GroupLike, world: int) -> ModelMesh:
+        """``group`` as the mesh this model's strategy lays its ranks out on: the mesh given
+        (checked), or the plain group's when the strategy splits one axis only."""
+        dims = self.strategy.degrees(self.config.num_heads, world)
+        if isinstance(group, ModelMesh) and group.dims == dims:
+            return group
+        if len(dims.split_axes) <= 1 and not isinstance(group, ModelMesh):
+            return ModelMesh(process_group_of(group), dims, {axis: process_group_of(group) for axis in dims.split_axes})
+        given = f"a mesh of {group.dims.describe()}" if isinstance(group, ModelMesh) else "the plain group"
+        raise ValueError(
+            f"strategy {self.strategy.name!r} runs on a mesh of {dims.describe()}: pass "
+            f"group=model.build_groups(group), built once on every rank, instead of {given}"
+        )
 
     def split_parameters(self, group: GroupLike) -> None:
         """Keep only this rank's share of the parameters, for strategies that split them
@@ -222,6 +240,15 @@ class ParameterSplit:
             f"the parameters were split for rank {self.rank} of {self.world_size} "
             f"(split_parameters), this forward runs as rank {rank} of {world_size}: split them for this group"
         )
+
+
+def _agreement(model: nn.Module) -> LayoutAgreement:
+    """The model's agreed layouts, made at its first sharded forward (a plain attribute, not
+    state: a deep copy starts with none)."""
+    agreement = getattr(model, "_layout_agreement", None)
+    if agreement is None:
+        agreement = model._layout_agreement = LayoutAgreement()
+    return agreement
 
 
 def _run_blocks(blocks: nn.ModuleList, x: Tensor, ctx: ShardContext) -> Tensor:

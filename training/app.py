@@ -30,6 +30,7 @@ a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import shutil
@@ -51,7 +52,7 @@ from processor.runtime.torchrun import (
 )
 from training.auto_strategy import resolve_auto
 from training.cli_check import check_overrides, discard_refused_run_dir
-from training.config import ConfigValueError, check_config
+from training.config import ConfigValueError, RunConfig, check_config, run_config
 from training.device import backend_for, check_local_ranks, rank_device, resolve_device
 from training.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.interrupt import LauncherSignals, remove_stop_marker
@@ -62,19 +63,23 @@ from training.run_start import startup_line
 
 log = logging.getLogger(__name__)
 
-RankMain = Callable[[dict[str, Any]], Any]
-Adopt = Callable[[dict[str, Any]], None]
+RankMain = Callable[[RunConfig], Any]
+Adopt = Callable[[RunConfig], None]
 
 
-def prepare(cfg: DictConfig, adopt: Adopt | None = None, given: list[str] | None = None) -> dict[str, Any]:
+def prepare(
+    composed: DictConfig | RunConfig, adopt: Adopt | None = None, given: list[str] | None = None
+) -> RunConfig:
     """Check the configuration and the dataset (writing the built-in one if asked) before any
-    rank starts; return the resolved configuration as plain data.
+    rank starts; return the resolved configuration (:func:`training.config.run_config` of
+    Hydra's composition ``composed``, completed: device, absolute paths, the inferred grid).
 
     ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
     checkpoint's model; without it this is a training run, whose checkpoint is checked.
     ``given``: the keys this command line set (:func:`training.run_settings.given_keys`); a
     training run resuming in a run directory then takes every other setting from the run it
-    continues (:mod:`training.run_settings`). None: ``cfg`` as it is (the API's callers)."""
+    continues (:mod:`training.run_settings`). None: the configuration as it is (the API's callers)."""
+    cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
     saved = None
     if adopt is None and given is not None and cfg.trainer.resume:
@@ -83,42 +88,42 @@ def prepare(cfg: DictConfig, adopt: Adopt | None = None, given: list[str] | None
             cfg = continue_from(cfg, saved, given)
     cfg = resolve_auto(cfg)  # strategy=auto: the cost model's pick, printed and kept for MLflow
     check_config(cfg, world)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    t_cfg = resolved["trainer"]
-    t_cfg["device"] = resolve_device(t_cfg["device"])  # the device it ran on, in the record
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else t_cfg["nprocs"]
-    check_local_ranks(t_cfg["device"], local_ranks, t_cfg["debug_share_gpu"])
-    resolved["run_dir"] = str(Path(resolved["run_dir"]).resolve())
+    trainer = cfg.trainer
+    trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
+    check_local_ranks(trainer.device, local_ranks, trainer.debug_share_gpu)
+    cfg.run_dir = str(Path(cfg.run_dir).resolve())
     if adopt is not None:
-        adopt(resolved)
-    share_sweep_store(resolved)
-    data = resolved["data"]
-    if data["path"] is not None and not data.get("open_dataset"):
-        data["path"] = str(Path(data["path"]).resolve())
-    if data["path"] and not Path(data["path"]).exists() and data["generate"] and int(os.environ.get("RANK", "0")) == 0:
+        adopt(cfg)
+    share_sweep_store(cfg)
+    data = cfg.data
+    if data.path is not None and not data.open_dataset:
+        data.path = str(Path(data.path).resolve())
+    if data.path and not Path(data.path).exists() and data.generate and int(os.environ.get("RANK", "0")) == 0:
         from training.data import check_built_in_path, generate_rossby_haurwitz
 
-        check_built_in_path(data["path"])  # a typo is not filled with the built-in data
-        log.info("writing the built-in dataset to %s", data["path"])
-        generate_rossby_haurwitz(data["path"], data["grid"] or "o32", data["generate_steps"], data["generate_seed"])
+        check_built_in_path(data.path)  # a typo is not filled with the built-in data
+        log.info("writing the built-in dataset to %s", data.path)
+        generate_rossby_haurwitz(data.path, data.grid or "o32", data.generate_steps, data.generate_seed)
+    from training.session import rollout_horizon
     from training.trainer import check_resumable, open_dataset
 
-    dataset = open_dataset(resolved)  # fails here, clearly, on a missing or mismatched dataset
-    if data["check_finite"]:
+    dataset = open_dataset(data, rollout_horizon(trainer))  # fails here, clearly, on a missing or mismatched dataset
+    if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
-    Path(resolved["run_dir"]).mkdir(parents=True, exist_ok=True)
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     if adopt is None:
-        check_resumable(resolved)  # and here on a checkpoint of another model
+        check_resumable(cfg)  # and here on a checkpoint of another model
         if saved is not None:
-            check_not_finished(saved, resolved)
-            log.info(resume_line(Path(resolved["run_dir"]), saved, resolved))
-        write_settings(resolved)  # what a later run in this directory continues from
-        remove_stop_marker(resolved["run_dir"])  # left by a launcher that was killed
-    log.info(startup_line(resolved, dataset.n_points))
-    return resolved
+            check_not_finished(saved, cfg)
+            log.info(resume_line(Path(cfg.run_dir), saved, cfg))
+        write_settings(cfg)  # what a later run in this directory continues from
+        remove_stop_marker(cfg.run_dir)  # left by a launcher that was killed
+    log.info(startup_line(cfg, dataset.n_points))
+    return cfg
 
 
-def share_sweep_store(resolved: dict[str, Any]) -> None:
+def share_sweep_store(resolved: RunConfig) -> None:
     """Under ``--multirun``, with no ``logging.tracking_uri``, log to the sqlite store in the sweep
     directory rather than one in each member's run directory."""
     from hydra.core.hydra_config import HydraConfig
@@ -126,26 +131,30 @@ def share_sweep_store(resolved: dict[str, Any]) -> None:
 
     from training.tracking import local_store_uri
 
-    if resolved["logging"]["tracking_uri"] is not None or not HydraConfig.initialized():
+    if resolved.logging.tracking_uri is not None or not HydraConfig.initialized():
         return
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = (Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir).resolve()  # hydra.job.chdir aside
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        resolved["logging"]["tracking_uri"] = local_store_uri(sweep_dir)
+        resolved.logging.tracking_uri = local_store_uri(sweep_dir)
 
 
-def _rank_main(resolved: dict[str, Any]) -> dict[str, Any]:
+def _rank_main(resolved: RunConfig) -> dict[str, Any]:
     from training.trainer import train
 
     return train(resolved)
 
 
 def run(
-    cfg: DictConfig, rank_main: RankMain = _rank_main, adopt: Adopt | None = None, given: list[str] | None = None
+    cfg: DictConfig | RunConfig,
+    rank_main: RankMain = _rank_main,
+    adopt: Adopt | None = None,
+    given: list[str] | None = None,
 ) -> Any:
-    """Run ``rank_main`` (default: training) with ``cfg`` on the torchrun ranks, or on
-    ``trainer.nprocs`` spawned local ranks; return rank 0's result. ``given``: see :func:`prepare`.
+    """Run ``rank_main`` (default: training) with ``cfg`` (Hydra's composition, made a
+    :class:`RunConfig` once by :func:`prepare`) on the torchrun ranks, or on ``trainer.nprocs``
+    spawned local ranks; return rank 0's result. ``given``: see :func:`prepare`.
 
     A first Ctrl-C or SIGTERM reaches the local ranks as SIGTERM (they finish their step and
     checkpoint); a training result then carries the signal (``"signal"``)."""
@@ -153,19 +162,19 @@ def run(
         return _run_torchrun(cfg, rank_main, adopt, given)
     with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
         resolved = prepare(cfg, adopt, given)
-        t = resolved["trainer"]
-        if t["nprocs"] == 1:
+        t = resolved.trainer
+        if t.nprocs == 1:
             return rank_main(resolved)
         from processor.runtime import run_local
 
-        with LauncherSignals(resolved["run_dir"]) as signals:
+        with LauncherSignals(resolved.run_dir) as signals:
             result = run_local(
                 rank_main,
-                t["nprocs"],
+                t.nprocs,
                 resolved,
-                backend=backend_for(t["device"], t["debug_share_gpu"]),
-                timeout_s=t["timeout_s"],
-                threads_per_rank=t["threads_per_rank"],
+                backend=backend_for(t.device, t.debug_share_gpu),
+                timeout_s=t.timeout_s,
+                threads_per_rank=t.threads_per_rank,
                 on_start=signals.watch,
             )[0]
         if isinstance(result, dict) and signals.signum is not None:
@@ -175,7 +184,9 @@ def run(
 
 def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, given: list[str] | None) -> Any:
     """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
-    resolved configuration, so all ranks share one run directory; its failure fails all."""
+    resolved configuration, so all ranks share one run directory; its failure fails all.
+    ``cfg`` stays Hydra's composition here: what the ranks compare is what each composed, its
+    interpolations unresolved (each rank's ``run_dir`` resolves to its own directory)."""
     import torch.distributed as dist
 
     try:

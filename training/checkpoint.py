@@ -11,13 +11,15 @@ from typing import Any
 import torch
 import yaml
 
+from processor.errors import UserError
+
 FORMAT_VERSION = 1
 LATEST = "latest.pt"
 PARTIAL_PREFIX = ".partial-"
 TRAINING_KEYS = ("step", "model", "optimizer", "scheduler", "rng", "config")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used: unreadable, of another format, or another model."""
 
 

@@ -1,10 +1,16 @@
 """Typed schema of a training run. Hydra merges ``configs/`` into it, so an unknown key or a
-value of the wrong type fails at start naming the key; :func:`check_config` adds ranges."""
+value of the wrong type fails at start naming the key; :func:`run_config` turns the composition
+into :class:`RunConfig` once, and every function from there on takes the typed sections.
+
+Each setting's default and allowed range are declared together, on its field
+(:func:`training.settings.setting`); ``configs/`` holds only what a choice changes (a model
+preset's sizes, a strategy preset's name, a dataset's path), never a default again.
+:func:`check_config` checks the ranges and what spans several keys."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,33 +19,81 @@ from omegaconf import MISSING
 
 from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
-from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy
+from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy, strategy_options
+from training.settings import (
+    ConfigValueError,
+    above,
+    at_least,
+    check_ranges,
+    from_settings,
+    one_of,
+    or_null,
+    setting,
+    to_settings,
+    within,
+)
+
+__all__ = ["ConfigValueError", "RunConfig", "check_config", "processor_config", "run_config"]
 
 FORECASTER_KEYS = ("hidden_grid", "encoder_neighbours", "decoder_neighbours")
 
 
-def processor_schema(name: str, defaults: dict[str, Any], extra: list[tuple[str, type, Any]] = ()) -> type:
-    """A Hydra schema (a dataclass) whose fields are :class:`processor.ProcessorConfig`'s, the
-    strategy aside (it is a key of its own), with ``defaults``, after the ``extra`` fields.
-    Derived, not copied: a setting added to the processor appears here."""
-    specs: list[tuple[str, Any, Any]] = [(key, kind, field(default=value)) for key, kind, value in extra]
+def processor_schema(
+    name: str, defaults: dict[str, Any] | None = None, extra: list[tuple[str, Any, Any]] = (), module: str = __name__
+) -> type:
+    """A Hydra schema (a dataclass named ``name``, of ``module``) whose fields are
+    :class:`processor.ProcessorConfig`'s, the strategy aside (it is a key of its own), with the
+    processor's defaults replaced by ``defaults``, after the ``extra`` fields (name, type, and a
+    default or a :func:`~training.settings.setting`). Derived, not copied: a setting added to
+    the processor appears here. A processor setting without a default is required (``???``)."""
+    defaults = defaults or {}
+    specs: list[tuple[str, Any, Any]] = [
+        (key, kind, value if isinstance(value, dataclasses.Field) else field(default=value))
+        for key, kind, value in extra
+    ]
     for f in dataclasses.fields(ProcessorConfig):
         if f.name != "strategy":
             default = defaults.get(f.name, MISSING if f.default is dataclasses.MISSING else f.default)
             specs.append((f.name, f.type, field(default=default)))
-    return dataclasses.make_dataclass(name, specs)
+    return _named(dataclasses.make_dataclass(name, specs), module)
 
 
-# The processor's settings, then the forecaster's own (FORECASTER_KEYS).
+def _named(cls: type, module: str) -> type:
+    """``cls`` (made by ``make_dataclass``) as a class of ``module``: pickle finds it there when
+    a configuration goes to a spawned rank."""
+    cls.__module__ = module
+    return cls
+
+
+def strategy_options_schema(name: str = "StrategyOptions", module: str = __name__) -> type:
+    """A dataclass of every option of the built-in strategies (their own dataclass fields, e.g.
+    ``ring``, ``head_group_size``), each None by default: the strategy's own default. Derived,
+    not copied: an option added to a strategy appears here."""
+    specs: dict[str, tuple[str, Any, Any]] = {}
+    for strategy, cls in BUILT_IN.items():
+        hints = typing.get_type_hints(cls)
+        for option in strategy_options(strategy):
+            kind = hints[option] | None
+            if option in specs and specs[option][1] != kind:
+                raise TypeError(f"strategy option {option} has two types: {specs[option][1]} and {kind}")
+            specs[option] = (option, kind, field(default=None))
+    return _named(dataclasses.make_dataclass(name, list(specs.values())), module)
+
+
+# The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
+# (configs/model/) gives the sizes, which have no default here; the rest is the processor's
+# default or the app's own choice below.
 ModelConfig = processor_schema(
     "ModelConfig",
-    dict(num_layers=4, num_channels=64, num_heads=4, window_size=64, mlp_hidden_ratio=2.0, num_chunks=0, qk_norm=True),
+    dict(window_size=MISSING, mlp_hidden_ratio=2.0, num_chunks=0, qk_norm=True),
     extra=[
-        ("hidden_grid", str, "o16"),  # the processor's grid
-        ("encoder_neighbours", int, 4),  # data points feeding each hidden point
-        ("decoder_neighbours", int, 3),  # hidden points feeding each data point
+        ("hidden_grid", str, field(default=MISSING)),  # the processor's grid (a model preset names it)
+        ("encoder_neighbours", int, setting(4, at_least(1))),  # data points feeding each hidden point
+        ("decoder_neighbours", int, setting(3, at_least(1))),  # hidden points feeding each data point
     ],
 )
+
+StrategyOptions = strategy_options_schema()
 
 
 def processor_config(
@@ -47,18 +101,19 @@ def processor_config(
     strategy: str,
     key_prefix: str = "model.",
     strategy_key: str = "strategy.name",
-    options: Mapping[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
     option_prefix: str = "strategy.",
 ) -> ProcessorConfig:
-    """The processor's configuration from a ``model`` section (its keys, and the forecaster's
-    :data:`FORECASTER_KEYS`), the strategy's name and its ``options`` (those set, not None).
+    """The processor's configuration from a model section (a :func:`processor_schema` dataclass:
+    its keys, and the forecaster's :data:`FORECASTER_KEYS`), the strategy's name and its
+    ``options`` (those set, not None).
 
     Raises:
         ValueError: naming the config key (``key_prefix`` + field, ``strategy_key``, or
             ``option_prefix`` + option).
     """
-    settings = {k: v for k, v in dict(model).items() if k not in FORECASTER_KEYS}
-    set_options = {k: v for k, v in dict(options or {}).items() if v is not None}
+    settings = {k: v for k, v in to_settings(model).items() if k not in FORECASTER_KEYS}
+    set_options = {k: v for k, v in (options or {}).items() if v is not None}
     try:
         built = resolve_strategy(strategy, set_options) if strategy in BUILT_IN else strategy
         return ProcessorConfig.from_mapping(settings, strategy=built)
@@ -69,40 +124,41 @@ def processor_config(
         raise ValueError(f"config key {key}: {exc.message}") from None
 
 
-AUTO_KEYS = ("machine", "auto")  # strategy=auto's own settings, not options of the strategy it picks
-
-
 def strategy_settings(strategy: Any) -> dict[str, Any]:
-    """A ``strategy`` section's options (every key but ``name`` and auto's) as a dict."""
-    return {k: v for k, v in dict(strategy).items() if k not in ("name", *AUTO_KEYS)}
+    """The options of a strategy section (a :class:`StrategyOptions`) as a dict: what
+    :func:`processor_config` takes (strategy=auto's own keys are not among them)."""
+    return {f.name: getattr(strategy, f.name) for f in dataclasses.fields(StrategyOptions)}
 
 
 @dataclass
-class StrategyConfig:
-    """The model-parallel strategy by name, and its options (None: the strategy's default)."""
+class StrategyConfig(StrategyOptions):  # type: ignore[misc, valid-type]
+    """The model-parallel strategy by name (a preset in configs/strategy/ names it), and its
+    options (None: the strategy's default), which are the built-in strategies' own fields."""
 
-    name: str = "shard_sequence"
-    ring: bool | None = None  # shard_sequence, shard_hybrid: ring (true), halo (false), by the reach (null)
-    head_group_size: int | None = None  # shard_hybrid: ranks per head group (null: largest divisor <= heads, <= 8)
+    name: str = MISSING
     machine: str = "probe"  # auto: the machine it predicts for: probe | a preset (h100_nvlink_ib) | a probe's JSON
+    consider: list[str] = field(default_factory=list)  # auto: your own strategies too ('package.module:ClassName')
     auto: Any = None  # filled by strategy=auto: its pick and every candidate's predicted step time
 
 
 @dataclass
 class DataConfig:
-    path: str | None = None  # an anemoi-datasets Zarr store (None: data.open_dataset must be set)
-    grid: str | None = "o32"  # grid of the dataset's points, checked by coordinates; None: inferred from the store
+    """The dataset: an anemoi-datasets Zarr store, or anything anemoi.datasets.open_dataset reads."""
+
+    # A data preset (configs/data/) says where the data is, its grid, and whether to generate it.
+    path: str | None = MISSING  # an anemoi-datasets Zarr store (None: data.open_dataset must be set)
+    grid: str | None = MISSING  # grid of the dataset's points, checked by coordinates; None: inferred from the store
     variables: list[str] | None = None  # None: every variable in the store
     lead_time: int | None = None  # hours from input to target, a multiple of the store's frequency; None: one step
     members: list[int] | None = None  # ensemble members to train on, each its own sample; None: all
     # Arguments of anemoi.datasets.open_dataset (select, start/end, frequency, join, ...): read through
     # anemoi-datasets instead of data.path, which is then not read. None: the store at data.path.
     open_dataset: Any = None  # a mapping; typed Any as OmegaConf cannot merge a mapping into a None Dict node
-    generate: bool = True  # write the synthetic dataset first if ``path`` does not exist
-    generate_steps: int = 400
+    generate: bool = MISSING  # write the built-in synthetic dataset first if ``path`` does not exist
+    generate_steps: int = setting(400, at_least(8))
     generate_seed: int = 1
-    val_fraction: float = 0.1
-    check_finite: bool = True  # scan the store for NaN/inf before training (chunk by chunk)
+    val_fraction: float = setting(0.1, within(0, 1, "()"))
+    check_finite: bool = True  # scan the store for NaN/inf before training (chunk by chunk; missing dates excepted)
 
 
 @dataclass
@@ -111,9 +167,9 @@ class RolloutConfig:
     loss at step ``s`` averages ``min(max, start + s // increase_every)`` forecast steps, each
     fed the previous one's output, with gradients through all of them."""
 
-    start: int = 1
-    max: int = 1
-    increase_every: int = 0  # optimiser steps between raises; 0: always ``start``
+    start: int = setting(1, at_least(1))
+    max: int = setting(1, at_least(1, " (and >= trainer.rollout.start)"))
+    increase_every: int = setting(0, at_least(0, " (0: no schedule)"))  # optimiser steps between raises
 
 
 @dataclass
@@ -126,52 +182,58 @@ class LossConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 300
-    batch_size: int = 1  # samples per data-parallel replica
-    lr: float = 2e-3
+    steps: int = setting(600, at_least(1))  # val loss and lead-time RMSE still falling at the end (README)
+    batch_size: int = setting(1, at_least(1))  # samples per data-parallel replica
+    lr: float = setting(3e-3, above(0))
     weight_decay: float = 0.01
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.05
-    grad_clip: float = 1.0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    val_interval: int = 50
-    val_batches: int = 4
-    checkpoint_interval: int = 100
+    warmup_steps: int = setting(20, at_least(0))
+    min_lr_ratio: float = setting(0.3, within(0, 1))  # the cosine ends at 0.3 lr: u's tendency is learned late
+    grad_clip: float = setting(1.0, at_least(0, " (0: off)"))
+    precision: str = setting("fp32", one_of("fp32", "bf16"))  # bf16: autocast
+    val_interval: int = setting(50, at_least(1))
+    val_batches: int = setting(8, at_least(1))
+    checkpoint_interval: int = setting(200, at_least(1))
     resume: bool = True
-    stop_at_step: int | None = None  # end this run early (checkpointed); a later run resumes
+    stop_at_step: int | None = setting(None, or_null(at_least(1)))  # end this run early (checkpointed); resumable
     # auto: cuda when torch sees a GPU, else cpu. On cuda each local rank owns one GPU (NCCL).
-    device: str = "auto"
+    device: str = setting("auto", one_of("auto", "cpu", "cuda"))
     # Tests and debugging only: local ranks share one GPU over gloo, messages staged through host
     # memory (processor.distributed.HostStagedTransport); slow, never chosen by itself.
     debug_share_gpu: bool = False
-    nprocs: int = 2  # local ranks to spawn when not started by torchrun
-    ranks_per_model: int = 2  # model-parallel group size
+    nprocs: int = setting(2, at_least(1))  # local ranks to spawn when not started by torchrun
+    ranks_per_model: int = setting(2, at_least(1))  # model-parallel group size
     # within_nodes: a model group's ranks are consecutive, inside one node when ranks_per_model
     # divides the ranks per node; across_nodes: one rank per node (processor/runtime/placement.py)
-    placement: str = "within_nodes"
+    placement: str = setting("within_nodes", one_of(*PLACEMENTS))
     threads_per_rank: int = 1
-    timeout_s: float = 300.0  # bounds every collective; a lost or stuck rank fails the run by then
-    heartbeat_s: float = 1.0  # a rank silent for 3 heartbeats is named as lost
+    timeout_s: float = setting(300.0, above(0))  # bounds every collective; a lost or stuck rank fails the run by then
+    heartbeat_s: float = setting(1.0, above(0))  # a rank silent for 3 heartbeats is named as lost
     # CPU: keep freed memory in the process. Faster steps (no page faults), but the heap can
     # fragment: turn off when memory, not time, is what limits the grid.
     retain_freed_memory: bool = True
     seed: int = 0
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    fault_at_step: int | None = None  # test hook: fault_rank SIGKILLs itself in this step, once
-    fault_rank: int = 1
-    fault_scope: str = "rank"  # test hook: rank | node (the rank's torchrun agent and all its ranks)
-    fault_every: int | None = None  # test hook: a rank SIGKILLed about every this many steps (training/faults.py)
+
+
+@dataclass
+class DebugConfig:
+    """Test hooks that kill ranks on purpose (training/faults.py, docs/reliability.md); all off."""
+
+    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
+    fault_rank: int = setting(1, at_least(0))
+    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
+    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
     fault_seed: int = 0
 
 
 @dataclass
 class LoggingConfig:
     mlflow: bool = True
-    tracking_uri: str | None = None  # None: sqlite store in the run directory
+    tracking_uri: str | None = None  # None: sqlite:///<run_dir>/mlflow.db; or http://host:5000
     experiment: str = "gridshard"
     run_name: str | None = None
-    log_interval: int = 1
+    log_interval: int = setting(1, at_least(1))
 
 
 @dataclass
@@ -179,8 +241,8 @@ class EvaluateConfig:
     """Skill by lead time (``python -m training.evaluate``, and at the end of a training run)."""
 
     checkpoint: str | None = None  # a training checkpoint; None: the run directory's latest
-    steps: int = 8  # forecast steps of the data's lead time to roll out to
-    samples: int = 16  # initial dates, evenly spread over the validation period
+    steps: int = setting(8, at_least(1))  # forecast steps of the data's lead time to roll out to
+    samples: int = setting(16, at_least(1))  # initial dates, evenly spread over the validation period
     at_end_of_training: bool = True  # a training run evaluates its final model
     at_stop: bool = False  # ... also when it stops early (trainer.stop_at_step, Ctrl-C, SIGTERM)
 
@@ -191,78 +253,59 @@ class PredictConfig:
 
     checkpoint: str | None = None  # a training checkpoint; None: the run directory's latest
     initial_dates: list[str] | None = None  # ISO dates in the dataset; None: the first validation date
-    steps: int = 8  # forecast steps of the data's lead time
+    steps: int = setting(8, at_least(1))  # forecast steps of the data's lead time
     output: str | None = None  # directory of the stores; None: predictions/ in the checkpoint's run directory
 
 
 @dataclass
-class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+class RunConfig:
+    """A training run's whole configuration (also evaluation's and prediction's)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)  # type: ignore[valid-type]
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     predict: PredictConfig = field(default_factory=PredictConfig)
-    run_dir: str = "."
+    run_dir: str = MISSING  # configs/config.yaml: Hydra's output directory (hydra.run.dir)
 
 
 def register_configs() -> None:
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="train_schema", node=RunConfig)
 
 
-# The app's own keys; the processor's are checked by ProcessorConfig.
-_RANGES: list[tuple[str, Any, str]] = [
-    ("model.encoder_neighbours", lambda v: v >= 1, ">= 1"),
-    ("model.decoder_neighbours", lambda v: v >= 1, ">= 1"),
-    ("data.val_fraction", lambda v: 0 < v < 1, "in (0, 1)"),
-    ("data.generate_steps", lambda v: v >= 8, ">= 8"),
-    ("trainer.steps", lambda v: v >= 1, ">= 1"),
-    ("trainer.batch_size", lambda v: v >= 1, ">= 1"),
-    ("trainer.lr", lambda v: v > 0, "> 0"),
-    ("trainer.warmup_steps", lambda v: v >= 0, ">= 0"),
-    ("trainer.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
-    ("trainer.grad_clip", lambda v: v >= 0, ">= 0 (0: off)"),
-    ("trainer.precision", lambda v: v in ("fp32", "bf16"), "fp32|bf16"),
-    ("trainer.val_interval", lambda v: v >= 1, ">= 1"),
-    ("trainer.val_batches", lambda v: v >= 1, ">= 1"),
-    ("trainer.checkpoint_interval", lambda v: v >= 1, ">= 1"),
-    ("trainer.device", lambda v: v in ("auto", "cpu", "cuda"), "auto|cpu|cuda"),
-    ("trainer.nprocs", lambda v: v >= 1, ">= 1"),
-    ("trainer.ranks_per_model", lambda v: v >= 1, ">= 1"),
-    ("trainer.timeout_s", lambda v: v > 0, "> 0"),
-    ("trainer.heartbeat_s", lambda v: v > 0, "> 0"),
-    ("trainer.fault_at_step", lambda v: v is None or v >= 0, ">= 0 or null"),
-    ("trainer.fault_rank", lambda v: v >= 0, ">= 0"),
-    ("trainer.fault_scope", lambda v: v in ("rank", "node"), "rank|node"),
-    ("trainer.fault_every", lambda v: v is None or v >= 2, ">= 2 or null"),
-    ("trainer.placement", lambda v: v in PLACEMENTS, "|".join(PLACEMENTS)),
-    ("logging.log_interval", lambda v: v >= 1, ">= 1"),
-    ("trainer.stop_at_step", lambda v: v is None or v >= 1, ">= 1 or null"),
-    ("trainer.rollout.start", lambda v: v >= 1, ">= 1"),
-    ("trainer.rollout.max", lambda v: v >= 1, ">= 1 (and >= trainer.rollout.start)"),
-    ("trainer.rollout.increase_every", lambda v: v >= 0, ">= 0 (0: no schedule)"),
-    ("evaluate.steps", lambda v: v >= 1, ">= 1"),
-    ("evaluate.samples", lambda v: v >= 1, ">= 1"),
-    ("predict.steps", lambda v: v >= 1, ">= 1"),
-]
+def run_config(composed: Any) -> RunConfig:
+    """The typed configuration of Hydra's composition ``composed`` (a ``DictConfig``; a
+    :class:`RunConfig` is returned as it is), interpolations resolved.
 
-
-def check_config(cfg: Any, world_size: int | None = None) -> None:
-    """Raise :class:`ConfigValueError` naming the first key that the schema does not know (see
-    :func:`added_keys`) or whose value is out of range."""
+    Raises:
+        ConfigValueError: for a key the schema does not have (see :func:`added_keys`) or a
+            required value that is not set (``???``).
+    """
     from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
 
-    added = added_keys(cfg)
+    if isinstance(composed, RunConfig):
+        return composed
+    added = added_keys(composed)
     if added:
         key, near = added[0]
         hint = f": did you mean {near}?" if near else ""
         raise ConfigValueError(f"config key {key} is not a setting of the schema{hint}")
-    for key, ok, expected in _RANGES:
-        value = OmegaConf.select(cfg, key)
-        if not ok(value):
-            raise ConfigValueError(f"config key {key} = {value!r} is out of range: expected {expected}")
+    try:
+        typed = OmegaConf.to_object(composed)
+    except MissingMandatoryValue as exc:
+        raise ConfigValueError(f"config key {exc.full_key} is not set: give it on the command line") from None
+    return typed if isinstance(typed, RunConfig) else from_settings(RunConfig, typed)
+
+
+def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
+    """Raise :class:`ConfigValueError` naming the first key whose value is out of its range
+    (declared beside each field), or what several keys together do not allow."""
+    check_ranges(cfg)
     rollout = cfg.trainer.rollout
     if rollout.start > rollout.max:
         raise ConfigValueError(
@@ -284,19 +327,14 @@ def check_config(cfg: Any, world_size: int | None = None) -> None:
         raise ConfigValueError(str(exc)) from None
 
 
-class ConfigValueError(ValueError):
-    """A configuration the run cannot start with: an unknown key or a value out of range. The
-    app prints it as one line (it is the user's to fix, not a bug)."""
-
-
 def schema_keys(node: Any = None, prefix: str = "") -> dict[str, bool]:
-    """Every key of the schema (:class:`TrainConfig`, or the typed section ``node``) as a dotted
+    """Every key of the schema (:class:`RunConfig`, or the typed section ``node``) as a dotted
     path, mapped to whether it is a typed section itself (whose keys are checked in turn).
     Fields typed ``Any`` or ``dict`` (``data.open_dataset``, ``trainer.loss.variable_weights``)
     are not sections: they take any keys."""
     from omegaconf import DictConfig, OmegaConf
 
-    node = OmegaConf.structured(TrainConfig) if node is None else node
+    node = OmegaConf.structured(RunConfig) if node is None else node
     keys: dict[str, bool] = {}
     for key in node:
         child = node._get_node(key)
@@ -308,7 +346,8 @@ def schema_keys(node: Any = None, prefix: str = "") -> dict[str, bool]:
 
 
 def added_keys(cfg: Any) -> list[tuple[str, str | None]]:
-    """The keys of ``cfg`` that the schema does not have, each with the nearest known key (or None).
+    """The keys of the composition ``cfg`` that the schema does not have, each with the nearest
+    known key (or None).
 
     Hydra keeps the schema's struct flag through composition, so ``trainer.stpes=5`` fails
     there; but ``+trainer.stpes=5`` is Hydra's explicit *add*, which bypasses the struct flag

@@ -6,28 +6,18 @@ brings the traceback back for every kind."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 
-from processor.runtime.torchrun import TorchrunSetupError, torchrun_rank
+from processor.errors import UserError
+from processor.runtime.torchrun import torchrun_rank
 from training.cli_check import discard_refused_run_dir
-from training.run_lock import RunDirBusyError
 
 EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
 EXIT_PEER_FAILURE = 3  # another rank or node was lost, stuck or failed: running again may well work
 DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
-# What a user fixes in the command line, the configs or the data; the rest are bugs. By name
-# too, as a spawned rank's exception reaches the parent as text (see user_error).
-_USER_ERRORS = (
-    "ConfigValueError",
-    "DatasetError",
-    "CheckpointError",
-    "ConfigError",
-    "FileExistsError",
-    "RunDirBusyError",
-    "CheckpointWriteError",
-    "TorchrunSetupError",
-)
+# What a user fixes, besides every processor.errors.UserError: the forecast store refuses to
+# overwrite an existing one with a plain FileExistsError.
+_ALSO_USER_ERRORS = (FileExistsError,)
 
 
 def exit_on_user_error(exc: BaseException, run_dir: str | None = None) -> None:
@@ -51,64 +41,38 @@ def exit_on_user_error(exc: BaseException, run_dir: str | None = None) -> None:
     sys.exit(code)
 
 
-# What a rank's line in run_local's report says when the rank is not to blame for the failure.
-_NOT_TO_BLAME = re.compile(r"^  rank \d+: (finished|died without a result|did not report|(?:\w+\.)*PeerFailureError: )")
-
-
 def peer_failure(exc: BaseException) -> str | None:
     """The message of a failure of another rank or node (lost, stuck, or stopped by an error of
-    its own), else None. For :func:`~processor.runtime.run_local`'s report: its rank lines, when
-    every rank either died or blamed another (no traceback: nothing here is a bug)."""
-    from processor.runtime import PeerFailureError
+    its own), else None. For :func:`~processor.runtime.run_local`'s
+    :class:`~processor.runtime.RanksFailedError`: its header and rank lines, when every rank
+    either finished, died, went silent or blamed another (no rank raised an error of its own)."""
+    from processor.runtime import PeerFailureError, RanksFailedError
+    from processor.runtime.failures import NOT_TO_BLAME
 
     if isinstance(exc, PeerFailureError):
         return str(exc)
-    if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
+    if not isinstance(exc, RanksFailedError) or not all(f.kind in NOT_TO_BLAME for f in exc.failures):
         return None
-    lines = [line for line in str(exc).splitlines() if line.startswith("  rank ")]
-    if not all(_NOT_TO_BLAME.match(line) for line in lines):
-        return None
-    return str(exc).splitlines()[0] + "\n" + "\n".join(lines)
-
-
-_REPORT = re.compile(r"\d+ of \d+ ranks failed:\n")
-_RANK_LINE = re.compile(r"^  rank \d+: (?:\w+\.)*(\w+): (.*)$", re.MULTILINE)
-_EXCEPTION_LINE = re.compile(r"^(?:\w+\.)*(\w+): (.*)$")
+    return "\n".join(exc.rank_lines())
 
 
 def user_error(exc: BaseException) -> str | None:
-    """The message of a configuration or data error, else None (a bug).
+    """The message of a configuration or data error (a :class:`~processor.errors.UserError`, or
+    one of :data:`_ALSO_USER_ERRORS`), else None (a bug).
 
-    :func:`processor.runtime.run_local` reports what its spawned ranks raised as the text of a
-    ``RuntimeError`` (a line per rank, ``<module>.<Type>: <message>``, then the first rank's
-    traceback); the type and message are read back from it, so an error on a rank is reported
-    as if the parent had raised it.
+    For :func:`processor.runtime.run_local`'s :class:`~processor.runtime.RanksFailedError`, the
+    message of the first rank (in rank order) whose record is of a user error: an error on a
+    rank is reported as if the parent had raised it.
     """
-    from processor import ConfigError
-    from training.checkpoint import CheckpointError
-    from training.config import ConfigValueError
-    from training.data import DatasetError
-    from training.resume import CheckpointWriteError
+    from processor.runtime import RanksFailedError
+    from processor.runtime.failures import FailureKind
 
-    kinds = (
-        ConfigValueError,
-        DatasetError,
-        CheckpointError,
-        ConfigError,
-        FileExistsError,
-        RunDirBusyError,
-        TorchrunSetupError,
-    )
-    if isinstance(exc, (*kinds, CheckpointWriteError)):
+    if isinstance(exc, (UserError, *_ALSO_USER_ERRORS)):
         return str(exc)
-    if not isinstance(exc, RuntimeError) or not _REPORT.match(str(exc)):
+    if not isinstance(exc, RanksFailedError):
         return None
-    report = str(exc)
-    for name, message in _RANK_LINE.findall(report):
-        if name in _USER_ERRORS:
-            return message
-    # A message of several lines: the rank lines hold its last; the traceback ends with the rest.
-    headers = [m for line in report.splitlines() if (m := _EXCEPTION_LINE.match(line))]
-    if headers and headers[-1][1] in _USER_ERRORS:
-        return headers[-1][2]
+    also = [cls.__name__ for cls in _ALSO_USER_ERRORS]
+    for failure in exc.in_rank_order():
+        if failure.kind is FailureKind.USER or any(failure.is_a(name) for name in also):
+            return failure.message
     return None

@@ -25,35 +25,37 @@ import hydra
 from omegaconf import DictConfig
 
 from training.checkpoint import CheckpointError, load_training_checkpoint
+from training.config import ModelConfig, RunConfig
+from training.settings import from_settings
 
 log = logging.getLogger(__name__)
 
 
-def checkpoint_path(cfg: dict[str, Any], key: str) -> Path:
-    """The checkpoint named by ``<key>.checkpoint`` (None: the run directory's latest), which must exist."""
-    given = cfg[key]["checkpoint"]
-    path = Path(given) if given else Path(cfg["run_dir"]) / "checkpoints" / "latest.pt"
+def checkpoint_path(cfg: RunConfig, key: str) -> Path:
+    """The checkpoint named by ``<key>.checkpoint`` (``key``: ``evaluate`` or ``predict``; None:
+    the run directory's latest), which must exist."""
+    given = getattr(cfg, key).checkpoint
+    path = Path(given) if given else Path(cfg.run_dir) / "checkpoints" / "latest.pt"
     if not path.exists():
         raise CheckpointError(f"{key}.checkpoint: no checkpoint at {path}; give {key}.checkpoint=/path/to/latest.pt")
     return path.resolve()
 
 
-def adopt_checkpoint(resolved: dict[str, Any], key: str) -> None:
+def adopt_checkpoint(resolved: RunConfig, key: str) -> None:
     """Make ``resolved`` describe the checkpoint's model (``<key>`` is ``evaluate`` or
     ``predict``): its model section and, when unset here, its variables and grid; record the path.
     Runs before the dataset is opened, so grid and variables are checked against the store."""
     path = checkpoint_path(resolved, key)
     _, saved = load_training_checkpoint(path)
-    resolved["model"] = saved["model"]
-    data, saved_data = resolved["data"], saved.get("data") or {}
+    resolved.model = from_settings(ModelConfig, saved["model"])
+    data, saved_data = resolved.data, saved.get("data") or {}
     for name in ("variables", "grid", "lead_time"):
-        if data.get(name) is None:
-            data[name] = saved_data.get(name)
-    resolved[key]["checkpoint"] = str(path)
-    logging_cfg = resolved["logging"]
+        if getattr(data, name) is None:
+            setattr(data, name, saved_data.get(name))
+    getattr(resolved, key).checkpoint = str(path)
     source_store = path.parent.parent / "mlflow.db"
-    if logging_cfg["tracking_uri"] is None and source_store.exists():
-        logging_cfg["tracking_uri"] = f"sqlite:///{source_store}"  # beside the run it evaluates
+    if resolved.logging.tracking_uri is None and source_store.exists():
+        resolved.logging.tracking_uri = f"sqlite:///{source_store}"  # beside the run it evaluates
 
 
 def source_run_tags(checkpoint: Path, step: int) -> dict[str, str]:
@@ -68,7 +70,7 @@ def source_run_tags(checkpoint: Path, step: int) -> dict[str, str]:
     return tags
 
 
-def evaluate_on_rank(cfg: dict[str, Any]) -> dict[str, Any]:
+def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
     """Every rank: load the checkpoint, score it; rank 0 reports. Returns the table and run id."""
     from training.evaluation import evaluate_skill, report_skill
     from training.reporting import open_tracker
@@ -78,13 +80,13 @@ def evaluate_on_rank(cfg: dict[str, Any]) -> dict[str, Any]:
     dims, heartbeat = join_ranks(cfg)
     with heartbeat:
         session = open_session(cfg, dims)
-        checkpoint = Path(cfg["evaluate"]["checkpoint"])
+        checkpoint = Path(cfg.evaluate.checkpoint)
         step = load_model_weights(checkpoint, cfg, dims, session.model)
-        table = evaluate_skill(session, cfg["evaluate"]["steps"], cfg["evaluate"]["samples"])
+        table = evaluate_skill(session, cfg.evaluate.steps, cfg.evaluate.samples)
         tags = {"kind": "evaluation", **source_run_tags(checkpoint, step)}
         tracker = open_tracker(cfg, dims, 0, tags)
         if dims.rank == 0:
-            report_skill(table, Path(cfg["run_dir"]), tracker, model_step=step)
+            report_skill(table, Path(cfg.run_dir), tracker, model_step=step)
         tracker.finish()
         return {"skill": table, "run_id": tracker.run_id, "checkpoint_step": step}
 

@@ -35,7 +35,7 @@ def evenly_spread(items: list, count: int) -> list:
 def evaluation_samples(session: Session, steps: int, count: int) -> list[Sample]:
     """Up to ``count`` validation samples with targets ``steps`` leads on, evenly spread."""
     try:
-        val = dataset_samples(session.cfg, session.dataset, horizon=steps).val
+        val = dataset_samples(session.cfg.data, session.dataset, horizon=steps).val
     except DatasetError as exc:
         raise DatasetError(f"evaluate.steps = {steps}: {exc}") from None
     return evenly_spread(val, count)
@@ -58,7 +58,7 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     dataset, dims, model = session.dataset, session.dims, session.model
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
-    weights = area_weights(dataset.latitudes, session.cfg["data"]["grid"])[session.points]
+    weights = area_weights(dataset.latitudes, session.cfg.data.grid)[session.points]
     clim = climatology(dataset, climatology_dates(session), session.points)
     scores = SkillAccumulator(dataset.variables, lead_hours(session, steps), weights=weights, climatology=clim)
     was_training = model.training

@@ -1,6 +1,6 @@
 """Fault-injection hooks for tests of what survives a lost rank (documented in docs/reliability.md).
 
-Two switches in the ``trainer`` section, both off by default:
+Two switches in the ``debug`` section (:class:`training.config.DebugConfig`), both off by default:
 
 - ``fault_at_step = s``: rank ``fault_rank`` SIGKILLs itself in the middle of step ``s``
   (after its backward pass, before the optimiser step), the way a rank dies when its node
@@ -26,7 +26,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from training.config import DebugConfig, TrainerConfig
 
 MARKER = "fault_injected"
 PLAN_DIR = "faults"
@@ -64,22 +67,16 @@ def fault_plan(every: int, seed: int, steps: int, world: int, checkpoint_interva
 class FaultInjector:
     """This rank's share of the configured faults (see the module's docstring)."""
 
-    def __init__(self, trainer_cfg: dict[str, Any], rank: int, world: int, run_dir: Path) -> None:
+    def __init__(self, debug: DebugConfig, trainer: TrainerConfig, rank: int, world: int, run_dir: Path) -> None:
         self.run_dir, self.rank = run_dir, rank
         self.faults: list[Fault] = []
-        if trainer_cfg.get("fault_every"):
-            plan = fault_plan(
-                trainer_cfg["fault_every"],
-                trainer_cfg["fault_seed"],
-                trainer_cfg["steps"],
-                world,
-                trainer_cfg["checkpoint_interval"],
-            )
+        if debug.fault_every:
+            plan = fault_plan(debug.fault_every, debug.fault_seed, trainer.steps, world, trainer.checkpoint_interval)
             self.faults = [f for f in plan if f.rank == rank]
-        self.single = trainer_cfg["fault_at_step"] if trainer_cfg["fault_rank"] == rank else None
-        self.scope = trainer_cfg.get("fault_scope", "rank")
+        self.single = debug.fault_at_step if debug.fault_rank == rank else None
+        self.scope = debug.fault_scope
         self._timer: threading.Timer | None = None
-        self._random = random.Random(f"{trainer_cfg.get('fault_seed', 0)}-{rank}")
+        self._random = random.Random(f"{debug.fault_seed}-{rank}")
 
     def _due(self, step: int, point: str) -> Fault | None:
         for fault in self.faults:

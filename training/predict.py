@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from training.config import RunConfig
 from training.data import DatasetError
 from training.device import to_device
 from training.evaluate import adopt_checkpoint
@@ -95,7 +96,7 @@ def _physical(dataset, state: torch.Tensor) -> torch.Tensor:
     return state * stdev + mean  # as ZarrDataset.denormalise computes it (float32)
 
 
-def predict_on_rank(cfg: dict[str, Any]) -> list[str]:
+def predict_on_rank(cfg: RunConfig) -> list[str]:
     """Every rank: load the checkpoint and write its share of the forecasts; return the stores."""
     from training.resume import load_model_weights
     from training.session import join_ranks, open_session
@@ -103,15 +104,15 @@ def predict_on_rank(cfg: dict[str, Any]) -> list[str]:
     dims, heartbeat = join_ranks(cfg)
     with heartbeat:
         session = open_session(cfg, dims)
-        p_cfg = cfg["predict"]
-        step = load_model_weights(p_cfg["checkpoint"], cfg, dims, session.model)
+        p_cfg = cfg.predict
+        step = load_model_weights(p_cfg.checkpoint, cfg, dims, session.model)
         session.model.eval()
         # Beside the run that trained the model (checkpoints/latest.pt -> <that run>/predictions)
-        output = Path(p_cfg["output"] or Path(p_cfg["checkpoint"]).parent.parent / "predictions")
-        attributes = {"checkpoint": p_cfg["checkpoint"], "checkpoint_step": step, "source": str(session.dataset.path)}
+        output = Path(p_cfg.output or Path(p_cfg.checkpoint).parent.parent / "predictions")
+        attributes = {"checkpoint": p_cfg.checkpoint, "checkpoint_step": step, "source": str(session.dataset.path)}
         written = []
-        for t in initial_indices(session, p_cfg["initial_dates"])[dims.dp_rank :: dims.dp]:
-            written.append(str(forecast_to_store(session, t, p_cfg["steps"], output, attributes)))
+        for t in initial_indices(session, p_cfg.initial_dates)[dims.dp_rank :: dims.dp]:
+            written.append(str(forecast_to_store(session, t, p_cfg.steps, output, attributes)))
         return written
 
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from training.config import RunConfig
 from training.data import ZarrDataset
 from training.metrics_file import read_history
 from training.parallel import ParallelDims
 from training.run_end import write_settings
+from training.settings import to_settings
 from training.tracking import NullTracker, Tracker, flatten
 
 log = logging.getLogger(__name__)
@@ -29,30 +30,30 @@ def git_commit() -> str:
         return "unknown"
 
 
-def open_tracker(cfg: dict[str, Any], dims: ParallelDims, start: int, tags: dict[str, str] | None = None):
+def open_tracker(cfg: RunConfig, dims: ParallelDims, start: int, tags: dict[str, str] | None = None):
     """Rank 0's :class:`Tracker` (continuing the run directory's MLflow run when ``start`` > 0),
     with the resolved configuration as params and artifact; a :class:`NullTracker` elsewhere."""
-    if dims.rank != 0 or not cfg["logging"]["mlflow"]:
+    if dims.rank != 0 or not cfg.logging.mlflow:
         return NullTracker()
-    run_dir = Path(cfg["run_dir"])
+    run_dir = Path(cfg.run_dir)
     tags = {
-        "strategy": cfg["strategy"]["name"],
+        "strategy": cfg.strategy.name,
         "ranks": str(dims.world),
         "ranks_per_model": str(dims.mp),
-        "device": str(cfg["trainer"].get("device", "cpu")),
-        "grid": cfg["data"]["grid"],
-        "hidden_grid": cfg["model"]["hidden_grid"],
+        "device": str(cfg.trainer.device),
+        "grid": cfg.data.grid,
+        "hidden_grid": cfg.model.hidden_grid,
         "git_commit": git_commit(),
         "resumed_from_step": str(start),
         **(tags or {}),
     }
-    logging_cfg = cfg["logging"]
+    logging_cfg = cfg.logging
     tracker = Tracker(
         run_dir,
-        logging_cfg["tracking_uri"],
-        logging_cfg["experiment"],
-        logging_cfg["run_name"],
-        flatten(cfg),
+        logging_cfg.tracking_uri,
+        logging_cfg.experiment,
+        logging_cfg.run_name,
+        flatten(to_settings(cfg)),
         tags,
         resume=start > 0,
         start_step=start,

@@ -24,9 +24,12 @@ from processor.distributed.parameter_split import (
     load_full_state_dict,
 )
 from processor.distributed.transport import collective_device
+from processor.errors import UserError
 from training.checkpoint import LATEST, CheckpointError, load_training_checkpoint, save_checkpoint
+from training.config import RunConfig
 from training.device import device_free
 from training.parallel import ParallelDims
+from training.settings import to_settings
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +38,13 @@ _RUNTIME_MODEL_KEYS = ("num_chunks",)
 _NOTED_DATA_KEYS = ("lead_time", "members")
 
 
-def check_compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
-    """The differences between a checkpoint's configuration and this run's that it continues
-    under (strategy, ranks, lead time, ...), as notes; a ``CheckpointError`` naming the key for
-    one that changes the model (architecture, grid, variables)."""
+def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
+    """The differences between a checkpoint's configuration ``saved`` (as it was written: plain
+    data) and this run's that it continues under (strategy, ranks, lead time, ...), as notes; a
+    ``CheckpointError`` naming the key for one that changes the model (architecture, grid,
+    variables)."""
     notes = []
-    saved_model, model = dict(saved.get("model") or {}), dict(cfg["model"])
+    saved_model, model = dict(saved.get("model") or {}), to_settings(cfg.model)
     for key in sorted(set(saved_model) | set(model)):
         if saved_model.get(key) != model.get(key):
             message = f"model.{key} = {saved_model.get(key)} in the checkpoint, {model.get(key)} in this run"
@@ -48,37 +52,38 @@ def check_compatible(saved: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
                 raise CheckpointError(f"checkpoint was written with {message}: it is another model")
             notes.append(message)
     saved_data = saved.get("data") or {}
+    data = to_settings(cfg.data)
     for key in ("grid", "variables"):
-        if saved_data.get(key) != cfg["data"][key]:
+        if saved_data.get(key) != data[key]:
             raise CheckpointError(
-                f"checkpoint was written with data.{key} = {saved_data.get(key)}, this run has {cfg['data'][key]}"
+                f"checkpoint was written with data.{key} = {saved_data.get(key)}, this run has {data[key]}"
             )
     for key in _NOTED_DATA_KEYS:
-        if saved_data.get(key) != cfg["data"].get(key):
-            notes.append(f"data.{key} = {saved_data.get(key)} in the checkpoint, {cfg['data'].get(key)} in this run")
+        if saved_data.get(key) != data[key]:
+            notes.append(f"data.{key} = {saved_data.get(key)} in the checkpoint, {data[key]} in this run")
     saved_strategy = (saved.get("strategy") or {}).get("name")
-    if saved_strategy != cfg["strategy"]["name"]:
-        notes.append(f"strategy = {saved_strategy} in the checkpoint, {cfg['strategy']['name']} in this run")
-    saved_trainer, trainer = saved.get("trainer") or {}, cfg["trainer"]
+    if saved_strategy != cfg.strategy.name:
+        notes.append(f"strategy = {saved_strategy} in the checkpoint, {cfg.strategy.name} in this run")
+    saved_trainer, trainer = saved.get("trainer") or {}, to_settings(cfg.trainer)
     for key in ("nprocs", "ranks_per_model", "rollout", "loss"):
         if key in saved_trainer and saved_trainer[key] != trainer.get(key):
             notes.append(f"trainer.{key} = {saved_trainer[key]} in the checkpoint, {trainer.get(key)} in this run")
     return notes
 
 
-def latest_checkpoint(cfg: dict[str, Any]) -> Path:
-    return Path(cfg["run_dir"]) / "checkpoints" / LATEST
+def latest_checkpoint(cfg: RunConfig) -> Path:
+    return Path(cfg.run_dir) / "checkpoints" / LATEST
 
 
-def check_resumable(cfg: dict[str, Any]) -> None:
+def check_resumable(cfg: RunConfig) -> None:
     """If this run will resume, the checkpoint must be readable and of the same model."""
     latest = latest_checkpoint(cfg)
-    if cfg["trainer"]["resume"] and latest.exists():
+    if cfg.trainer.resume and latest.exists():
         check_compatible(load_training_checkpoint(latest)[1], cfg)
 
 
 def restore_training_state(
-    path: Path, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module, optimiser, schedule
+    path: Path, cfg: RunConfig, dims: ParallelDims, model: nn.Module, optimiser, schedule
 ) -> int:
     """Load the checkpoint at ``path`` into the training state (this rank's share of split
     parameters); return its step. Rank 0 logs what differs from the run that wrote it."""
@@ -115,14 +120,14 @@ def _every_rank(state: torch.Tensor, dims: ParallelDims) -> list[torch.Tensor]:
     return [p.cpu() for p in parts]
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(UserError, OSError):
     """A checkpoint could not be written (disk full, read-only, a size limit): every rank stops."""
 
 
 def save_training_state(
     directory: Path,
     step: int,
-    cfg: dict[str, Any],
+    cfg: RunConfig,
     dims: ParallelDims,
     model: nn.Module,
     optimiser,
@@ -149,7 +154,7 @@ def save_training_state(
             "optimizer": optimiser_state,
             "scheduler": schedule.state_dict(),
             "rng": rng,
-            "config": yaml.safe_dump(cfg),
+            "config": yaml.safe_dump(to_settings(cfg)),
             **({"cuda_rng": cuda_rng} if cuda_rng is not None else {}),
         }
         try:
@@ -167,7 +172,7 @@ def save_training_state(
         )
 
 
-def load_model_weights(path: str | Path, cfg: dict[str, Any], dims: ParallelDims, model: nn.Module) -> int:
+def load_model_weights(path: str | Path, cfg: RunConfig, dims: ParallelDims, model: nn.Module) -> int:
     """Load a training checkpoint's parameters into ``model`` (evaluation, prediction); return
     its step. The checkpoint must be of this model (grid, variables, architecture)."""
     state, saved_cfg = load_training_checkpoint(path)

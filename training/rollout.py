@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport
-from training.config import ConfigValueError
+from training.config import ConfigValueError, LossConfig, RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,9 @@ class RolloutSchedule:
             )
 
     @classmethod
-    def from_config(cls, rollout: dict[str, Any] | None) -> RolloutSchedule:
-        return cls(**(rollout or {}))
+    def from_config(cls, rollout: RolloutConfig) -> RolloutSchedule:
+        """The schedule of a ``trainer.rollout`` section."""
+        return cls(rollout.start, rollout.max, rollout.increase_every)
 
     def steps_at(self, step: int) -> int:
         """Forecast steps of the loss at optimiser step ``step``."""
@@ -41,15 +42,17 @@ class RolloutSchedule:
         return min(self.max, self.start + step // self.increase_every)
 
 
-def loss_weights(cfg: dict[str, Any], variables: list[str], latitudes: np.ndarray, points: slice) -> Tensor | None:
-    """``(local points, variables)`` weights of the squared errors, or None when unweighted.
+def loss_weights(
+    loss: LossConfig, grid: str, variables: list[str], latitudes: np.ndarray, points: slice
+) -> Tensor | None:
+    """``(local points, variables)`` weights of the squared errors, or None when unweighted,
+    for the ``trainer.loss`` section ``loss`` and the data on ``grid`` (``data.grid``).
 
     Area weights (``trainer.loss.area_weights``; see :func:`training.skill.area_weights`) have
     mean 1 over the whole grid, and variable weights (``trainer.loss.variable_weights``) mean 1
     over the variables, so a weighted loss is on the scale of the plain mean squared error.
     """
-    loss = cfg["trainer"].get("loss") or {}
-    by_name = dict(loss.get("variable_weights") or {})
+    by_name = dict(loss.variable_weights or {})
     unknown = sorted(set(by_name) - set(variables))
     if unknown:
         raise ConfigValueError(
@@ -57,15 +60,15 @@ def loss_weights(cfg: dict[str, Any], variables: list[str], latitudes: np.ndarra
         )
     if any(float(w) < 0 for w in by_name.values()) or (by_name and not any(float(w) > 0 for w in by_name.values())):
         raise ConfigValueError(f"trainer.loss.variable_weights = {by_name}: weights must be >= 0, and not all 0")
-    if not loss.get("area_weights") and not by_name:
+    if not loss.area_weights and not by_name:
         return None
     per_variable = np.array([float(by_name.get(v, 1.0)) for v in variables])
     per_variable = per_variable / per_variable.mean()
     per_point = np.ones(len(latitudes))
-    if loss.get("area_weights"):
+    if loss.area_weights:
         from training.skill import area_weights
 
-        per_point = area_weights(latitudes, cfg["data"]["grid"])
+        per_point = area_weights(latitudes, grid)
     return torch.from_numpy(np.outer(per_point[points], per_variable).astype(np.float32))
 
 

@@ -19,8 +19,10 @@ from typing import Any
 import yaml
 
 from processor.runtime.torchrun import under_torchrun
+from training.config import RunConfig
 from training.interrupt import exit_code, signal_name
 from training.run_settings import SAVED_CONFIG, SavedRun, given_keys
+from training.settings import to_settings
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,9 @@ class RunFinished(Exception):  # noqa: N818 - not an error: the run has nothing 
     its results are); exit status 0."""
 
 
-def check_not_finished(saved: SavedRun, resolved: dict[str, Any]) -> None:
+def check_not_finished(saved: SavedRun, resolved: RunConfig) -> None:
     """Raise :class:`RunFinished` when the checkpoint in the run directory is at ``trainer.steps``."""
-    steps, run_dir = resolved["trainer"]["steps"], Path(resolved["run_dir"])
+    steps, run_dir = resolved.trainer.steps, Path(resolved.run_dir)
     if saved.step is None or saved.step < steps:
         return
     results = [p for p in ("skill.md", "loss_curve.png", "mlflow.db") if (run_dir / p).exists()]
@@ -55,13 +57,13 @@ def command_line_keys() -> list[str] | None:
     return given_keys(list(HydraConfig.get().overrides.task))
 
 
-def write_settings(resolved: dict[str, Any]) -> Path:
+def write_settings(resolved: RunConfig) -> Path:
     """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically: a later
     command in this run directory continues from it if the run stops before a checkpoint, and
     MLflow keeps it as an artifact); return its path."""
-    run_dir = Path(resolved["run_dir"])
+    run_dir = Path(resolved.run_dir)
     tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
-    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    tmp.write_text(yaml.safe_dump(to_settings(resolved), sort_keys=False))
     os.replace(tmp, run_dir / SAVED_CONFIG)
     return run_dir / SAVED_CONFIG
 

@@ -16,10 +16,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
+from processor.errors import UserError
+
 LOCK_NAME = ".run.lock"
 
 
-class RunDirBusyError(RuntimeError):
+class RunDirBusyError(UserError, RuntimeError):
     """Another live run holds this run directory."""
 
 

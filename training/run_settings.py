@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
 
 from training.checkpoint import LATEST, load_training_checkpoint
-from training.config import schema_keys
+from training.config import RunConfig, schema_keys
+from training.settings import from_settings, to_settings
 from training.tracking import flatten
 
 # Settings of one invocation, not of the run: this command line's (or the default) always. The
@@ -40,6 +40,11 @@ INVOCATION_KEYS = (
     "trainer.debug_share_gpu",
 )
 SAVED_CONFIG = "config.yaml"  # the resolved configuration, written at the start of every run
+# Keys renamed since runs were saved: old key -> its key now. Saved settings are read under the
+# new names, so a run directory or a checkpoint written before a rename still resumes as it was.
+MOVED_KEYS = {
+    f"trainer.{k}": f"debug.{k}" for k in ("fault_at_step", "fault_rank", "fault_scope", "fault_every", "fault_seed")
+}
 
 
 @dataclass(frozen=True)
@@ -58,15 +63,28 @@ def saved_run(run_dir: Path) -> SavedRun | None:
     checkpoint = run_dir / "checkpoints" / LATEST
     if checkpoint.exists():
         state, settings = load_training_checkpoint(checkpoint)
-        return SavedRun(settings, int(state["step"]), checkpoint)
+        return SavedRun(current_names(settings), int(state["step"]), checkpoint)
     config = run_dir / SAVED_CONFIG
     if config.exists():
         try:
             settings = yaml.safe_load(config.read_text())
         except yaml.YAMLError:
             return None
-        return SavedRun(settings, None, config) if isinstance(settings, dict) else None
+        return SavedRun(current_names(settings), None, config) if isinstance(settings, dict) else None
     return None
+
+
+def current_names(settings: dict[str, Any]) -> dict[str, Any]:
+    """Saved ``settings`` with every key of :data:`MOVED_KEYS` under its new name (a copy)."""
+    import copy
+
+    moved = copy.deepcopy(settings)
+    for old, new in MOVED_KEYS.items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        section = moved.get(old_section)
+        if isinstance(section, dict) and old_key in section:
+            moved.setdefault(new_section, {}).setdefault(new_key, section.pop(old_key))
+    return moved
 
 
 def given_keys(overrides: list[str]) -> list[str]:
@@ -102,18 +120,16 @@ def _kept(saved: dict[str, Any], given: list[str], known: dict[str, bool], prefi
     return kept
 
 
-def continue_from(cfg: DictConfig, saved: SavedRun, given: list[str]) -> DictConfig:
-    """``cfg`` (this command line's composition) with every setting it does not give explicitly
+def continue_from(cfg: RunConfig, saved: SavedRun, given: list[str]) -> RunConfig:
+    """``cfg`` (this command line's configuration) with every setting it does not give explicitly
     taken from ``saved``: the run as it was started, changed only where asked."""
-    merged = OmegaConf.merge(cfg, OmegaConf.create(_kept(saved.settings, given, schema_keys())))
-    assert isinstance(merged, DictConfig)
-    return merged
+    return from_settings(RunConfig, _kept(saved.settings, given, schema_keys()), base=cfg)
 
 
-def changed_settings(saved: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+def changed_settings(saved: dict[str, Any], resolved: RunConfig) -> list[str]:
     """``key old -> new`` for each setting of ``resolved`` that differs from ``saved`` (the
     invocation's own keys aside)."""
-    before, after = flatten(saved), flatten(resolved)
+    before, after = flatten(saved), flatten(to_settings(resolved))
     return [
         f"{key} {before.get(key, 'unset')} -> {value}"
         for key, value in sorted(after.items())
@@ -121,10 +137,10 @@ def changed_settings(saved: dict[str, Any], resolved: dict[str, Any]) -> list[st
     ]
 
 
-def resume_line(run_dir: Path, saved: SavedRun, resolved: dict[str, Any]) -> str:
+def resume_line(run_dir: Path, saved: SavedRun, resolved: RunConfig) -> str:
     """What a resumed run says at start: from which step, to which, and what changed."""
     changes = changed_settings(saved.settings, resolved)
-    steps = resolved["trainer"]["steps"]
+    steps = resolved.trainer.steps
     where = (
         f"at step {saved.step} of {steps}"
         if saved.step is not None

@@ -7,41 +7,41 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from processor.grids import get_grid
 from processor.runtime.torchrun import under_torchrun
+from training.config import RunConfig, TrainerConfig
 from training.tracking import local_store_uri, read_record
 
 
-def _device(t_cfg: dict[str, Any]) -> str:
-    if t_cfg["device"] != "cuda":
-        return f"cpu, {t_cfg['threads_per_rank']} thread(s) per rank"
+def _device(t_cfg: TrainerConfig) -> str:
+    if t_cfg.device != "cuda":
+        return f"cpu, {t_cfg.threads_per_rank} thread(s) per rank"
     name = torch.cuda.get_device_name(0)
-    shared = " SHARED by the ranks (trainer.debug_share_gpu: tests only)" if t_cfg["debug_share_gpu"] else ""
+    shared = " SHARED by the ranks (trainer.debug_share_gpu: tests only)" if t_cfg.debug_share_gpu else ""
     return f"cuda ({name}){shared}"
 
 
-def _mlflow(cfg: dict[str, Any]) -> str:
-    logging_cfg, run_dir = cfg["logging"], Path(cfg["run_dir"])
-    if not logging_cfg["mlflow"]:
+def _mlflow(cfg: RunConfig) -> str:
+    logging_cfg, run_dir = cfg.logging, Path(cfg.run_dir)
+    if not logging_cfg.mlflow:
         return "MLflow off (metrics.jsonl only)"
-    store = logging_cfg["tracking_uri"] or local_store_uri(run_dir)
+    store = logging_cfg.tracking_uri or local_store_uri(run_dir)
     record = read_record(run_dir)
     run = f"run {record['run_id']}" if record and record.get("run_id") else "a new run"
-    return f"MLflow {store}, experiment {logging_cfg['experiment']}, {run}"
+    return f"MLflow {store}, experiment {logging_cfg.experiment}, {run}"
 
 
-def startup_line(cfg: dict[str, Any], data_points: int) -> str:
+def startup_line(cfg: RunConfig, data_points: int) -> str:
     """The line, for the resolved configuration ``cfg`` and a dataset of ``data_points`` points."""
-    t_cfg = cfg["trainer"]
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else t_cfg["nprocs"]
-    mp = t_cfg["ranks_per_model"]
-    hidden = cfg["model"]["hidden_grid"]
+    t_cfg = cfg.trainer
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else t_cfg.nprocs
+    mp = t_cfg.ranks_per_model
+    hidden = cfg.model.hidden_grid
     return (
-        f"strategy {cfg['strategy']['name']} on {world // mp} data-parallel x {mp} model-parallel rank(s); "
-        f"data {cfg['data']['grid']} ({data_points} points) -> hidden {hidden} "
-        f"({get_grid(hidden).n_points} points); device {_device(t_cfg)}; run dir {cfg['run_dir']}; {_mlflow(cfg)}"
+        f"strategy {cfg.strategy.name} on {world // mp} data-parallel x {mp} model-parallel rank(s); "
+        f"data {cfg.data.grid} ({data_points} points) -> hidden {hidden} "
+        f"({get_grid(hidden).n_points} points); device {_device(t_cfg)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -15,86 +14,86 @@ from processor import TransformerProcessor
 from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport, agree_on_values
 from processor.grids import get_grid
 from processor.runtime import Heartbeat, set_freed_memory_policy
-from training.config import processor_config, strategy_settings
+from training.config import DataConfig, RunConfig, TrainerConfig, processor_config, strategy_settings
 from training.data import DatasetError, ZarrDataset
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
 from training.device import rank_device, to_device
 from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
+from training.settings import to_settings
 from training.tracking import flatten
 
 
-def join_ranks(cfg: dict[str, Any]) -> tuple[ParallelDims, AbstractContextManager]:
+def join_ranks(cfg: RunConfig) -> tuple[ParallelDims, AbstractContextManager]:
     """This rank's data- x model-parallel dims, and the heartbeat to run under on several ranks:
     when a collective fails because another rank died, hung or raised, this rank raises
     :class:`~processor.runtime.PeerFailureError` naming it, within ``trainer.timeout_s`` (plus
     three heartbeats)."""
-    t_cfg = cfg["trainer"]
-    dims = ParallelDims.build(t_cfg["ranks_per_model"], t_cfg.get("placement", "within_nodes"))
+    t_cfg = cfg.trainer
+    dims = ParallelDims.build(t_cfg.ranks_per_model, t_cfg.placement)
     if dims.world == 1:
         return dims, nullcontext()
-    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg["heartbeat_s"], t_cfg["timeout_s"], dims.nodes)
+    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg.heartbeat_s, t_cfg.timeout_s, dims.nodes)
 
 
-def open_dataset(cfg: dict[str, Any]) -> ZarrDataset:
+def open_dataset(data: DataConfig, horizon: int = 1) -> ZarrDataset:
     """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
     ``data.path``) and check it against the configuration: its grid by coordinates, the lead
-    time against its frequency, the members, and that there are samples.
+    time against its frequency, the members, and that there are samples of ``horizon``
+    forecast steps (:func:`rollout_horizon`).
 
-    ``data.grid: null`` is inferred from the store and written into ``cfg`` (the resolved
+    ``data.grid: null`` is inferred from the store and written into ``data`` (the resolved
     configuration records the grid it trained on).
     """
-    data = cfg["data"]
-    if data.get("open_dataset"):
+    if data.open_dataset:
         from training.data.anemoi_source import AnemoiDataset
 
-        dataset: ZarrDataset = AnemoiDataset(data["open_dataset"], data["variables"])
-    elif data["path"] is None:
+        dataset: ZarrDataset = AnemoiDataset(data.open_dataset, data.variables)
+    elif data.path is None:
         raise DatasetError(
             "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
         )
     else:
-        dataset = ZarrDataset(data["path"], data["variables"])
-    if data["grid"] is None:
-        data["grid"] = infer_grid(dataset.latitudes, dataset.longitudes, dataset.resolution, str(dataset.path))
+        dataset = ZarrDataset(data.path, data.variables)
+    if data.grid is None:
+        data.grid = infer_grid(dataset.latitudes, dataset.longitudes, dataset.resolution, str(dataset.path))
     else:
-        check_grid(dataset.latitudes, dataset.longitudes, data["grid"], str(dataset.path))
+        check_grid(dataset.latitudes, dataset.longitudes, data.grid, str(dataset.path))
     if dataset.n_times < 8:
         raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
-    dataset_samples(cfg, dataset, rollout_horizon(cfg))  # fails here on a bad lead_time, members or rollout
+    dataset_samples(data, dataset, horizon)  # fails here on a bad lead_time, members or rollout
     return dataset
 
 
-def rollout_horizon(cfg: dict[str, Any]) -> int:
+def rollout_horizon(trainer: TrainerConfig) -> int:
     """The most forecast steps one training sample needs (``trainer.rollout.max``)."""
-    rollout = (cfg.get("trainer") or {}).get("rollout") or {}
-    return max(1, int(rollout.get("max", 1)))
+    return max(1, trainer.rollout.max)
 
 
-def dataset_samples(cfg: dict[str, Any], dataset: ZarrDataset, horizon: int = 1) -> Samples:
+def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1) -> Samples:
     """The train and validation samples of ``dataset`` under ``data.lead_time`` and ``data.members``
     whose ``horizon`` successive targets are present (see :mod:`training.data.samples`)."""
-    data = cfg["data"]
-    lead = lead_steps(data.get("lead_time"), dataset.frequency_s, str(dataset.path))
-    members = select_members(dataset.n_members, data.get("members"))
-    return build_samples(dataset.n_times, dataset.missing, members, lead, data["val_fraction"], horizon)
+    lead = lead_steps(data.lead_time, dataset.frequency_s, str(dataset.path))
+    members = select_members(dataset.n_members, data.members)
+    return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon)
 
 
-def build_model(cfg: dict[str, Any], num_variables: int) -> Forecaster:
+def build_model(cfg: RunConfig, num_variables: int) -> Forecaster:
+    """The forecaster of ``cfg``'s model and strategy, its parameters drawn from torch's generator."""
     processor = TransformerProcessor(
-        processor_config(cfg["model"], cfg["strategy"]["name"], options=strategy_settings(cfg["strategy"]))
+        processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
     )
-    return Forecaster(num_variables, cfg["model"]["num_channels"], processor)
+    return Forecaster(num_variables, cfg.model.num_channels, processor)
 
 
-def check_ranks_agree(cfg: dict[str, Any], dataset: ZarrDataset, dims: ParallelDims) -> None:
+def check_ranks_agree(cfg: RunConfig, dataset: ZarrDataset, dims: ParallelDims) -> None:
     """Every rank must run the same resolved configuration on the same dataset: one all_gather
     of a hash, and the same ``ValueError`` on every rank, naming ranks and keys, if not."""
     if dims.world == 1:
         return
     values: dict[str, object] = {
-        **flatten(cfg),
+        **flatten(to_settings(cfg)),
         "dataset.shape": (dataset.n_times, dataset.n_points),
         "dataset.members": dataset.n_members,
         "dataset.variables": dataset.variables,
@@ -132,7 +131,7 @@ class Batches:
 class Session:
     """One rank's view of a run: configuration, ranks, data, grids and model."""
 
-    cfg: dict[str, Any]
+    cfg: RunConfig
     dims: ParallelDims
     dataset: ZarrDataset
     grids: ShardedGrids
@@ -150,33 +149,33 @@ class Session:
         return self.batches.points
 
 
-def open_session(cfg: dict[str, Any], dims: ParallelDims, horizon: int = 1) -> Session:
+def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Session:
     """Set this rank up for ``cfg``: threads, device, dataset (checked, the same on every rank),
     the grids' shards and graphs, and the model (the same initial parameters on every rank,
     whatever the device; split when the strategy splits them), all on the device.
     ``horizon``: forecast steps each sample must have targets for."""
-    t_cfg = cfg["trainer"]
-    device = rank_device(t_cfg["device"])
-    torch.set_num_threads(t_cfg["threads_per_rank"])
-    set_freed_memory_policy(t_cfg["retain_freed_memory"])
-    dataset = open_dataset(cfg)
+    t_cfg = cfg.trainer
+    device = rank_device(t_cfg.device)
+    torch.set_num_threads(t_cfg.threads_per_rank)
+    set_freed_memory_policy(t_cfg.retain_freed_memory)
+    dataset = open_dataset(cfg.data, rollout_horizon(t_cfg))
     check_ranks_agree(cfg, dataset, dims)
     grids = ShardedGrids.build(
         dataset.latitudes,
         dataset.longitudes,
-        get_grid(cfg["model"]["hidden_grid"]),
+        get_grid(cfg.model.hidden_grid),
         dims.mp,
         dims.mp_rank,
-        cfg["model"]["encoder_neighbours"],
-        cfg["model"]["decoder_neighbours"],
+        cfg.model.encoder_neighbours,
+        cfg.model.decoder_neighbours,
     ).to(device)
-    torch.manual_seed(t_cfg["seed"])  # the same parameters on every rank, drawn on the CPU
+    torch.manual_seed(t_cfg.seed)  # the same parameters on every rank, drawn on the CPU
     model = build_model(cfg, len(dataset.variables)).to(device)
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
-    samples = dataset_samples(cfg, dataset, horizon)
+    samples = dataset_samples(cfg.data, dataset, horizon)
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     batches = Batches(dataset, grids, samples.lead, device)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
-    transport = HostStagedTransport(counter) if t_cfg["debug_share_gpu"] else Transport(counter)
+    transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, grids, model, samples, batches, counter, transport, model_group, device)

@@ -12,13 +12,16 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport, clip_grad_norm_, process_group_of
 from training.rollout import rollout
+
+if TYPE_CHECKING:
+    from training.config import TrainerConfig
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -30,12 +33,12 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 def build_optimiser(
-    model: nn.Module, trainer: dict[str, Any]
+    model: nn.Module, trainer: TrainerConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its warm-up + cosine schedule from the ``trainer`` config section."""
-    optimiser = torch.optim.AdamW(model.parameters(), lr=trainer["lr"], weight_decay=trainer["weight_decay"])
+    optimiser = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: lr_factor(s, trainer["warmup_steps"], trainer["steps"], trainer["min_lr_ratio"])
+        optimiser, lambda s: lr_factor(s, trainer.warmup_steps, trainer.steps, trainer.min_lr_ratio)
     )
     return optimiser, schedule
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from processor.runtime import peak_rss
 from training.checkpoint import LATEST, remove_partials
+from training.config import RunConfig
 from training.device import PeakDeviceMemory, autocast, synchronize
 from training.evaluation import evaluate_skill, evaluation_samples, report_skill
 from training.faults import FaultInjector
@@ -44,15 +45,15 @@ def sample_positions(step: int, replica: int, replicas: int, batch: int, n: int,
     return positions
 
 
-def train(cfg: dict[str, Any]) -> dict[str, Any]:
+def train(cfg: RunConfig) -> dict[str, Any]:
     """Train on this rank; rank 0 logs and checkpoints. Returns the loss history, the MLflow
     run id, the step it started from and (when evaluated) the skill table.
 
     On several ranks a heartbeat runs alongside (:func:`training.session.join_ranks`).
     """
     dims, heartbeat = join_ranks(cfg)
-    with heartbeat, stop_requests(cfg["run_dir"]) as stop:
-        return Trainer(open_session(cfg, dims, rollout_horizon(cfg)), stop).run()
+    with heartbeat, stop_requests(cfg.run_dir) as stop:
+        return Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)), stop).run()
 
 
 class Trainer:
@@ -64,44 +65,44 @@ class Trainer:
         self.stopped: str | None = None  # why the loop ended early: "stop_at_step" or "signal"
         self.stop_agreed = False
         cfg, dims = session.cfg, session.dims
-        self.t_cfg, self.run_dir = cfg["trainer"], Path(cfg["run_dir"])
+        self.t_cfg, self.run_dir = cfg.trainer, Path(cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.optimiser, self.schedule = build_optimiser(session.model, self.t_cfg)
-        torch.manual_seed(self.t_cfg["seed"] + 1 + dims.rank)  # dropout streams differ per rank
-        self.rollout = RolloutSchedule.from_config(self.t_cfg.get("rollout"))
-        if cfg["evaluate"]["at_end_of_training"]:  # fails now, not after training, if it cannot
-            evaluation_samples(session, cfg["evaluate"]["steps"], cfg["evaluate"]["samples"])
+        torch.manual_seed(self.t_cfg.seed + 1 + dims.rank)  # dropout streams differ per rank
+        self.rollout = RolloutSchedule.from_config(self.t_cfg.rollout)
+        if cfg.evaluate.at_end_of_training:  # fails now, not after training, if it cannot
+            evaluation_samples(session, cfg.evaluate.steps, cfg.evaluate.samples)
         self.start = 0
-        if self.t_cfg["resume"] and (self.ckpt_dir / LATEST).exists():
+        if self.t_cfg.resume and (self.ckpt_dir / LATEST).exists():
             self.start = restore_training_state(
                 self.ckpt_dir / LATEST, cfg, dims, session.model, self.optimiser, self.schedule
             )
             if dims.rank == 0:
                 log.info("resuming from step %d of %s", self.start, self.ckpt_dir / LATEST)
         self.last_checkpoint = self.start
-        self.faults = FaultInjector(self.t_cfg, dims.rank, dims.world, self.run_dir)
+        self.faults = FaultInjector(cfg.debug, self.t_cfg, dims.rank, dims.world, self.run_dir)
         self.last_step_s = 0.1
         dataset = session.dataset
-        weights = loss_weights(cfg, dataset.variables, dataset.latitudes, session.points)
+        weights = loss_weights(self.t_cfg.loss, cfg.data.grid, dataset.variables, dataset.latitudes, session.points)
         self.device_memory = PeakDeviceMemory(session.device)
-        per_replica = self.t_cfg["batch_size"] * dataset.n_points * len(dataset.variables)
+        per_replica = self.t_cfg.batch_size * dataset.n_points * len(dataset.variables)
         self.step_fn = TrainStep(
             dims.parallelize(session.model),
             self.optimiser,
             self.schedule,
-            self.t_cfg["grad_clip"],
-            autocast(session.device, self.t_cfg["precision"]),
+            self.t_cfg.grad_clip,
+            autocast(session.device, self.t_cfg.precision),
             per_replica,
             None if weights is None else weights.to(session.device),
         )
 
     def nothing_to_do(self) -> str | None:
         """Why this run trains no step (already at ``trainer.stop_at_step`` or ``trainer.steps``)."""
-        stop = self.t_cfg["stop_at_step"]
+        stop = self.t_cfg.stop_at_step
         if stop is not None and stop <= self.start:
             return f"trainer.stop_at_step = {stop}: the checkpoint in {self.ckpt_dir} is at step {self.start} already"
-        if self.start >= self.t_cfg["steps"]:
-            return f"trainer.steps = {self.t_cfg['steps']}: the checkpoint in {self.ckpt_dir} is at step {self.start}"
+        if self.start >= self.t_cfg.steps:
+            return f"trainer.steps = {self.t_cfg.steps}: the checkpoint in {self.ckpt_dir} is at step {self.start}"
         return None
 
     def run(self) -> dict[str, Any]:
@@ -120,7 +121,7 @@ class Trainer:
         try:
             history = self.loop()
             # A stop (trainer.stop_at_step, a signal) is not the end: no final evaluation unless asked.
-            if history and (self.stopped is None or self.session.cfg["evaluate"]["at_stop"]):
+            if history and (self.stopped is None or self.session.cfg.evaluate.at_stop):
                 skill = self.final_report()
         except BaseException as exc:
             self.tracker.finish("FAILED", reason=f"{type(exc).__name__}: {exc}")
@@ -139,7 +140,7 @@ class Trainer:
             "run_id": run_id,
             "start_step": self.start,
             "end_step": end,
-            "steps": self.t_cfg["steps"],
+            "steps": self.t_cfg.steps,
             "stopped": self.stopped,
             "signal": self.stop.signum,  # the signal this rank received, if any
             "skill": skill,
@@ -149,29 +150,29 @@ class Trainer:
         history: list[tuple[int, dict[str, float]]] = []
         t_cfg, last_val = self.t_cfg, float("nan")
         bar = tqdm(
-            total=t_cfg["steps"],
+            total=t_cfg.steps,
             initial=self.start,
             desc="train",
             disable=self.session.dims.rank != 0,
             dynamic_ncols=True,
         )
         try:
-            for step in range(self.start, t_cfg["steps"]):
+            for step in range(self.start, t_cfg.steps):
                 metrics = self.one_step(step)
-                if (step + 1) % t_cfg["val_interval"] == 0 or step + 1 == t_cfg["steps"]:
+                if (step + 1) % t_cfg.val_interval == 0 or step + 1 == t_cfg.steps:
                     metrics["val/loss"] = self.validate()
                 history.append((step, metrics))
-                if step % self.session.cfg["logging"]["log_interval"] == 0 or "val/loss" in metrics:
+                if step % self.session.cfg.logging.log_interval == 0 or "val/loss" in metrics:
                     self.tracker.log_metrics(step, metrics)
                 last_val = metrics.get("val/loss", last_val)
                 bar.set_postfix(self.progress(metrics, last_val))
                 bar.update()
-                more = step + 1 < t_cfg["steps"]
-                if more and t_cfg["stop_at_step"] is not None and step + 1 >= t_cfg["stop_at_step"]:
+                more = step + 1 < t_cfg.steps
+                if more and t_cfg.stop_at_step is not None and step + 1 >= t_cfg.stop_at_step:
                     self.stopped = "stop_at_step"
                 if more and self.stop_agreed:
                     self.stopped = "signal"
-                if (step + 1) % t_cfg["checkpoint_interval"] == 0 or step + 1 == t_cfg["steps"] or self.stopped:
+                if (step + 1) % t_cfg.checkpoint_interval == 0 or step + 1 == t_cfg.steps or self.stopped:
                     self.checkpoint(step + 1)
                 if self.stopped:
                     break
@@ -183,7 +184,7 @@ class Trainer:
         """One optimiser step; its metrics, summed over the ranks."""
         s, t_cfg = self.session, self.t_cfg
         dims = s.dims
-        picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg["batch_size"], len(s.samples.train), t_cfg["seed"])
+        picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg.batch_size, len(s.samples.train), t_cfg.seed)
         rollout = self.rollout.steps_at(step)
         t0 = time.perf_counter()
         lr = self.schedule.get_last_lr()[0]
@@ -212,8 +213,8 @@ class Trainer:
             "train/rollout": float(rollout),
             "lr": lr,
             "step_time_s": elapsed,
-            "samples_per_s": dims.dp * t_cfg["batch_size"] / elapsed,
-            "points_per_s": dims.dp * t_cfg["batch_size"] * s.dataset.n_points / elapsed,
+            "samples_per_s": dims.dp * t_cfg.batch_size / elapsed,
+            "points_per_s": dims.dp * t_cfg.batch_size * s.dataset.n_points / elapsed,
             "peak_rss_gib_mean_rank": peak / dims.world,  # resident high-water mark so far
             "comm_bytes_per_rank": sent / dims.world,
             **({"peak_device_memory_gib": device_peak} if s.device.type == "cuda" else {}),
@@ -235,12 +236,12 @@ class Trainer:
         """The one-step loss on the first ``trainer.val_batches`` batches of validation samples,
         averaged over the replicas."""
         s, t_cfg = self.session, self.t_cfg
-        val = s.samples.val[: t_cfg["val_batches"] * t_cfg["batch_size"]]
+        val = s.samples.val[: t_cfg.val_batches * t_cfg.batch_size]
         s.model.eval()
         with torch.no_grad():
             losses = [self.step_fn.loss(*s.batches([v]), s.grids, s.model_group, s.transport).item() for v in val]
         s.model.train()
-        total = sum(losses) / len(val) * t_cfg["batch_size"]
+        total = sum(losses) / len(val) * t_cfg.batch_size
         return s.dims.sum_over_world([total])[0] / s.dims.dp
 
     def checkpoint(self, step: int) -> None:
@@ -262,8 +263,8 @@ class Trainer:
     def final_report(self):
         """Skill by lead time (every rank), then rank 0's table, plots and MLflow artifacts."""
         s = self.session
-        dims, ev = s.dims, s.cfg["evaluate"]
-        skill = evaluate_skill(s, ev["steps"], ev["samples"]) if ev["at_end_of_training"] else None
+        dims, ev = s.dims, s.cfg.evaluate
+        skill = evaluate_skill(s, ev.steps, ev.samples) if ev.at_end_of_training else None
         if dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
             part = _forecast_part(s)
             parts = [part]

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.attention_paths import KernelCase, KernelResult, markdown, measure_path, timed
-from benchmarks.flops import processor_flops
 from benchmarks.gpu.common import Budget, Context, gemm_tflops, rate
 from processor import ProcessorConfig, TransformerProcessor
+from processor.plan.flops import processor_flops
 
 GRID_POINTS = {"o96": 40320, "n320": 542080}
 HEADS, HEAD_DIM, WINDOW = 16, 64, 512
@@ -179,7 +179,7 @@ def kernel_part(ctx: Context) -> str:
         [
             f"### Attention kernel, forward+backward, {HEADS} heads × {sizes.head_dim}, W = {sizes.window}",
             "",
-            "Useful FLOPs by the band model (`benchmarks/flops.py`); peak device memory above the inputs "
+            "Useful FLOPs by the band model (`processor/plan/flops.py`); peak device memory above the inputs "
             "(`torch.cuda.max_memory_allocated`, reset per case); time per call: CUDA events around 5 calls after 2 "
             "warm-ups, synchronised once.",
             "",

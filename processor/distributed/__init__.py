@@ -11,7 +11,7 @@ from processor.distributed.consistency import agree_on_layout, agree_on_values
 from processor.distributed.gradients import clip_grad_norm_, parallelize_gradients, sum_model_parallel_gradients
 from processor.distributed.halo import HaloConfig, HaloExchange, HaloPlan, halo_extent, halo_pad, start_halo_exchange
 from processor.distributed.host_staged import HostStagedTransport
-from processor.distributed.hybrid_groups import GroupLike, HybridGroups, process_group_of
+from processor.distributed.mesh import GroupLike, ModelDims, ModelMesh, process_group_of
 from processor.distributed.parameter_split import (
     ChannelSplit,
     full_optimizer_state,
@@ -32,7 +32,8 @@ __all__ = [
     "HaloPlan",
     "HostStagedTransport",
     "GroupLike",
-    "HybridGroups",
+    "ModelDims",
+    "ModelMesh",
     "Posted",
     "ShardLayout",
     "Transport",

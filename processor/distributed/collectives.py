@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from processor.distributed.ranges import profiler_range
 from processor.distributed.transport import Transport
 
 
@@ -18,12 +19,18 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, send_splits: list[int], recv_splits: list[int], group, transport) -> Tensor:  # type: ignore[override]
         ctx.send_splits, ctx.recv_splits, ctx.group, ctx.transport = send_splits, recv_splits, group, transport
-        return transport.all_to_all(x, send_splits, recv_splits, group)
+        return _exchange(transport, x, send_splits, recv_splits, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        grad_x = ctx.transport.all_to_all(grad, ctx.recv_splits, ctx.send_splits, ctx.group)
+        grad_x = _exchange(ctx.transport, grad, ctx.recv_splits, ctx.send_splits, ctx.group)
         return grad_x, None, None, None, None
+
+
+def _exchange(transport: Transport, x: Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup) -> Tensor:
+    """Flat ``x`` ``(sum(send),)`` -> ``(sum(recv),)``, under the primitive's profiler range."""
+    with profiler_range("all_to_all"):
+        return transport.all_to_all(x, send, recv, group)
 
 
 def all_to_all(

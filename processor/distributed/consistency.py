@@ -8,7 +8,9 @@ rank then runs the same checks on the same table and raises the same ``ValueErro
 
 from __future__ import annotations
 
+import os
 import zlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from enum import IntEnum
 from types import MappingProxyType
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from processor.distributed.ranges import profiler_range
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import collective_device
 
@@ -95,8 +98,9 @@ def agree_on_layout(
         [int(problem), *shape, settings_fingerprint(config), sizes_print], dtype=torch.int64, device=device
     )
     table = torch.empty(world * mine.numel(), dtype=torch.int64, device=device)
-    dist.all_gather_single(table, mine, group=group)
-    rows = table.view(world, -1).tolist()
+    with profiler_range("agree_on_layout"):
+        dist.all_gather_single(table, mine, group=group)
+        rows = table.view(world, -1).tolist()  # the host sync
 
     for r, row in enumerate(rows):
         if row[0] != LocalProblem.NONE:
@@ -121,6 +125,71 @@ def agree_on_layout(
     return ShardLayout(sizes, rank)
 
 
+AGREE_EVERY_FORWARD_ENV = "GRIDSHARD_AGREE_EVERY_FORWARD"
+
+
+class LayoutAgreement:
+    """:func:`agree_on_layout` once per input key, not on every call: the agreed layouts of the
+    last ``keep`` keys are remembered (one model's cache; a copy starts empty).
+
+    The key is everything of this rank's that the agreement compares: the group (by identity),
+    the input's shape (batch, local points, channels), the fingerprint of ``config`` (the
+    processor's settings, which include the segment ids' kind and the parameters' split) and the
+    ``shard_sizes`` passed. A key seen before was agreed with the other ranks, so the call
+    returns its layout without communicating; a new key is agreed (one ``all_gather`` and a
+    host sync), and a disagreement raises the same ``ValueError`` on every rank as before.
+
+    Assumption (SPMD): the ranks of a group make the same sequence of calls, and when the layout
+    changes every rank's key changes in the same call. A rank whose key is unchanged while a
+    peer's changed would skip the agreement its peer enters (a hang until the collective
+    timeout, or a mismatched collective). That holds when every rank's block changes with the
+    number of points, or when ``shard_sizes`` (global, part of every rank's key) is passed:
+    pass it when the number of points can change such that some rank's block keeps its length
+    (a balanced split of 20 then 21 points over 2 ranks: 10, 10 then 11, 10).
+
+    Args:
+        keep: how many keys to remember (alternating shapes, e.g. training and validation
+            batches, each agreed once).
+        every_forward: agree on every call (the debug switch); ``None``: when the environment
+            variable ``GRIDSHARD_AGREE_EVERY_FORWARD`` is ``1`` (read on every call).
+    """
+
+    def __init__(self, keep: int = 8, every_forward: bool | None = None) -> None:
+        self.keep, self.every_forward = keep, every_forward
+        self._agreed: OrderedDict[tuple, ShardLayout] = OrderedDict()
+
+    def __deepcopy__(self, memo: dict) -> LayoutAgreement:  # a copy agrees anew (no groups copied)
+        return LayoutAgreement(self.keep, self.every_forward)
+
+    def __reduce__(self) -> tuple[type, tuple[int, bool | None]]:
+        return LayoutAgreement, (self.keep, self.every_forward)
+
+    def _every_forward(self) -> bool:
+        if self.every_forward is not None:
+            return self.every_forward
+        return os.environ.get(AGREE_EVERY_FORWARD_ENV) == "1"
+
+    def layout(
+        self,
+        x: Tensor,
+        group: dist.ProcessGroup,
+        channels: int,
+        config: Mapping[str, object],
+        shard_sizes: Sequence[int] | None = None,
+    ) -> ShardLayout:
+        """:func:`agree_on_layout`'s result (same arguments), agreed once per key."""
+        sizes = None if shard_sizes is None else tuple(int(s) for s in shard_sizes)
+        key = (group, tuple(x.shape), channels, settings_fingerprint(config), sizes)
+        if key in self._agreed and not self._every_forward():
+            self._agreed.move_to_end(key)
+            return self._agreed[key]
+        layout = agree_on_layout(x, group, channels, config, shard_sizes)
+        self._agreed[key] = layout
+        while len(self._agreed) > self.keep:
+            self._agreed.popitem(last=False)
+        return layout
+
+
 def agree_on_values(values: Mapping[str, object], group: dist.ProcessGroup | None = None, what: str = "values") -> None:
     """Return if ``values`` are equal on every rank of ``group``; else raise the same ``ValueError``
     on every rank, naming the ranks that differ from rank 0 and the keys that differ.
@@ -133,7 +202,8 @@ def agree_on_values(values: Mapping[str, object], group: dist.ProcessGroup | Non
     device = collective_device(group)
     mine = torch.tensor([settings_fingerprint(values)], dtype=torch.int64, device=device)
     prints = torch.empty(world, dtype=torch.int64, device=device)
-    dist.all_gather_single(prints, mine, group=group)
+    with profiler_range("agree_on_values"):
+        dist.all_gather_single(prints, mine, group=group)
     if len(set(prints.tolist())) == 1:
         return
     every: list[dict[str, str]] = [{} for _ in range(world)]

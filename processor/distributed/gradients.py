@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 from processor.distributed.parameter_split import mark_split_parameters, split_of
+from processor.distributed.ranges import profiler_range
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
@@ -66,7 +67,8 @@ def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup, divi
     if not params:
         return
     flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    with profiler_range("all_reduce_gradients"):
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     if divide_by > 1:
         flat /= divide_by
     for p, g in zip(params, flat.split([p.numel() for p in params])):
@@ -86,12 +88,13 @@ def _sum_over_model_average_over_replicas(state: _Reduction, bucket):  # noqa: A
     the reduced bucket. Unannotated: DDP rejects a string annotation."""
     buffer = bucket.buffer()
     replicas = _size(state.dp_group)
-    if replicas > 1:
-        buffer.div_(replicas)
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.mp_group)
-        work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.dp_group, async_op=True)
-    else:
-        work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.mp_group, async_op=True)
+    with profiler_range("all_reduce_gradients"):  # posting: DDP waits for the future
+        if replicas > 1:
+            buffer.div_(replicas)
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.mp_group)
+            work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.dp_group, async_op=True)
+        else:
+            work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.mp_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
@@ -158,7 +161,8 @@ def _average_split_parameters_over_replicas(model: nn.Module, dp_group: dist.Pro
     replicas = _size(dp_group)
 
     def average(p: torch.Tensor) -> None:
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
+        with profiler_range("all_reduce_gradients"):
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=dp_group)
         p.grad.div_(replicas)
 
     for name, p in model.named_parameters():
@@ -205,7 +209,8 @@ def clip_grad_norm_(
     )
     split = sum((sq for p, sq in zip(params, squares) if split_of(p) is not None), torch.zeros((), dtype=torch.float64))
     if any(split_of(p) is not None for p in params) and _size(mp_group) > 1:
-        dist.all_reduce(split, op=dist.ReduceOp.SUM, group=mp_group)
+        with profiler_range("all_reduce_grad_norm"):
+            dist.all_reduce(split, op=dist.ReduceOp.SUM, group=mp_group)
     total = (replicated + split).sqrt()
     factor = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for p in params:

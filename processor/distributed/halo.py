@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from processor.distributed.ranges import profiler_range
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Posted, Transport
 
@@ -130,7 +131,8 @@ class _StartHalo(torch.autograd.Function):
         ctx.flight = flight
         outgoing = [(t.peer, _rows(x, dim, t.start, t.stop).contiguous()) for t in plan.sends]
         incoming = [(t.peer, _buffer_like(x, dim, t.stop - t.start)) for t in plan.recvs]
-        flight.forward = flight.transport.post(outgoing, incoming, flight.group)
+        with profiler_range("halo_exchange/post"):
+            flight.forward = flight.transport.post(outgoing, incoming, flight.group)
         return x.new_empty(0)  # a token: puts _FinishHalo after this node in the graph
 
     @staticmethod
@@ -138,7 +140,8 @@ class _StartHalo(torch.autograd.Function):
         flight = ctx.flight
         if flight.backward is None:
             raise RuntimeError("halo exchange: the gradient of its finish was never sent")
-        received = flight.backward.wait()
+        with profiler_range("halo_exchange/grad_wait"):
+            received = flight.backward.wait()
         flight.backward = None
         grad = token.new_zeros(flight.local_shape)
         for t, buf in zip(flight.plan.sends, received):
@@ -154,7 +157,8 @@ class _FinishHalo(torch.autograd.Function):
     def forward(ctx, token: Tensor, flight: _InFlight) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         if flight.forward is None:
             raise RuntimeError("halo exchange: finish() was called twice")
-        received = flight.forward.wait()
+        with profiler_range("halo_exchange/wait"):
+            received = flight.forward.wait()
         flight.forward = None
         ctx.flight = flight
         plan = flight.plan
@@ -168,7 +172,8 @@ class _FinishHalo(torch.autograd.Function):
         plan = flight.plan
         outgoing = [(t.peer, flight.halo_rows(grad_left, grad_right, t).contiguous()) for t in plan.recvs]
         incoming = [(t.peer, _buffer_like(grad_left, flight.dim, t.stop - t.start)) for t in plan.sends]
-        flight.backward = flight.transport.post(outgoing, incoming, flight.group)
+        with profiler_range("halo_exchange/grad_post"):
+            flight.backward = flight.transport.post(outgoing, incoming, flight.group)
         return grad_left.new_empty(0), None
 
 

@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from processor.distributed.consistency import agree_on_values, settings_fingerprint
+from processor.distributed.ranges import profiler_range
 from processor.distributed.shards import shard_offsets, shard_sizes
 from processor.distributed.transport import Transport, collective_device
 
@@ -79,7 +80,8 @@ class _Blocks:
         """This rank's ``sizes[rank]`` rows -> every rank's rows in rank order, ``N`` on ``dim``."""
         rows = local.movedim(self.dim, 0)
         width = math.prod(rows.shape[1:])
-        flat = self.transport.all_gather(rows.reshape(-1), [s * width for s in self.sizes], self.group)
+        with profiler_range("all_gather"):
+            flat = self.transport.all_gather(rows.reshape(-1), [s * width for s in self.sizes], self.group)
         return flat.view(sum(self.sizes), *rows.shape[1:]).movedim(0, self.dim).contiguous()
 
     def sum_block(self, full: Tensor) -> Tensor:
@@ -87,7 +89,8 @@ class _Blocks:
         rank's ``sizes[rank]`` rows of the sum."""
         rows = full.movedim(self.dim, 0)
         width = math.prod(rows.shape[1:])
-        flat = self.transport.reduce_scatter(rows.reshape(-1), [s * width for s in self.sizes], self.group)
+        with profiler_range("reduce_scatter"):
+            flat = self.transport.reduce_scatter(rows.reshape(-1), [s * width for s in self.sizes], self.group)
         return flat.view(self.sizes[self.rank], *rows.shape[1:]).movedim(0, self.dim).contiguous()
 
 
@@ -157,8 +160,9 @@ def _agree(
     device = collective_device(group)  # the group's, not x's: ranks sharing a GPU talk over gloo
     mine = torch.tensor([int(bool(problem)), settings_fingerprint(common), rows], dtype=torch.int64, device=device)
     table = torch.empty(world * 3, dtype=torch.int64, device=device)
-    dist.all_gather_single(table, mine, group=group)
-    seen = table.view(world, 3).tolist()
+    with profiler_range("agree_on_arguments"):
+        dist.all_gather_single(table, mine, group=group)
+        seen = table.view(world, 3).tolist()
     if any(row[0] for row in seen):
         problems: list[str] = [""] * world
         dist.all_gather_object(problems, problem, group=group)

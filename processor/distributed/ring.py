@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from processor.attention.partial import BlockPair, merge_partial, partial_attention, partial_attention_backward
+from processor.distributed.ranges import profiler_range
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Posted, Transport
 
@@ -106,7 +107,21 @@ class _Ring:
         peer = self.plan.partners[step]
         shape = list(kv.shape)
         shape[3] = self.layout.sizes[peer]
-        return self.transport.post([(peer, kv)], [(peer, kv.new_empty(shape))], self.group, kind="ring")
+        with profiler_range("ring/post"):
+            return self.transport.post([(peer, kv)], [(peer, kv.new_empty(shape))], self.group, kind="ring")
+
+    @staticmethod
+    def receive(posted: Posted | None) -> Tensor:
+        """Wait for a swap posted by :meth:`swap`: the partner's ``(2, b, h, n, d)`` block."""
+        assert posted is not None
+        with profiler_range("ring/wait"):
+            return posted.wait()[0]
+
+    def send_home(self, peer: int, grads: Tensor, like: Tensor) -> Posted:
+        """Post ``peer``'s block's ``(2, ...)`` dk, dv to it, and a buffer (``like``) for this
+        rank's from it."""
+        with profiler_range("ring/grad_post"):
+            return self.transport.post([(peer, grads)], [(peer, torch.empty_like(like))], self.group, kind="ring")
 
 
 class _RingAttention(torch.autograd.Function):
@@ -117,8 +132,7 @@ class _RingAttention(torch.autograd.Function):
         in_flight = ring.swap(0, kv)
         out, lse = partial_attention(q, k, v, ring.pair(me), ring.scale)  # own block: every query's lse finite
         for step, peer in enumerate(ring.plan.partners):
-            assert in_flight is not None
-            theirs = in_flight.wait()[0]
+            theirs = ring.receive(in_flight)
             in_flight = ring.swap(step + 1, kv)
             part_out, part_lse = partial_attention(q, theirs[0], theirs[1], ring.pair(peer), ring.scale)
             merge_partial(out, lse, part_out, part_lse)
@@ -137,8 +151,7 @@ class _RingAttention(torch.autograd.Function):
         dq, dk, dv = partial_attention_backward(grad_out, q, k, v, out, lse, ring.pair(ring.layout.rank), ring.scale)
         grads_home: Posted | None = None
         for step, peer in enumerate(ring.plan.partners):
-            assert in_flight is not None
-            theirs = in_flight.wait()[0]
+            theirs = ring.receive(in_flight)
             in_flight = ring.swap(step + 1, kv)
             dq_part, dk_theirs, dv_theirs = partial_attention_backward(
                 grad_out, q, theirs[0], theirs[1], out, lse, ring.pair(peer), ring.scale
@@ -148,9 +161,7 @@ class _RingAttention(torch.autograd.Function):
             _add_home(grads_home, dk, dv)  # the previous step's, before this one's buffers exist
             outgoing = torch.stack([dk_theirs, dv_theirs])
             del dk_theirs, dv_theirs
-            grads_home = ring.transport.post(
-                [(peer, outgoing)], [(peer, torch.empty_like(kv))], ring.group, kind="ring"
-            )
+            grads_home = ring.send_home(peer, outgoing, kv)
             del outgoing  # the posted work holds it until sent
         _add_home(grads_home, dk, dv)
         return dq, dk, dv, None
@@ -160,7 +171,8 @@ def _add_home(posted: Posted | None, dk: Tensor, dv: Tensor) -> None:
     """Wait for a partner's dk, dv of this rank's block and add them."""
     if posted is None:
         return
-    grads = posted.wait()[0]
+    with profiler_range("ring/grad_wait"):
+        grads = posted.wait()[0]
     dk += grads[0]
     dv += grads[1]
 

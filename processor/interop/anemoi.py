@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from processor.errors import UserError
+
 # anemoi name (after ``proc.{i}.``) -> gridshard name (after ``blocks.{i}.``), q/k/v aside.
 _RENAMES = {
     "layer_norm_attention.weight": "attn_norm.weight",
@@ -48,7 +50,7 @@ _ANEMOI_KEY = re.compile(r"^(?P<prefix>.*?)proc\.(?P<layer>\d+)\.(?P<name>.+)$")
 _GRIDSHARD_KEY = re.compile(r"^(?P<prefix>.*?)blocks\.(?P<layer>\d+)\.(?P<name>.+)$")
 
 
-class AnemoiConversionError(ValueError):
+class AnemoiConversionError(UserError):
     """A state dict or config that has no exact gridshard equivalent (the message says why)."""
 
 

@@ -35,6 +35,7 @@ from processor.interop.anemoi import (
     processor_kwargs_from_anemoi,
     to_anemoi_state_dict,
 )
+from processor.strategies import resolve_strategy
 from processor.transformer import TransformerProcessor
 
 _INNER = "processor."  # the wrapped TransformerProcessor's attribute name
@@ -53,9 +54,9 @@ class AnemoiTransformerProcessor(nn.Module):
 
     def __init__(self, *, strategy: str = "shard_sequence", **anemoi_settings: Any) -> None:
         super().__init__()
-        if strategy == "shard_channels":
+        if resolve_strategy(strategy).splits_parameters:
             raise AnemoiConversionError(
-                "strategy = shard_channels splits the weights over the model group, which anemoi's trainer "
+                f"strategy = {strategy} splits the weights over the model group, which anemoi's trainer "
                 "does not expect: use shard_sequence or shard_heads"
             )
         kwargs = processor_kwargs_from_anemoi(anemoi_settings)

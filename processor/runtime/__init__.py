@@ -5,13 +5,17 @@ model code (:mod:`processor.transformer`, :mod:`processor.attention`,
 :mod:`processor.strategies`, :mod:`processor.distributed`) never imports this package.
 """
 
+from processor.runtime.failures import FailureKind, RankFailure, RanksFailedError
 from processor.runtime.launch import free_port, run_local
 from processor.runtime.memory import current_rss, peak_rss, set_freed_memory_policy
 from processor.runtime.watchdog import Heartbeat, PeerFailureError, is_collective_failure
 
 __all__ = [
+    "FailureKind",
     "Heartbeat",
     "PeerFailureError",
+    "RankFailure",
+    "RanksFailedError",
     "current_rss",
     "free_port",
     "is_collective_failure",

@@ -11,12 +11,12 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
-import signal
 import socket
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from processor.runtime.failures import RankFailure, RanksFailedError
 
 # After the first rank fails, the others get this long beyond the collective timeout to
 # notice, explain and report (a diagnosis watches the heartbeats for a few seconds).
@@ -55,17 +55,11 @@ def _entry(
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         results.put((rank, True, fn(*args)))
-    except BaseException:  # reported to the parent, which raises
-        results.put((rank, False, traceback.format_exc()))
+    except BaseException as exc:  # reported to the parent, which raises
+        results.put((rank, False, RankFailure.from_exception(rank, exc)))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _death(exitcode: int) -> str:
-    if exitcode < 0:
-        return f"died without a result (killed by {signal.Signals(-exitcode).name})"
-    return f"died without a result (exit code {exitcode})"
 
 
 def run_local(
@@ -83,7 +77,9 @@ def run_local(
 
     ``timeout_s`` bounds every collective. When a rank raises or dies, the others get
     ``timeout_s`` plus a grace period to fail and report in turn; then the ones left are killed
-    and ``RuntimeError`` lists what happened on every rank, with the first traceback.
+    and :class:`~processor.runtime.failures.RanksFailedError` (a ``RuntimeError``) says what
+    happened on every rank: its text a line per rank and the first traceback, its ``failures``
+    a :class:`~processor.runtime.failures.RankFailure` per failed rank.
     """
     import torch.distributed as dist
 
@@ -109,7 +105,7 @@ def run_local(
     if on_start is not None:
         on_start(procs)
     ok: dict[int, Any] = {}
-    failed: dict[int, str] = {}  # rank -> traceback or how it died, in the order seen
+    failed: dict[int, RankFailure] = {}  # in the order seen
     deadline = float("inf")
     try:
         while len(ok) + len(failed) < world_size and time.monotonic() < deadline:
@@ -118,7 +114,7 @@ def run_local(
             except queue.Empty:
                 for r, p in enumerate(procs):
                     if r not in ok and r not in failed and p.exitcode not in (None, 0):
-                        failed[r] = _death(p.exitcode)
+                        failed[r] = RankFailure.died(r, p.exitcode)
             else:
                 (ok if success else failed)[rank] = value
             if failed and deadline == float("inf"):
@@ -130,21 +126,6 @@ def run_local(
                 p.kill()
                 p.join()
     if failed:
-        raise RuntimeError(_failure_report(world_size, ok, failed, timeout_s + _REPORT_GRACE_S))
+        silent = [RankFailure.silent(r, timeout_s + _REPORT_GRACE_S) for r in range(world_size) if r not in ok | failed]
+        raise RanksFailedError(range(world_size), [*failed.values(), *silent])
     return [ok[r] for r in range(world_size)]
-
-
-def _failure_report(world: int, ok: dict[int, Any], failed: dict[int, str], waited_s: float) -> str:
-    """One line per rank, then the first traceback a rank sent."""
-    lines = [f"{len(failed)} of {world} ranks failed:"]
-    for r in range(world):
-        if r in ok:
-            lines.append(f"  rank {r}: finished")
-        elif r in failed:
-            lines.append(f"  rank {r}: {failed[r].strip().splitlines()[-1]}")
-        else:
-            lines.append(f"  rank {r}: did not report within {waited_s:g} s of the first failure (killed)")
-    first = next((r for r, text in failed.items() if text.startswith("Traceback")), None)
-    if first is not None:
-        lines.append(f"rank {first}'s traceback:\n{failed[first]}")
-    return "\n".join(lines)

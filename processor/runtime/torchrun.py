@@ -21,10 +21,12 @@ from __future__ import annotations
 import datetime
 import os
 
+from processor.errors import UserError
+
 FRESH_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
-class TorchrunSetupError(ValueError):
+class TorchrunSetupError(UserError):
     """A torchrun launch that cannot work as configured (the message says how to launch it)."""
 
 

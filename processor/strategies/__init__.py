@@ -9,6 +9,7 @@ and must return.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -22,25 +23,43 @@ from processor.strategies.base import (
     Strategy,
     StrategyOptionError,
 )
+from processor.strategies.cost import CommPart, StrategyCost, Workload
 from processor.strategies.shard_channels import ShardChannels
 from processor.strategies.shard_heads import ShardHeads
 from processor.strategies.shard_hybrid import ShardHybrid
 from processor.strategies.shard_sequence import ShardSequence
 
-BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardHeads, ShardSequence, ShardChannels, ShardHybrid)})
+# In the order the planner tries them (a tie goes to the first).
+BUILT_IN = MappingProxyType({s.name: s for s in (SingleRank, ShardSequence, ShardHeads, ShardChannels, ShardHybrid)})
 
 
 def strategy_options(name: str) -> tuple[str, ...]:
-    """The options of the built-in strategy ``name`` (its dataclass fields; none for most)."""
-    cls = BUILT_IN[name]
+    """The options of the strategy ``name`` (its dataclass fields; none for most)."""
+    cls = strategy_class(name)
     return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else ()
 
 
+def strategy_class(name: str) -> type[Strategy]:
+    """A built-in strategy's class by name, or your own by import path ``package.module:ClassName``
+    (a :class:`Strategy` subclass), so that configs and sweeps can name it."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    module_name, _, class_name = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"strategy {name!r} cannot be imported ({exc}); give 'package.module:ClassName'") from None
+    if not (isinstance(found, type) and issubclass(found, Strategy)):
+        raise ValueError(f"strategy {name!r} is not a Strategy subclass")
+    return found
+
+
 def resolve_strategy(strategy: str | Strategy, options: Mapping[str, Any] | None = None) -> Strategy:
-    """``strategy`` itself if it is a :class:`Strategy`, else the built-in one of that name with
-    ``options`` (e.g. ``{"ring": False}`` for ``shard_sequence``, ``{"head_group_size": 2}``
-    for ``shard_hybrid``). ``ValueError`` listing the
-    built-in names for an unknown name; :class:`StrategyOptionError` for an unknown option."""
+    """``strategy`` itself if it is a :class:`Strategy`, else the one of that name (built-in, or
+    your own by import path, :func:`strategy_class`) with ``options`` (e.g. ``{"ring": False}``
+    for ``shard_sequence``, ``{"head_group_size": 2}`` for ``shard_hybrid``). ``ValueError``
+    listing the built-in names for an unknown name; :class:`StrategyOptionError` for an
+    unknown option."""
     options = dict(options or {})
     if isinstance(strategy, Strategy):
         if options:
@@ -48,20 +67,24 @@ def resolve_strategy(strategy: str | Strategy, options: Mapping[str, Any] | None
                 next(iter(options)), "options go to built-in strategies by name, not to an instance"
             )
         return strategy
-    if not isinstance(strategy, str) or strategy not in BUILT_IN:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {sorted(BUILT_IN)} or pass a Strategy instance")
+    if not isinstance(strategy, str) or (strategy not in BUILT_IN and ":" not in strategy):
+        raise ValueError(
+            f"unknown strategy {strategy!r}; choose one of {sorted(BUILT_IN)}, give your own as "
+            "'package.module:ClassName', or pass a Strategy instance"
+        )
     known = strategy_options(strategy)
     for option in options:
         if option not in known:
             raise StrategyOptionError(
                 option, f"strategy {strategy!r} has no such option; its options: {list(known) or 'none'}"
             )
-    return BUILT_IN[strategy](**options)
+    return strategy_class(strategy)(**options)
 
 
 __all__ = [
     "BUILT_IN",
     "BlockParts",
+    "CommPart",
     "HeadAttention",
     "PointSharded",
     "ShardChannels",
@@ -71,7 +94,10 @@ __all__ = [
     "ShardSequence",
     "SingleRank",
     "Strategy",
+    "StrategyCost",
     "StrategyOptionError",
+    "Workload",
     "resolve_strategy",
+    "strategy_class",
     "strategy_options",
 ]

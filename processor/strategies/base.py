@@ -26,16 +26,20 @@ every point's by default, the halo-padded ones for ``shard_sequence``) and keeps
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from processor.distributed.hybrid_groups import HybridGroups
+from processor.distributed.mesh import ModelDims, ModelMesh
+from processor.distributed.ranges import profiler_range
 from processor.distributed.region import gather_points
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
+from processor.errors import UserError
+from processor.strategies.cost import StrategyCost
 
 
 class HeadAttention(Protocol):
@@ -45,6 +49,9 @@ class HeadAttention(Protocol):
     num_heads: int  # the heads this module holds (all of them unless its parameters are split)
     head_dim: int
     window_size: int | None  # W: query i sees keys j with |i - j| <= W (None: every key)
+    dropout_p: float  # attention dropout, applied in training mode
+    training: bool
+    qkv: nn.Linear  # the q, k, v projection, (3 * num_heads * head_dim, channels)
     proj: nn.Linear  # output projection, (channels, num_heads * head_dim)
 
     def qkv_heads(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -75,13 +82,24 @@ class HeadAttention(Protocol):
         ...
 
 
+class BlockMLP(Protocol):
+    """The per-point MLP of a block (implemented by :class:`processor.mlp.MLP`)."""
+
+    widen: nn.Linear  # (hidden, C)
+    narrow: nn.Linear  # (C, hidden); its bias is the output bias
+
+    def __call__(self, x: Tensor, add_output_bias: bool = True) -> Tensor:
+        """``(..., C)`` -> ``(..., C)``; ``add_output_bias=False`` leaves out ``narrow``'s bias."""
+        ...
+
+
 class BlockParts(Protocol):
     """The parts of a pre-norm transformer block (:class:`processor.TransformerBlock`)."""
 
     attn_norm: nn.LayerNorm
     attn: HeadAttention
     mlp_norm: nn.LayerNorm
-    mlp: nn.Module  # (..., C) -> (..., C); ``mlp(x, add_output_bias=False)`` leaves out the last bias
+    mlp: BlockMLP
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,8 @@ class ShardContext:
     """Everything about the model-parallel split that a layer needs, passed down every layer.
 
     ``window_size`` is the layers' window; ``key_segment_ids`` what the strategy made of this
-    rank's segment ids for its attention calls (None: one segment)."""
+    rank's segment ids for its attention calls (None: one segment); ``mesh`` the group's axes
+    as the strategy's degrees lay them out (None on one rank)."""
 
     group: dist.ProcessGroup | None
     layout: ShardLayout
@@ -97,7 +116,7 @@ class ShardContext:
     transport: Transport
     window_size: int | None = None
     key_segment_ids: Tensor | None = None
-    hybrid_groups: HybridGroups | None = None  # shard_hybrid's sub-groups of ``group``
+    mesh: ModelMesh | None = None
 
     @property
     def world_size(self) -> int:
@@ -112,19 +131,19 @@ class ShardContext:
         transport: Transport,
         window_size: int | None = None,
         segment_ids: Tensor | None = None,
-        hybrid_groups: HybridGroups | None = None,
+        mesh: ModelMesh | None = None,
     ) -> ShardContext:
         """The context for ``layout``: on one rank, :class:`SingleRank` instead of ``strategy``;
         with ``segment_ids``, the strategy's shared ids computed once here."""
         if layout.world_size == 1:
-            group, strategy, hybrid_groups = None, SingleRank(), None
-        ctx = cls(group, layout, strategy, transport, window_size, hybrid_groups=hybrid_groups)
+            group, strategy, mesh = None, SingleRank(), None
+        ctx = cls(group, layout, strategy, transport, window_size, mesh=mesh)
         if segment_ids is None:
             return ctx
         return replace(ctx, key_segment_ids=ctx.strategy.share_segment_ids(segment_ids, ctx))
 
 
-class StrategyOptionError(ValueError):
+class StrategyOptionError(UserError):
     """An option a built-in strategy does not have, or a value out of its range: ``option`` names it."""
 
     def __init__(self, option: str, message: str) -> None:
@@ -132,10 +151,11 @@ class StrategyOptionError(ValueError):
         self.option, self.message = option, message
 
 
-class Strategy(ABC):
-    """A way to run transformer blocks over a model-parallel group. Subclass
-    :class:`PointSharded` for a new way to mix points (a frozen dataclass for one with options,
-    so that its ``repr`` names them) and pass an instance as
+class Strategy(StrategyCost, ABC):
+    """A way to run transformer blocks over a model-parallel group: how a layer runs on the
+    group's mesh (:meth:`degrees`), and what that costs (:class:`StrategyCost`'s methods).
+    Subclass :class:`PointSharded` for a new way to mix points (a frozen dataclass for one with
+    options, so that its ``repr`` names them) and pass an instance as
     :attr:`processor.ProcessorConfig.strategy`."""
 
     name: ClassVar[str]
@@ -146,11 +166,10 @@ class Strategy(ABC):
         ranks (one line naming the setting and how to fix it). Default: any size works."""
         return None
 
-    def build_groups(self, group: dist.ProcessGroup, num_heads: int) -> dist.ProcessGroup | HybridGroups:
-        """What the processor's forward takes as its group, made from the model-parallel
-        ``group`` once per run (every rank of it calls, together). Default: ``group`` itself;
-        ``shard_hybrid`` builds its head and sequence sub-groups."""
-        return group
+    def degrees(self, num_heads: int, world_size: int) -> ModelDims:
+        """How this strategy lays ``world_size`` ranks out on the mesh's axes (called after
+        :meth:`check`). Default: every rank a block of points."""
+        return ModelDims(points=world_size)
 
     @abstractmethod
     def block(self, parts: BlockParts, x: Tensor, ctx: ShardContext) -> Tensor:
@@ -168,6 +187,11 @@ class Strategy(ABC):
         """Replace the block's parameters by this rank's share, in place. Default: every rank
         keeps all of them (replicated)."""
         return None
+
+    def phase(self, name: str) -> AbstractContextManager:
+        """A profiler range ``gridshard/<strategy>/<name>`` around one phase of a block, so that
+        a trace reads as the strategy does (the collectives inside carry their own ranges)."""
+        return profiler_range(f"{self.name}/{name}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -189,8 +213,10 @@ class PointSharded(Strategy):
 
     def block(self, parts: BlockParts, x: Tensor, ctx: ShardContext) -> Tensor:
         attn = parts.attn
-        x = x + attn.proj(self.attend(attn, parts.attn_norm(x), ctx))
-        return x + parts.mlp(parts.mlp_norm(x))
+        with self.phase("attention"):
+            x = x + attn.proj(self.attend(attn, parts.attn_norm(x), ctx))
+        with self.phase("mlp"):
+            return x + parts.mlp(parts.mlp_norm(x))
 
     @abstractmethod
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
@@ -209,6 +235,15 @@ class SingleRank(PointSharded):
                 f"strategy 'none' runs on one rank, the group has {world_size}: choose shard_sequence, "
                 "shard_heads or shard_channels"
             )
+
+    def degrees(self, num_heads: int, world_size: int) -> ModelDims:
+        return ModelDims()
+
+    def layer_bytes(self, work, sizes: list[int], rank: int) -> int:
+        return 0
+
+    def comm_parts(self, work, sizes: list[int], sent: int) -> list:
+        return []
 
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         q, k, v = attn.qkv_heads(h)

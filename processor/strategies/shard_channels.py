@@ -23,11 +23,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from processor.distributed.mesh import ModelDims
 from processor.distributed.parameter_split import ChannelSplit, split_parameter
 from processor.distributed.region import gather_points, reduce_scatter_points
 from processor.distributed.shards import shard_sizes
 from processor.precision import in_compute_dtype
 from processor.strategies.base import BlockParts, ShardContext, Strategy, require_a_head_per_rank
+from processor.strategies.cost import CommPart, Workload
+from processor.strategies.traffic import gathered_rows
 
 
 class ShardChannels(Strategy):
@@ -37,8 +40,11 @@ class ShardChannels(Strategy):
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
         require_a_head_per_rank(self.name, num_heads, world_size)
 
+    def degrees(self, num_heads: int, world_size: int) -> ModelDims:
+        return ModelDims(channels=world_size)
+
     def split_parameters(self, parts: BlockParts, rank: int, world_size: int) -> None:
-        attn, (widen, _, narrow) = parts.attn, parts.mlp
+        attn, widen, narrow = parts.attn, parts.mlp.widen, parts.mlp.narrow
         d = attn.head_dim
         heads = shard_sizes(attn.num_heads, world_size)
         head_channels = tuple(h * d for h in heads)
@@ -73,12 +79,40 @@ class ShardChannels(Strategy):
             return reduce_scatter_points(partial, ctx.group, dim=1, sizes=sizes, transport=ctx.transport, check=False)
 
         # The gathered rows only enter the widening projections: gather them in the compute dtype.
-        h = gather(in_compute_dtype(parts.attn_norm(x)))
-        q, k, v = attn.qkv_heads(h)  # this rank's heads, every point
-        heads_out = attn.merge_heads([attn.attend(q, k, v, segment_ids=ctx.key_segment_ids)])
-        x = x + reduce_scatter(F.linear(heads_out, attn.proj.weight)) + attn.proj.bias
-        h = gather(in_compute_dtype(parts.mlp_norm(x)))
-        return x + reduce_scatter(mlp(h, add_output_bias=False)) + mlp[2].bias
+        with self.phase("attention"):
+            h = gather(in_compute_dtype(parts.attn_norm(x)))
+            q, k, v = attn.qkv_heads(h)  # this rank's heads, every point
+            heads_out = attn.merge_heads([attn.attend(q, k, v, segment_ids=ctx.key_segment_ids)])
+            x = x + reduce_scatter(F.linear(heads_out, attn.proj.weight)) + attn.proj.bias
+        with self.phase("mlp"):
+            h = gather(in_compute_dtype(parts.mlp_norm(x)))
+            return x + reduce_scatter(mlp(h, add_output_bias=False)) + mlp.narrow.bias
+
+    # Its cost: two all-gathers and two reduce-scatters of the points per layer, each one's
+    # transpose in backward, on the critical path; every point for a share of the heads.
+
+    def layer_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
+        return (work.forward_passes + 1) * 4 * gathered_rows(sizes) * work.row_bytes
+
+    def processor_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
+        """Under checkpointing the recomputation stops early (torch's default) once every saved
+        tensor is back: the last reduce-scatter of each chunk, whose output nothing saves, is
+        not repeated."""
+        total = super().processor_bytes(work, sizes, rank)
+        if work.num_chunks > 0:
+            total -= max(work.num_chunks, 1) * gathered_rows(sizes) * work.row_bytes
+        return total
+
+    def comm_parts(self, work: Workload, sizes: list[int], sent: int) -> list[CommPart]:
+        messages = work.num_layers * (4 * work.forward_passes + 4) * (work.ranks - 1)
+        return [CommPart(sent, messages, work.ranks, overlapped=False)]
+
+    def work_share(self, work: Workload) -> tuple[float, float]:
+        return 1.0, max(shard_sizes(work.num_heads, work.ranks)) / work.num_heads
+
+    def copies_per_value(self, work: Workload) -> float:
+        """The gathers and reduce-scatters move P times a rank's rows, four of each."""
+        return 8.0 * work.ranks
 
 
 def _resize(linear: nn.Linear, **features: int) -> None:

@@ -15,9 +15,12 @@ from einops import rearrange
 from torch import Tensor
 
 from processor.distributed.collectives import all_to_all
+from processor.distributed.mesh import ModelDims
 from processor.distributed.shards import shard_sizes
 from processor.distributed.transport import Transport
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext, require_a_head_per_rank
+from processor.strategies.cost import CommPart, Workload
+from processor.strategies.traffic import head_all_to_all_bytes
 
 
 class ShardHeads(PointSharded):
@@ -26,12 +29,34 @@ class ShardHeads(PointSharded):
     def check(self, num_heads: int, window_size: int | None, world_size: int) -> None:
         require_a_head_per_rank(self.name, num_heads, world_size)
 
+    def degrees(self, num_heads: int, world_size: int) -> ModelDims:
+        return ModelDims(heads=world_size)
+
     def attend(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
         points, rank = list(ctx.layout.sizes), ctx.layout.rank
         heads = shard_sizes(attn.num_heads, ctx.world_size)
-        qkv = points_to_heads(attn.qkv_packed(h), points, heads, rank, ctx.group, ctx.transport)
-        out = attn.attend(qkv[0], qkv[1], qkv[2], segment_ids=ctx.key_segment_ids)
-        return heads_to_points(out, points, heads, rank, ctx.group, ctx.transport)
+        with self.phase("points_to_heads"):
+            qkv = points_to_heads(attn.qkv_packed(h), points, heads, rank, ctx.group, ctx.transport)
+        with self.phase("attend_my_heads"):
+            out = attn.attend(qkv[0], qkv[1], qkv[2], segment_ids=ctx.key_segment_ids)
+        with self.phase("heads_to_points"):
+            return heads_to_points(out, points, heads, rank, ctx.group, ctx.transport)
+
+    # Its cost: two all-to-alls per layer on the critical path, every point's attention for my heads.
+
+    def layer_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
+        return head_all_to_all_bytes(sizes, rank, work.num_heads, work.row_bytes, work.forward_passes)
+
+    def comm_parts(self, work: Workload, sizes: list[int], sent: int) -> list[CommPart]:
+        messages = work.num_layers * (2 * work.forward_passes + 2) * (work.ranks - 1)
+        return [CommPart(sent, messages, work.ranks, overlapped=False)]
+
+    def work_share(self, work: Workload) -> tuple[float, float]:
+        return 1.0, max(shard_sizes(work.num_heads, work.ranks)) / work.num_heads
+
+    def copies_per_value(self, work: Workload) -> float:
+        """The all-to-alls rearrange q, k, v (3 C) and the output (C) on both sides, both ways."""
+        return 16.0
 
 
 def points_to_heads(

@@ -27,10 +27,13 @@ import torch
 from torch import Tensor
 
 from processor.distributed.halo import HaloConfig, HaloExchange, halo_pad, start_halo_exchange
+from processor.distributed.ranges import profiler_range
 from processor.distributed.ring import reaches_beyond_neighbours, ring_attention
 from processor.distributed.shards import ShardLayout
 from processor.precision import in_compute_dtype
 from processor.strategies.base import HeadAttention, PointSharded, ShardContext, StrategyOptionError
+from processor.strategies.cost import CommPart, Workload
+from processor.strategies.traffic import halo_bytes, halo_rows, ring_bytes, sequence_messages, uses_ring
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class ShardSequence(PointSharded):
         return self._halo(attn, h, ctx)
 
     def _ring(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
-        if getattr(attn, "dropout_p", 0.0) > 0 and getattr(attn, "training", False):
+        if attn.dropout_p > 0 and attn.training:
             raise ValueError(
                 "shard_sequence: attention dropout (dropout_p > 0) does not run through ring passes; "
                 "set dropout_p=0, or ShardSequence(ring=False) to gather the halo instead"
@@ -87,6 +90,36 @@ class ShardSequence(PointSharded):
         q, (k, v) = attn.queries(h), attn.keys_values(h)
         parts = halo_attention(attn, q, k, v, exchange, attn.keys_values, ctx.layout, ctx.key_segment_ids)
         return attn.merge_heads(parts)
+
+    # Its cost: the normed input's halo (C values per row), or k and v around the ring.
+
+    def layer_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
+        window, passes = work.window_size, work.forward_passes
+        if uses_ring(sizes, window, self.ring):
+            return ring_bytes(sizes, rank, window, work.row_bytes, passes)
+        return halo_bytes(sizes, rank, window, work.row_bytes, passes)
+
+    def segment_id_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
+        if uses_ring(sizes, work.window_size, self.ring):
+            return super().segment_id_bytes(work, sizes, rank)
+        return halo_rows(sizes, rank, work.window_size)[0] * 8  # the halo's ids, once per forward
+
+    def comm_parts(self, work: Workload, sizes: list[int], sent: int) -> list[CommPart]:
+        messages = sequence_messages(sizes, work.window_size, work.forward_passes, self.ring)
+        return [CommPart(sent, work.num_layers * messages, work.ranks, overlapped=True)]
+
+    def extra_projection_flops(self, work: Workload, sizes: list[int]) -> int:
+        if uses_ring(sizes, work.window_size, self.ring):
+            return 0
+        n, c = work.points, work.num_channels
+        return 2 * 2 * min(work.window_size or n, n) * 2 * c * c  # k, v of the 2W halo rows
+
+    def kept_values_per_layer(self, work: Workload) -> int:
+        """k and v of the 2W halo rows (none through the ring, which keeps nothing remote)."""
+        n = work.points
+        if uses_ring(work.sizes, work.window_size, self.ring):
+            return 0
+        return 2 * min(work.window_size or n, n) * 2 * work.num_channels
 
 
 def halo_attention(
@@ -123,7 +156,8 @@ def halo_attention(
         seg = None if ids is None else ids[:, key_lo : key_lo + keys.shape[2]]
         return attn.attend(queries, keys, values, q_offset=q_offset, segment_ids=seg)
 
-    interior = attend(q[:, :, first:stop], k, v, first, left) if stop > first else None
+    with profiler_range("halo_attention/interior"):  # while the halo travels
+        interior = attend(q[:, :, first:stop], k, v, first, left) if stop > first else None
 
     halo_left, halo_right = exchange.finish()
     k_left, v_left = halo_keys_values(halo_left)
@@ -131,15 +165,16 @@ def halo_attention(
     # Keys in padded order: the left halo, the local rows, the right halo.
     keys, values = (k_left, k, k_right), (v_left, v, v_right)
     parts = []
-    if first > 0:  # queries [0, first) at padded rows [left, left + first)
-        hi = min(left + first + reach, left + n + right)
-        parts.append(attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), left, 0))
-    if interior is not None:
-        parts.append(interior)
-    if stop < n:  # queries [stop, n) at padded rows [left + stop, left + n)
-        lo = max(left + stop - reach, 0)
-        hi = left + n + right
-        parts.append(attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), left + stop - lo, lo))
+    with profiler_range("halo_attention/edges"):
+        if first > 0:  # queries [0, first) at padded rows [left, left + first)
+            hi = min(left + first + reach, left + n + right)
+            parts.append(attend(q[:, :, :first], _span(keys, 0, hi), _span(values, 0, hi), left, 0))
+        if interior is not None:
+            parts.append(interior)
+        if stop < n:  # queries [stop, n) at padded rows [left + stop, left + n)
+            lo = max(left + stop - reach, 0)
+            hi = left + n + right
+            parts.append(attend(q[:, :, stop:], _span(keys, lo, hi), _span(values, lo, hi), left + stop - lo, lo))
     return parts
 
 

@@ -1,22 +1,20 @@
 """A benchmark point measured on local gloo ranks: counted bytes agree with the analytic model."""
 
+import dataclasses
 from typing import Any
 
 import pytest
-from omegaconf import OmegaConf
 
-from benchmarks.config import BenchmarkConfig
+from benchmarks.config import BenchmarkConfig, BenchModelConfig
 from benchmarks.point import summarise
 from benchmarks.worker import measure
 
 
-def point(**changes: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(BenchmarkConfig))  # type: ignore[assignment]
+def point(**changes: Any) -> BenchmarkConfig:
     changes = dict(changes)
     model = dict(num_layers=2, num_channels=16, num_heads=4, window_size=24) | changes.pop("model", {})
-    cfg.update(dict(warmup=0, steps=2) | changes)
-    cfg["model"].update(model)
-    return cfg
+    settings = dict(warmup=0, steps=2) | changes
+    return BenchmarkConfig(**settings, model=dataclasses.replace(BenchModelConfig(), **model))
 
 
 CASES = [
@@ -54,7 +52,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{v}" for v in c.values() if not isinstance(v, dict)))
 def test_counted_bytes_match_the_analytic_model(rank_pool, case):
     cfg = point(**case)
-    row = summarise(cfg, rank_pool.run_ok(measure, cfg["ranks"], cfg))
+    row = summarise(cfg, rank_pool.run_ok(measure, cfg.ranks, cfg))
     assert row["status"] == "ok"
     assert all(b > 0 for b in row["bytes_sent_per_rank"])
     assert row["bytes_rel_error_max"] <= 0.01, (row["bytes_sent_per_rank"], row["analytic_bytes_per_rank"])

@@ -3,7 +3,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from training.config import check_config
+from training.config import RunConfig, check_config, run_config
 
 
 def _compose(*overrides):
@@ -11,9 +11,13 @@ def _compose(*overrides):
         return compose(config_name="config", overrides=["run_dir=/tmp/x", *overrides])
 
 
+def _typed(*overrides) -> RunConfig:
+    return run_config(_compose(*overrides))
+
+
 def test_defaults_compose_and_pass_checks():
-    cfg = _compose()
-    assert cfg.strategy.name == "shard_sequence" and cfg.trainer.ranks_per_model == 2
+    cfg = _typed()
+    assert isinstance(cfg, RunConfig) and cfg.strategy.name == "shard_sequence" and cfg.trainer.ranks_per_model == 2
     check_config(cfg)
 
 
@@ -25,7 +29,7 @@ def test_strategy_is_one_switch(name):
 def test_a_strategy_option_reaches_the_processor():
     from training.config import processor_config, strategy_settings
 
-    cfg = _compose("strategy.ring=false")
+    cfg = _typed("strategy.ring=false")
     check_config(cfg)
     processor = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
     assert processor.describe()["strategy"] == "ShardSequence(ring=False)"
@@ -33,8 +37,8 @@ def test_a_strategy_option_reaches_the_processor():
 
 @pytest.mark.parametrize("override", ["trainer.loss.variable_weights={u: 4.0}", "+trainer.loss.variable_weights.u=4"])
 def test_variable_weights_take_new_names_as_the_readme_writes_them(override):
-    cfg = _compose(override)
-    assert dict(cfg.trainer.loss.variable_weights) == {"u": 4.0}
+    cfg = _typed(override)
+    assert cfg.trainer.loss.variable_weights == {"u": 4.0}
     check_config(cfg)
 
 
@@ -51,7 +55,10 @@ def test_wrong_type_fails_naming_the_key():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["trainer.lr=-1"], "trainer.lr"),
+        (["trainer.lr=-1"], r"config key trainer.lr = -1.0 is out of range: expected > 0"),
+        (["trainer.rollout.max=0"], r"trainer.rollout.max = 0 is out of range: expected >= 1"),
+        (["debug.fault_scope=rack"], r"config key debug.fault_scope = 'rack' is out of range: expected rank\|node"),
+        (["data.val_fraction=1.0"], r"data.val_fraction = 1.0 is out of range: expected in \(0, 1\)"),
         (["model.window_size=-2"], "model.window_size"),
         (["trainer.precision=fp8"], "trainer.precision"),
         (["trainer.ranks_per_model=3"], "does not divide the world size 2"),
@@ -69,18 +76,18 @@ def test_wrong_type_fails_naming_the_key():
 )
 def test_out_of_range_values(overrides, message):
     with pytest.raises(ValueError, match=message):
-        check_config(_compose(*overrides))
+        check_config(_typed(*overrides))
 
 
 def test_auto_picks_a_strategy_and_keeps_its_prediction(capsys):
     from training.auto_strategy import resolve_auto
     from training.config import strategy_settings
 
-    cfg = resolve_auto(_compose("strategy=auto", "strategy.machine=h100_nvlink_ib"))
+    cfg = resolve_auto(_typed("strategy=auto", "strategy.machine=h100_nvlink_ib"))
     check_config(cfg)  # the pick is a strategy like any other
     assert cfg.strategy.name in ("shard_sequence", "shard_heads", "shard_channels")
-    assert cfg.strategy.auto.choice == cfg.strategy.name and cfg.strategy.auto.machine == "h100_nvlink_ib"
-    assert set(cfg.strategy.auto.predicted) >= {"shard_sequence", "shard_heads"}
+    assert cfg.strategy.auto["choice"] == cfg.strategy.name and cfg.strategy.auto["machine"] == "h100_nvlink_ib"
+    assert set(cfg.strategy.auto["predicted"]) >= {"shard_sequence", "shard_heads"}
     assert "machine" not in strategy_settings(cfg.strategy)  # auto's own keys are no strategy options
     assert f"picked {cfg.strategy.name}" in capsys.readouterr().out
 
@@ -89,4 +96,51 @@ def test_auto_with_an_unknown_machine_names_it():
     from training.auto_strategy import resolve_auto
 
     with pytest.raises(ValueError, match="strategy=auto: machine 'cray'"):
-        resolve_auto(_compose("strategy=auto", "strategy.machine=cray"))
+        resolve_auto(_typed("strategy=auto", "strategy.machine=cray"))
+
+
+def test_an_added_key_is_named_when_the_composition_is_made_typed():
+    with pytest.raises(ValueError, match="config key trainer.stpes is not a setting of the schema: did you mean"):
+        _typed("+trainer.stpes=5")
+
+
+def test_settings_saved_before_the_debug_section_continue_under_it():
+    from pathlib import Path
+
+    from training.run_settings import SavedRun, continue_from, current_names
+
+    old = {"trainer": {"steps": 60, "fault_seed": 7, "fault_scope": "node"}, "model": {"num_layers": 3}}
+    saved = current_names(old)
+    assert saved == {"trainer": {"steps": 60}, "debug": {"fault_seed": 7, "fault_scope": "node"}, "model": old["model"]}
+    cfg = continue_from(_typed(), SavedRun(saved, 30, Path("x")), given=[])
+    assert (cfg.trainer.steps, cfg.debug.fault_seed, cfg.debug.fault_scope, cfg.model.num_layers) == (60, 7, "node", 3)
+
+
+def test_the_typed_config_round_trips_through_its_plain_form():
+    from training.settings import from_settings, to_settings
+
+    cfg = _typed("strategy=shard_hybrid", "strategy.head_group_size=2", "trainer.loss.variable_weights={u: 2.0}")
+    settings = to_settings(cfg)
+    assert from_settings(RunConfig, settings) == cfg
+    newer = {**settings, "gone": 1, "trainer": {**settings["trainer"], "removed_key": 3}}  # another version's keys
+    assert from_settings(RunConfig, newer) == cfg
+
+
+def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
+    """strategy.consider names strategies of your own: auto costs them like the built-ins and
+    picks one where it is cheapest (here a machine whose every message costs a second)."""
+    import dataclasses
+    import json
+
+    from tests.processor.plan.test_own_strategy import CHATTY_LINKS
+    from training.auto_strategy import resolve_auto
+
+    machine = tmp_path / "chatty.json"
+    machine.write_text(json.dumps(dataclasses.asdict(CHATTY_LINKS)))
+    own = "tests.processor.plan.test_own_strategy:GatherKeys"
+    cfg = resolve_auto(_typed("strategy=auto", f"strategy.machine={machine}", f"strategy.consider=[{own}]"))
+    assert cfg.strategy.name == own and cfg.strategy.auto["choice"] == "gather_keys"
+    assert "gather_keys" in capsys.readouterr().out
+    check_config(cfg)  # the pick is a strategy the run can start with
+    with pytest.raises(ValueError, match="strategy=auto: strategy 'no_such:Thing' cannot be imported"):
+        resolve_auto(_typed("strategy=auto", "strategy.consider=[no_such:Thing]"))  # before any probe

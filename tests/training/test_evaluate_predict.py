@@ -12,8 +12,10 @@ from tests.training.conftest import small_config
 from training import evaluate, predict
 from training.app import run
 from training.checkpoint import CheckpointError, load_training_checkpoint
+from training.config import RunConfig
 from training.data import DatasetError, ZarrDataset
 from training.session import build_model
+from training.settings import from_settings
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 
@@ -90,7 +92,7 @@ def test_predict_writes_forecasts_that_the_reader_opens(trained, tmp_path, small
     np.testing.assert_allclose(store.state(0), source.state(30), rtol=1e-5, atol=1e-5)  # the initial state
 
     state, saved = load_training_checkpoint(checkpoint)
-    model = build_model(saved, len(source.variables))
+    model = build_model(from_settings(RunConfig, saved), len(source.variables))
     model.load_state_dict(state["model"])
     from processor.grids import get_grid
     from training.model import ShardedGrids

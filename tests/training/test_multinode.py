@@ -24,7 +24,7 @@ from training.metrics_file import read_history
 
 WORLD = ["trainer.nprocs=4", "trainer.ranks_per_model=2", "trainer.heartbeat_s=0.2"]
 WORLD += ["evaluate.at_end_of_training=false"]
-NODE_LOSS = ["trainer.fault_at_step=4", "trainer.fault_rank=2", "trainer.fault_scope=node", "trainer.timeout_s=30"]
+NODE_LOSS = ["debug.fault_at_step=4", "debug.fault_rank=2", "debug.fault_scope=node", "trainer.timeout_s=30"]
 
 
 def _training(run_dir: Path, dataset: Path, *overrides: str) -> list[str]:

@@ -12,11 +12,12 @@ import pytest
 from processor.runtime import run_local
 from tests.training.conftest import small_config
 from training.app import prepare
+from training.config import RunConfig
 from training.data import generate_rossby_haurwitz
 from training.trainer import train
 
 
-def train_in(configs: list[dict], workdirs: list[str]) -> dict:
+def train_in(configs: list[RunConfig], workdirs: list[str]) -> dict:
     """Each rank trains with its own configuration, from its own working directory (like a node
     with its own local disk)."""
     import torch.distributed as dist
@@ -30,7 +31,7 @@ def _report_lines(message: str) -> dict[int, str]:
     return {int(m[1]): m[2] for m in re.finditer(r"^  rank (\d+): (.*)$", message, re.MULTILINE)}
 
 
-def _run(configs: list[dict], workdirs: list[str]) -> dict[int, str]:
+def _run(configs: list[RunConfig], workdirs: list[str]) -> dict[int, str]:
     with pytest.raises(RuntimeError) as info:
         run_local(train_in, 2, configs, workdirs, timeout_s=30, threads_per_rank=1)
     lines = _report_lines(str(info.value))
@@ -43,10 +44,10 @@ def _run(configs: list[dict], workdirs: list[str]) -> dict[int, str]:
 def test_different_configurations(tmp_path, small_dataset):
     base = prepare(small_config(tmp_path, small_dataset, "logging.mlflow=false"))
     other = prepare(small_config(tmp_path, small_dataset, "logging.mlflow=false", "model.window_size=30"))
-    other["trainer"]["lr"] = 1e-3
+    other.trainer.lr = 1e-3
     line = _run([base, other], [str(tmp_path)] * 2)[0]
     assert "model.window_size: 40 on ranks [0], 30 on ranks [1]" in line
-    assert f"trainer.lr: {base['trainer']['lr']:g} on ranks [0], 0.001 on ranks [1]" in line
+    assert f"trainer.lr: {base.trainer.lr:g} on ranks [0], 0.001 on ranks [1]" in line
     assert not (tmp_path / "checkpoints").exists()
 
 
@@ -56,6 +57,6 @@ def test_same_path_different_dataset(tmp_path, small_dataset):
     shutil.copytree(small_dataset, node0 / "rh.zarr")
     generate_rossby_haurwitz(node1 / "rh.zarr", "o16", steps=30, seed=3)
     cfg = prepare(small_config(tmp_path / "run", small_dataset, "logging.mlflow=false"))
-    cfg["data"]["path"] = "rh.zarr"
+    cfg.data.path = "rh.zarr"
     line = _run([cfg, cfg], [str(node0), str(node1)])[0]
     assert "dataset.shape: (40, 1600) on ranks [0], (30, 1600) on ranks [1]" in line

@@ -1,6 +1,6 @@
 """A rank killed mid-step: every other rank names it and stops; torchrun restarts resume exactly.
 
-The fault is real: ``trainer.fault_at_step`` makes rank 1 SIGKILL itself after its backward
+The fault is real: ``debug.fault_at_step`` makes rank 1 SIGKILL itself after its backward
 pass, before the gradient all-reduce (once per run directory).
 """
 
@@ -19,7 +19,7 @@ from training.app import run
 from training.checkpoint import load_checkpoint
 from training.faults import MARKER
 
-FAULT = ["trainer.fault_at_step=4", "trainer.heartbeat_s=0.2", "trainer.timeout_s=30", "logging.mlflow=false"]
+FAULT = ["debug.fault_at_step=4", "trainer.heartbeat_s=0.2", "trainer.timeout_s=30", "logging.mlflow=false"]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

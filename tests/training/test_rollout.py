@@ -13,6 +13,7 @@ from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model_parallel_gradients
 from processor.grids import get_grid
 from processor.strategies import ShardHybrid
+from training.config import LossConfig
 from training.model import Forecaster, ShardedGrids
 from training.rollout import RolloutSchedule, loss_weights
 from training.step import TrainStep
@@ -29,23 +30,23 @@ def test_schedule_raises_the_rollout_up_to_its_max():
         RolloutSchedule(start=4, max=2)
 
 
-def _cfg(area: bool, variable_weights: dict) -> dict:
-    return {"trainer": {"loss": {"area_weights": area, "variable_weights": variable_weights}}, "data": {"grid": "o12"}}
+def _weights(area: bool, variable_weights: dict, latitudes, points: slice):
+    return loss_weights(LossConfig(area, variable_weights), "o12", VARIABLES, latitudes, points)
 
 
 def test_loss_weights_have_mean_one_and_name_bad_keys():
     lat = get_grid("o12").latitudes
-    assert loss_weights(_cfg(False, {}), VARIABLES, lat, slice(None)) is None
-    w = loss_weights(_cfg(True, {"tracer": 2.0}), VARIABLES, lat, slice(None)).double()
+    assert _weights(False, {}, lat, slice(None)) is None
+    w = _weights(True, {"tracer": 2.0}, lat, slice(None)).double()
     assert w.shape == (len(lat), 3)
     np.testing.assert_allclose(w.mean(0).numpy(), [0.75, 0.75, 1.5], rtol=1e-6)  # area weights: mean 1
     assert float(w[0, 0]) < float(w[len(lat) // 2, 0])  # polar points weigh less than equatorial ones
-    part = loss_weights(_cfg(True, {}), VARIABLES, lat, slice(10, 30))
-    torch.testing.assert_close(part, loss_weights(_cfg(True, {}), VARIABLES, lat, slice(None))[10:30])
+    part = _weights(True, {}, lat, slice(10, 30))
+    torch.testing.assert_close(part, _weights(True, {}, lat, slice(None))[10:30])
     with pytest.raises(ValueError, match=r"trainer.loss.variable_weights names \['q'\]"):
-        loss_weights(_cfg(False, {"q": 1.0}), VARIABLES, lat, slice(None))
+        _weights(False, {"q": 1.0}, lat, slice(None))
     with pytest.raises(ValueError, match="weights must be >= 0"):
-        loss_weights(_cfg(False, {"u": -1.0}), VARIABLES, lat, slice(None))
+        _weights(False, {"u": -1.0}, lat, slice(None))
 
 
 def _model(strategy: str | ShardHybrid) -> Forecaster:
@@ -63,7 +64,7 @@ def _data():
 def _rollout_loss(model, x, y, ranks: int, rank: int, group, rows: slice):
     data, hidden = get_grid("o12"), get_grid("o6")
     grids = ShardedGrids.build(data.latitudes, data.longitudes, hidden, ranks, rank, encoder_k=4, decoder_k=3)
-    weights = loss_weights(_cfg(True, {"tracer": 3.0}), VARIABLES, data.latitudes, rows)
+    weights = _weights(True, {"tracer": 3.0}, data.latitudes, rows)
     step = TrainStep(model, None, None, 0.0, nullcontext(), x.shape[0] * x.shape[1] * 3, weights)
     x_local = x[:, rows].clone().requires_grad_()
     loss = step.loss(x_local, y[:, :, rows], grids, group, Transport())

@@ -100,7 +100,7 @@ def test_a_run_directory_with_settings_and_no_checkpoint_starts_from_step_0(tmp_
     (run_dir / "config.yaml").write_text((tmp_path / "source" / "config.yaml").read_text())
     with caplog.at_level(logging.INFO, logger="training.app"):
         resolved = prepare(small_config(run_dir, small_dataset), given=["run_dir"])  # the default's 600 steps
-    assert resolved["trainer"]["steps"] == 2 and resolved["trainer"]["nprocs"] == 1  # the run's own
+    assert resolved.trainer.steps == 2 and resolved.trainer.nprocs == 1  # the run's own
     line = f"resuming {run_dir} from step 0 of 2 (it has settings, config.yaml, but no checkpoint)"
     assert line in caplog.text
 
@@ -215,11 +215,9 @@ def test_the_saved_settings_are_the_base_and_the_given_keys_change_them():
         "trainer": {"lr": 0.003, "steps": 60, "stop_at_step": 30, "device": "cuda"},
         "strategy": {"name": "shard_heads", "ring": None},
     }
-    from omegaconf import OmegaConf
+    from training.config import run_config
 
-    from training.config import TrainConfig
-
-    cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), {"trainer": {"lr": 0.001, "steps": 600}})
+    cfg = run_config(small_config(Path("/tmp/x"), Path("/tmp/data.zarr"), "trainer.lr=0.001", "trainer.steps=600"))
     given = given_keys(["trainer.lr=0.001", "strategy=shard_sequence"])
     assert given == ["trainer.lr", "strategy"]
     merged = continue_from(cfg, SavedRun(saved, 30, Path("x")), given)
@@ -227,6 +225,6 @@ def test_the_saved_settings_are_the_base_and_the_given_keys_change_them():
     assert merged.trainer.stop_at_step is None  # one invocation's setting, never carried over
     assert merged.trainer.device == "auto"  # the machine's: a GPU run continues on CPUs
     assert merged.strategy.name == "shard_sequence"  # a group given again is this command line's
-    changes = changed_settings(saved, OmegaConf.to_container(merged))
+    changes = changed_settings(saved, merged)
     assert "trainer.lr 0.003 -> 0.001" in changes and "strategy.name shard_heads -> shard_sequence" in changes
     assert not any(c.startswith(("trainer.steps ", "trainer.stop_at_step ")) for c in changes)

@@ -1,5 +1,5 @@
 """The soak: a long run under ``torchrun --max-restarts`` whose ranks are SIGKILLed again and again
-(``trainer.fault_every``: about every 20 steps, at a random time inside a step, after a
+(``debug.fault_every``: about every 20 steps, at a random time inside a step, after a
 backward pass, or in the middle of writing a checkpoint) ends with the parameters of an
 uninterrupted run, bit for bit; every checkpoint it wrote could be loaded the moment it
 appeared; its MLflow run holds every step once.
@@ -96,8 +96,8 @@ def test_a_run_killed_again_and_again_ends_as_an_uninterrupted_one(tmp_path, sma
         "training",
         *small_overrides(soak, small_dataset),
         *SETTINGS,
-        f"trainer.fault_every={EVERY}",
-        f"trainer.fault_seed={SEED}",
+        f"debug.fault_every={EVERY}",
+        f"debug.fault_seed={SEED}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     started = time.monotonic()

@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from processor.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """The dataset is missing, malformed, or does not fit the configuration."""
 
 

@@ -107,7 +107,8 @@ class Forecaster(nn.Module):
         hidden = self.hidden_embed(grids.hidden_features).expand(b, -1, -1)
         src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
         hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
-        hidden = self.processor(hidden, group=model_group, transport=transport)
+        # The hidden split is known here: passing it keeps the ranks agreeing once per layout.
+        hidden = self.processor(hidden, group=model_group, shard_sizes=grids.hidden_layout.sizes, transport=transport)
         src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group, transport)
         data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
         return x + self.head(data)

@@ -48,9 +48,9 @@ def _groups_of_each_rank(group) -> dict:
     model = TransformerProcessor(ProcessorConfig(num_layers=1, num_channels=8, num_heads=2, strategy="shard_hybrid"))
     groups = model.build_groups(group)
     return {
-        "heads": dist.get_process_group_ranks(groups.heads),
-        "sequence": dist.get_process_group_ranks(groups.sequence),
-        "size": groups.head_group_size,
+        "heads": dist.get_process_group_ranks(groups.axis_group("heads")),
+        "sequence": dist.get_process_group_ranks(groups.axis_group("points")),
+        "size": groups.dims.heads,
     }
 
 
@@ -68,5 +68,14 @@ def _forward_with_the_plain_group(group) -> None:
 
 
 def test_forward_without_the_groups_says_how_to_build_them(rank_pool) -> None:
-    errors = rank_pool.run(_forward_with_the_plain_group, 2)
-    assert all("model.build_groups(group)" in e.message for e in errors)
+    errors = rank_pool.run(_forward_with_the_plain_group, 4)  # 2 x 2: a heads and a points axis
+    assert len(errors) == 4 and all("model.build_groups(group)" in e.message for e in errors)
+
+
+def _forward_with_one_axis(group) -> tuple:
+    model = TransformerProcessor(ProcessorConfig(num_layers=1, num_channels=8, num_heads=2, strategy="shard_hybrid"))
+    return tuple(model(torch.ones(1, 5, 8), group=group).shape)
+
+
+def test_a_head_group_of_every_rank_needs_no_groups_of_its_own(rank_pool) -> None:
+    assert rank_pool.run_ok(_forward_with_one_axis, 2) == [(1, 5, 8)] * 2  # G = P: the heads axis only

@@ -115,7 +115,7 @@ def _train(tmp_path: Path, store: Path, *overrides: str) -> dict:
 
 def test_training_on_a_store_anemoi_built_with_a_missing_date(tmp_path, built_by_anemoi):
     """Two ranks (shard_sequence), the grid inferred from the store."""
-    assert prepare(small_config(tmp_path, built_by_anemoi, "data.grid=null"))["data"]["grid"] == "o32"
+    assert prepare(small_config(tmp_path, built_by_anemoi, "data.grid=null")).data.grid == "o32"
     _train(tmp_path, built_by_anemoi)
 
 

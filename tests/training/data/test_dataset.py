@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import zarr
 
+from training.config import DataConfig
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
 from training.data.zarr_compat import open_group_v2, write_array
@@ -54,6 +55,5 @@ def test_malformed_store(tmp_path):
 
 
 def test_grid_must_match_the_store(small_dataset):
-    cfg = {"data": {"path": str(small_dataset), "variables": None, "grid": "o32"}}
     with pytest.raises(DatasetError, match="o32 has 5248 points but .* has 1600"):
-        open_dataset(cfg)
+        open_dataset(DataConfig(path=str(small_dataset), grid="o32", generate=False))

@@ -51,4 +51,4 @@ def test_shifted_store_fails_in_prepare_naming_data_grid(tmp_path, small_dataset
 
 def test_null_grid_is_inferred_and_recorded(tmp_path, small_dataset):
     resolved = prepare(small_config(tmp_path / "run", small_dataset, "data.grid=null"))
-    assert resolved["data"]["grid"] == "o16"
+    assert resolved.data.grid == "o16"

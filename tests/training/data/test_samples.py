@@ -10,6 +10,7 @@ import zarr
 
 from tests.training.conftest import small_config
 from training.app import run
+from training.config import DataConfig
 from training.data import DatasetError, ZarrDataset, generate_rossby_haurwitz
 from training.data.samples import build_samples, lead_steps, select_members
 from training.session import dataset_samples, open_dataset
@@ -71,19 +72,18 @@ def test_members_and_missing_dates_in_the_reader(ensemble_store):
 
 
 def test_open_dataset_checks_lead_time_and_members(ensemble_store):
-    cfg = {"data": {"path": str(ensemble_store), "variables": None, "grid": None, "val_fraction": 0.25}}
-    cfg["data"]["lead_time"] = 12
-    dataset = open_dataset(cfg)
-    assert cfg["data"]["grid"] == "o16"  # inferred, and recorded in the configuration
-    samples = dataset_samples(cfg, dataset)
+    data = DataConfig(path=str(ensemble_store), grid=None, generate=False, val_fraction=0.25, lead_time=12)
+    dataset = open_dataset(data)
+    assert data.grid == "o16"  # inferred, and recorded in the configuration
+    samples = dataset_samples(data, dataset)
     assert samples.lead == 2 and len(samples.train) == 2 * len({t for t, _ in samples.train})
     assert all(t not in (5, 7) for t, _ in samples.train)
-    cfg["data"]["lead_time"] = 9
+    data.lead_time = 9
     with pytest.raises(DatasetError, match=r"data.lead_time = 9 \(hours\) is not a positive multiple .* \(6h\)"):
-        open_dataset(cfg)
-    cfg["data"].update(lead_time=None, members=[0, 2])
+        open_dataset(data)
+    data.lead_time, data.members = None, [0, 2]
     with pytest.raises(DatasetError, match=r"data.members = \[0, 2\]"):
-        open_dataset(cfg)
+        open_dataset(data)
 
 
 def test_nonfinite_outside_the_missing_dates_names_the_member(tmp_path, ensemble_store):

@@ -1,8 +1,41 @@
+"""The analytic bytes each strategy states (processor.strategies.traffic and the strategies'
+cost methods), and the FLOP model."""
+
 import pytest
 
-from benchmarks.analytic import halo_rows, processor_bytes, ring_partners, shard_heads_bytes
-from benchmarks.flops import processor_flops, window_pairs
 from processor.distributed import shard_sizes
+from processor.plan import Workload, processor_flops, window_pairs
+from processor.plan import processor_bytes as strategy_bytes
+from processor.strategies import resolve_strategy
+from processor.strategies.traffic import halo_rows, head_all_to_all_bytes, ring_partners
+
+
+def processor_bytes(
+    strategy: str,
+    sizes: list[int],
+    rank: int,
+    *,
+    num_layers: int,
+    num_heads: int,
+    window_size: int | None,
+    row_bytes: int,
+    checkpointed: bool = False,
+    chunks: int = 1,
+    **options,
+) -> int:
+    """Bytes ``rank`` sends under the built-in ``strategy`` with ``options``, asked of the
+    strategy; ``row_bytes`` (a multiple of 4) as fp32 channels of one sample."""
+    assert row_bytes % 4 == 0
+    work = Workload(
+        points=sum(sizes),
+        num_layers=num_layers,
+        num_channels=row_bytes // 4,
+        num_heads=num_heads,
+        window_size=window_size,
+        num_chunks=chunks if checkpointed else 0,
+        ranks=len(sizes),
+    )
+    return strategy_bytes(resolve_strategy(strategy, options), work, sizes, rank)
 
 
 def _halo_rows_by_counting(sizes: list[int], rank: int, width: int) -> tuple[int, int]:
@@ -28,7 +61,7 @@ def test_halo_rows_match_counting_rows_within_the_window(sizes, width):
 def test_shard_heads_even_split_is_the_textbook_formula():
     n, c, p = 40320, 128, 4
     sizes = shard_sizes(n, p)
-    per_layer = shard_heads_bytes(sizes, 1, num_heads=8, row_bytes=c * 4)
+    per_layer = head_all_to_all_bytes(sizes, 1, num_heads=8, row_bytes=c * 4)
     one_way = 4 * (n // p) * c * (p - 1) / p * 4
     assert per_layer == 2 * one_way
 
@@ -45,14 +78,14 @@ def test_checkpointing_repeats_the_forward_exchange():
 
 def test_ring_sends_each_block_to_its_partners_and_gradients_home():
     sizes = [10, 20, 10]  # window 15: rank 0 (last point 9) meets rank 1, not rank 2 (first point 30)
-    kw = dict(num_layers=1, num_heads=4, window_size=15, row_bytes=1)
+    kw = dict(num_layers=1, num_heads=4, window_size=15, row_bytes=4)  # 4 bytes per row
     # The window reaches no block two ranks away: the halo unless the ring is forced.
-    assert processor_bytes("shard_sequence", sizes, 0, **kw) == sum(halo_rows(sizes, 0, 15))
+    assert processor_bytes("shard_sequence", sizes, 0, **kw) == 4 * sum(halo_rows(sizes, 0, 15))
     forced = processor_bytes("shard_sequence", sizes, 0, **kw, ring=True)
-    assert forced == 2 * 2 * 10 + 2 * 20  # my k, v to rank 1 in forward and backward; its dk, dv home
+    assert forced == 4 * (2 * 2 * 10 + 2 * 20)  # my k, v to rank 1 in forward and backward; its dk, dv home
     assert ring_partners(sizes, 1, 15) == [0, 2] and ring_partners(sizes, 0, 21) == [1, 2]
     global_attention = processor_bytes("shard_sequence", sizes, 1, **{**kw, "window_size": None})
-    assert global_attention == 2 * 2 * 2 * 20 + 2 * (10 + 10)  # two partners, chosen by itself
+    assert global_attention == 4 * (2 * 2 * 2 * 20 + 2 * (10 + 10))  # two partners, chosen by itself
 
 
 def test_hybrid_is_heads_within_groups_and_k_v_across_them():
@@ -66,7 +99,7 @@ def test_hybrid_is_heads_within_groups_and_k_v_across_them():
         assert processor_bytes("shard_hybrid", sizes, rank, window_size=None, head_group_size=1, **kw) == ring
     # 2 x 2, rank 1: the all-to-all with rank 0 over 21 points, then a halo of 5 rows of its
     # 2 heads' k and v (half a row each) with super-block [21, 42) and their gradients back.
-    within = shard_heads_bytes([10, 11], 1, 4, 8)
+    within = head_all_to_all_bytes([10, 11], 1, 4, 8)
     assert processor_bytes("shard_hybrid", [10, 11, 9, 12], 1, window_size=5, head_group_size=2, **kw) == (
         within + (5 + 5) * 2 * 4
     )
@@ -92,22 +125,3 @@ def test_flop_model_is_the_band_model():
     n, c, w = 40320, 256, 512
     expected = 3 * 2 * (24 * n * c * c + 4 * c * window_pairs(n, w))
     assert processor_flops(n, c, w, num_layers=2, mlp_hidden_ratio=4) == expected
-
-
-def test_scale_probe_picks_the_largest_grid_under_the_budget():
-    from benchmarks.scale_probe import largest_fitting
-    from processor.grids import grid_points
-
-    samples = {1000: 100 + 1000, 2000: 100 + 2000}  # bytes = 100 + N
-    grid = largest_fitting(samples, budget=100 + 40320, family="o", step=8, global_attention=False)
-    assert grid_points(grid) <= 40320 < grid_points(f"o{int(grid[1:]) + 8}")
-    assert grid == "o96"
-    smaller = largest_fitting(samples, 100 + 40320, "o", 8, False, below=40320)
-    assert smaller == "o88"
-
-
-def test_scale_probe_refuses_a_fit_without_growth():
-    from benchmarks.scale_probe import largest_fitting
-
-    with pytest.raises(ValueError, match="larger probe.fit_grids"):
-        largest_fitting({1000: 500, 2000: 490}, budget=10_000, family="o", step=8, global_attention=False)

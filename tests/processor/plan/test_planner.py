@@ -1,4 +1,4 @@
-"""The cost model behind strategy=auto: candidates, what moves a prediction, the choice, the report."""
+"""The planner behind strategy=auto: candidates, what moves a prediction, the choice, the report."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from benchmarks.auto_report import choice_table, measured_rows, point_table
-from benchmarks.cost_model import Candidate, Machine, Workload, candidates, choose, predict
-from benchmarks.machine_probe import PRESETS, load_machine
+from processor.plan import PRESETS, Machine, Workload, candidates, choose, load_machine, predict
+from processor.strategies import ShardSequence
 
 CPU = Machine("test", 20e9, 5e9, 10e9, latency_s=1e-4, bandwidth_b_s=2e9, memory_b=8 * 2**30, parallel_ranks=2)
 
@@ -37,11 +37,11 @@ def test_slower_links_cost_the_exchanging_strategies_more() -> None:
         fast, slowed = predict(work, c, CPU), predict(work, c, slow)
         assert slowed.comm_s > fast.comm_s and slowed.compute_s == fast.compute_s
     # shard_heads sends every point's q, k, v; the halo only W rows: the halo wins on a slow link.
-    assert choose(work, slow)[0].candidate.strategy == "shard_sequence"
+    assert choose(work, slow)[0].strategy.name == "shard_sequence"
 
 
 def test_ranks_sharing_cores_compute_slower() -> None:
-    c = Candidate("shard_sequence")
+    c = ShardSequence()
     two, four = predict(_work(ranks=2), c, CPU), predict(_work(ranks=4), c, CPU)
     assert four.compute_s == pytest.approx(two.compute_s, rel=0.05)  # half the work each, at half the speed
 
@@ -62,7 +62,7 @@ def test_groups_wider_than_a_node_use_the_links_between_nodes() -> None:
     # all-to-all inside a node.
     work = _work(points=542080, num_channels=1024, num_heads=16, window_size=None, ranks=32, precision="bf16")
     pick, table = choose(work, h100)
-    assert pick.fits and pick.candidate.strategy in ("shard_hybrid", "shard_sequence")
+    assert pick.fits and pick.strategy.name in ("shard_hybrid", "shard_sequence")
     assert pick.step_s == min(p.step_s for p in table if p.fits)
 
 
@@ -81,8 +81,8 @@ def test_the_report_compares_auto_with_the_fastest_measured(tmp_path) -> None:
         status="ok", target="processor", grid="o64", points=work.points, num_layers=2, num_channels=128, num_heads=8,
         window_size=64, mlp_hidden_ratio=2.0, num_chunks=0, batch_size=1, ranks=2, precision="fp32",
     )  # fmt: skip
-    pick = choose(work, CPU)[0].candidate.strategy
-    other = next(c.strategy for c in candidates(work) if c.strategy != pick)
+    pick = choose(work, CPU)[0].strategy.name
+    other = next(c.name for c in candidates(work) if c.name != pick)
     lines = [{**row, "strategy": pick, "step_time_s": 1.05}, {**row, "strategy": other, "step_time_s": 1.0}]
     (tmp_path / "results.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
     rows = measured_rows(tmp_path)
