@@ -31,7 +31,7 @@ def projection_rows(machine_name: str, window: int | None, grids=GRIDS, ranks=RA
             except ValueError:  # nothing fits: report the least memory
                 pick, table = None, []
             for pred in table:
-                mark = " **auto**" if pick is not None and pred.strategy == pick.strategy else ""
+                mark = " **auto**" if pred is pick else ""
                 fits = "" if pred.fits else " (does not fit)"
                 rows.append(
                     f"| {grid} | {p} | {pred.label}{mark} | {pred.step_s * 1e3:.1f} | "

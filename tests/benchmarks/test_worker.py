@@ -46,6 +46,8 @@ CASES = [
         precision="bf16",
         model=dict(window_size=None, num_chunks=1),
     ),
+    # A strategy of your own, swept by import path: counted like the built-ins.
+    dict(strategy="tests.processor.plan.test_own_strategy:GatherKeys", ranks=3, grid="o8", model=dict(num_chunks=1)),
 ]
 
 
