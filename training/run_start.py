@@ -12,7 +12,7 @@ import torch
 
 from processor.grids import get_grid
 from processor.runtime.torchrun import under_torchrun
-from training.config import RunConfig, TrainerConfig
+from training.config import RunConfig, TrainerConfig, processor_config, strategy_settings
 from training.tracking import local_store_uri, read_record
 
 
@@ -41,7 +41,17 @@ def startup_line(cfg: RunConfig, data_points: int) -> str:
     mp = t_cfg.ranks_per_model
     hidden = cfg.model.hidden_grid
     return (
-        f"strategy {cfg.strategy.name} on {world // mp} data-parallel x {mp} model-parallel rank(s); "
+        f"strategy {cfg.strategy.name} on {world // mp} data-parallel x {mp} model-parallel rank(s)"
+        f"{_mesh(cfg)}; "
         f"data {cfg.data.grid} ({data_points} points) -> hidden {hidden} "
         f"({get_grid(hidden).n_points} points); device {_device(t_cfg)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
     )
+
+
+def _mesh(cfg: RunConfig) -> str:
+    """`` (mesh: points 2 x channels 1 x heads 1)``: how the strategy lays a model group out."""
+    mp = cfg.trainer.ranks_per_model
+    if mp == 1:
+        return ""
+    processor = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
+    return f" (mesh: {processor.resolved_strategy().degrees(processor.num_heads, mp).describe()})"

@@ -4,7 +4,6 @@ rank's data points."""
 
 from __future__ import annotations
 
-import logging
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -24,8 +23,6 @@ from training.model import Forecaster, ShardedGrids
 from training.parallel import ParallelDims
 from training.settings import to_settings
 from training.tracking import flatten
-
-log = logging.getLogger(__name__)
 
 
 def join_ranks(cfg: RunConfig) -> tuple[ParallelDims, AbstractContextManager]:
@@ -178,8 +175,6 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     samples = dataset_samples(cfg.data, dataset, horizon)
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
-    if model_group is not None and dims.rank == 0:
-        log.info("model mesh: dp %d x (%s), %s", dims.dp, model_group.dims.describe(), model.processor.strategy)
     batches = Batches(dataset, grids, samples.lead, device)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)

@@ -144,3 +144,20 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
     check_config(cfg)  # the pick is a strategy the run can start with
     with pytest.raises(ValueError, match="strategy=auto: strategy 'no_such:Thing' cannot be imported"):
         resolve_auto(_typed("strategy=auto", "strategy.consider=[no_such:Thing]"))  # before any probe
+
+
+@pytest.mark.parametrize(
+    "overrides,mesh",
+    [
+        (["strategy=shard_sequence"], "(mesh: points 2 x channels 1 x heads 1)"),
+        (["strategy=shard_channels"], "(mesh: points 1 x channels 2 x heads 1)"),
+        (
+            ["strategy=shard_hybrid", "strategy.head_group_size=2", "trainer.nprocs=4", "trainer.ranks_per_model=4"],
+            "(mesh: points 2 x channels 1 x heads 2)",
+        ),
+    ],
+)
+def test_the_startup_line_shows_how_the_strategy_lays_out_the_model_group(overrides, mesh):
+    from training.run_start import startup_line
+
+    assert mesh in startup_line(_typed(*overrides, "run_dir=/tmp/x", "logging.mlflow=false"), 5248)
