@@ -22,6 +22,9 @@ quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" torch==2.13.0 numpy
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
     quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "anemoi-datasets==0.5.47" eccodes -e ".[dev]"
 quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-models==0.19.0"
+# anemoi-models' model classes import a few names from anemoi-graphs; its own dependencies
+# (plotting, mesh builders) are not needed for that.
+quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-graphs==0.9.8"
 quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" typeguard networkx
-"$VENV/bin/python" -c "import anemoi.datasets, anemoi.models.layers.processor, processor, zarr; assert zarr.__version__.startswith('2.')"
+"$VENV/bin/python" -c "import anemoi.datasets, anemoi.models.layers.processor, anemoi.models.models, processor, zarr; assert zarr.__version__.startswith('2.')"
 echo "gridshard and anemoi installed in $VENV (zarr $("$VENV/bin/python" -c 'import zarr; print(zarr.__version__)'))"

@@ -249,7 +249,7 @@ def _refuse_unsupported(settings: Mapping[str, Any]) -> None:
         (
             "attn_channels",
             lambda v: v is None or v == settings.get("num_channels"),
-            "an attention narrower or wider than num_channels",
+            "attention narrower or wider than num_channels",
         ),
     ]
     for key, ok, what in rules:

@@ -15,30 +15,38 @@ Put it in an anemoi model by its config (no anemoi code changes)::
         ...
 
 It takes anemoi's arguments, runs on anemoi's layout (``(batch * local_grid, C)``, this
-rank's contiguous block of grid points, the sizes in ``shard_info.nodes``) and its state dict
-has anemoi's names, so an anemoi checkpoint loads into it and its checkpoints load into
-anemoi. As with anemoi's own processor, each rank's parameter gradients hold its points'
-share: anemoi's trainer sums them over the model group.
+rank's contiguous block of grid points, the sizes in ``shard_info.nodes``), and its module tree
+is anemoi's: ``proc`` a ``ModuleList`` of per-layer blocks with ``layer_norm_attention``,
+``attention.lin_q/lin_k/lin_v``, ``attention.projection``, ``attention.q_norm/k_norm``,
+``layer_norm_mlp`` and ``mlp.mlp[0..2]``, and the attributes ``num_layers``, ``num_channels``,
+``num_chunks``, ``chunk_size`` and ``gradient_checkpointing``, read at each forward as anemoi
+reads them. So ``named_parameters()`` and ``state_dict()`` have anemoi's names: anemoi
+checkpoints load into it, its checkpoints load into anemoi, and anemoi code that freezes or
+tunes submodules by name finds them.
+
+Those anemoi-named modules hold the only parameters. The gridshard
+:class:`~processor.TransformerProcessor` that runs them is kept out of the module tree (so it
+adds no second name for a parameter) and is built on the same module objects
+(:mod:`processor.interop.anemoi_modules` explains how its fused q/k/v projection reads anemoi's
+three): ``.to()``, ``.apply()``, ``requires_grad_()``, optimisers and Lightning all see anemoi's
+tree, and the processor computes with whatever they leave there. As with anemoi's own
+processor, each rank's parameter gradients hold its points' share: anemoi's trainer sums them
+over the model group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from processor.interop.anemoi import (
-    AnemoiConversionError,
-    from_anemoi_state_dict,
-    processor_kwargs_from_anemoi,
-    to_anemoi_state_dict,
-)
+from processor.interop.anemoi import AnemoiConversionError, processor_kwargs_from_anemoi
+from processor.interop.anemoi_modules import anemoi_blocks
 from processor.strategies import resolve_strategy
 from processor.transformer import TransformerProcessor
-
-_INNER = "processor."  # the wrapped TransformerProcessor's attribute name
 
 
 class AnemoiTransformerProcessor(nn.Module):
@@ -60,11 +68,30 @@ class AnemoiTransformerProcessor(nn.Module):
                 "does not expect: use shard_sequence or shard_heads"
             )
         kwargs = processor_kwargs_from_anemoi(anemoi_settings)
-        self.processor = TransformerProcessor(**kwargs, strategy=strategy)
         self.num_layers, self.num_channels = kwargs["num_layers"], kwargs["num_channels"]
-        self.num_chunks = kwargs.get("num_chunks", 1)
-        self.register_state_dict_post_hook(_state_dict_to_anemoi)
-        self.register_load_state_dict_pre_hook(_state_dict_from_anemoi)
+        self.num_chunks = anemoi_settings.get("num_chunks", 1)
+        if not isinstance(self.num_chunks, int) or self.num_chunks < 1 or self.num_layers % self.num_chunks:
+            raise AnemoiConversionError(
+                f"num_chunks = {self.num_chunks} must be an integer >= 1 dividing num_layers = {self.num_layers}"
+            )
+        self.chunk_size = self.num_layers // self.num_chunks
+        self.gradient_checkpointing = bool(anemoi_settings.get("gradient_checkpointing", True))
+        processor = TransformerProcessor(**kwargs, strategy=strategy)
+        self.proc = anemoi_blocks(processor)
+        # A plain attribute, not a submodule: its parameters are proc's, under anemoi's names only.
+        object.__setattr__(self, "_gridshard", processor)
+        self.register_load_state_dict_pre_hook(_check_anemoi_state_dict)
+
+    @property
+    def processor(self) -> TransformerProcessor:
+        """The gridshard processor that runs ``proc``'s parameters (outside the module tree)."""
+        return self._gridshard
+
+    def train(self, mode: bool = True) -> AnemoiTransformerProcessor:
+        """As ``nn.Module.train``, and the gridshard processor's attention (its dropout) follows."""
+        super().train(mode)
+        self._gridshard.train(mode)
+        return self
 
     def forward(
         self,
@@ -97,8 +124,19 @@ class AnemoiTransformerProcessor(nn.Module):
                 f"x must be (batch_size * local_grid, channels) with batch_size = {batch_size}, got {tuple(x.shape)}"
             )
         points = _points_per_rank(x.shape[0], batch_size, shard_info, shard_shapes, model_comm_group)
-        out = self.processor(x.view(batch_size, -1, x.shape[1]), model_comm_group, points)
+        self._follow_checkpointing()
+        out = self._gridshard(x.view(batch_size, -1, x.shape[1]), model_comm_group, points)
         return out.reshape(-1, x.shape[1])
+
+    def _follow_checkpointing(self) -> None:
+        """Checkpoint chunks of ``chunk_size`` layers when ``gradient_checkpointing``, none
+        otherwise, as anemoi reads these attributes at each forward (gridshard: ``num_chunks = 0``
+        checkpoints nothing)."""
+        if self.chunk_size < 1 or self.num_layers % self.chunk_size:
+            raise ValueError(f"chunk_size = {self.chunk_size} must divide num_layers = {self.num_layers}")
+        chunks = self.num_layers // self.chunk_size if self.gradient_checkpointing else 0
+        if self._gridshard.config.num_chunks != chunks:
+            self._gridshard.config = replace(self._gridshard.config, num_chunks=chunks)
 
 
 def _points_per_rank(
@@ -133,39 +171,29 @@ def _points_per_rank(
     )
 
 
-def _state_dict_to_anemoi(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
-    """``state_dict()`` hook: the processor's keys under anemoi's names (``proc.{i}....``)."""
-    inner = prefix + _INNER
-    ours = [key for key in state_dict if key.startswith(inner)]
-    converted = to_anemoi_state_dict({key: state_dict[key] for key in ours}, prefix=inner)
-    for key in ours:
-        del state_dict[key]
-    state_dict.update({prefix + key: tensor for key, tensor in converted.items()})
-
-
-def _state_dict_from_anemoi(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
-    """``load_state_dict()`` hook: anemoi's names (``proc.{i}....``) to the processor's."""
-    theirs = [key for key in state_dict if key.startswith(prefix + "proc.")]
+def _check_anemoi_state_dict(
+    module: AnemoiTransformerProcessor,
+    state_dict: dict,
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    *args: Any,
+) -> None:
+    """``load_state_dict()`` hook: one line for a checkpoint of another depth (strict loads
+    only) or width, where torch would list every key. Keys this processor lacks (q/k/v biases,
+    gated MLPs) torch reports as unexpected."""
+    theirs = {key[len(prefix) :]: tensor for key, tensor in state_dict.items() if key.startswith(prefix + "proc.")}
     if not theirs:
-        return  # gridshard's own names load as they are
-    converted = from_anemoi_state_dict({key: state_dict[key] for key in theirs}, prefix=prefix)
-    _check_fits(module.processor, converted)
-    for key in theirs:
-        del state_dict[key]
-    state_dict.update({prefix + _INNER + key: tensor for key, tensor in converted.items()})
-
-
-def _check_fits(processor: TransformerProcessor, converted: dict[str, Tensor]) -> None:
-    """One line naming the first difference between a checkpoint and this processor."""
-    layers = len({key.split(".")[1] for key in converted})
-    if layers != processor.config.num_layers:
+        return  # torch reports the missing keys
+    layers = len({name.split(".")[1] for name in theirs})
+    if strict and layers != module.num_layers:
         raise AnemoiConversionError(
-            f"the checkpoint has {layers} processor layers, this processor num_layers = {processor.config.num_layers}"
+            f"the checkpoint has {layers} processor layers, this processor num_layers = {module.num_layers}"
         )
-    own = processor.state_dict()
-    for key, tensor in converted.items():
-        if key in own and own[key].shape != tensor.shape:
+    own = module.state_dict()
+    for name, tensor in theirs.items():
+        if name in own and own[name].shape != tensor.shape:
             raise AnemoiConversionError(
-                f"{key}: the checkpoint's is {tuple(tensor.shape)}, this processor's {tuple(own[key].shape)} "
-                "(num_channels, num_heads or mlp_hidden_ratio differ)"
+                f"{prefix}{name}: the checkpoint's is {tuple(tensor.shape)}, this processor's "
+                f"{tuple(own[name].shape)} (num_channels, num_heads or mlp_hidden_ratio differ)"
             )

@@ -163,7 +163,10 @@ def test_the_adapter_refuses_a_checkpoint_of_another_shape_in_one_line():
 
     theirs = to_anemoi_state_dict(_model().state_dict())
     wider = AnemoiTransformerProcessor(**{**ANEMOI_PROCESSOR, "mlp_hidden_ratio": 4.0})
-    with pytest.raises(AnemoiConversionError, match=r"blocks.0.mlp.0.weight: the checkpoint's is \(40, 16\)"):
+    with pytest.raises(
+        AnemoiConversionError,
+        match=r"proc.0.mlp.mlp.0.weight: the checkpoint's is \(40, 16\), this processor's \(64, 16\)",
+    ):
         wider.load_state_dict(theirs)
     deeper = AnemoiTransformerProcessor(**{**ANEMOI_PROCESSOR, "num_layers": 3})
     with pytest.raises(AnemoiConversionError, match="2 processor layers, this processor num_layers = 3"):
