@@ -88,6 +88,7 @@ class TransformerProcessor(nn.Module):
         self.strategy = config.resolved_strategy()
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.parameter_split = ParameterSplit()
+        self.layout_agreement = LayoutAgreement()  # the layouts agreed so far (a copy starts with none)
 
     def forward(
         self,
@@ -156,7 +157,7 @@ class TransformerProcessor(nn.Module):
         else:
             # Agree first: ranks with different settings all raise here, together (once per
             # shape, group and settings: see LayoutAgreement for what the ranks must keep to).
-            layout = _agreement(self).layout(x, group, self.config.num_channels, settings, shard_sizes)
+            layout = self.layout_agreement.layout(x, group, self.config.num_channels, settings, shard_sizes)
             self.config.check_world_size(world)
         if split_problem is not None:
             raise ValueError(split_problem)
@@ -184,7 +185,7 @@ class TransformerProcessor(nn.Module):
         if isinstance(group, ModelMesh) and group.dims == dims:
             return group
         if len(dims.split_axes) <= 1 and not isinstance(group, ModelMesh):
-            return ModelMesh(process_group_of(group), dims, {axis: process_group_of(group) for axis in dims.split_axes})
+            return ModelMesh.build(process_group_of(group), dims)  # one axis: no groups to create
         given = f"a mesh of {group.dims.describe()}" if isinstance(group, ModelMesh) else "the plain group"
         raise ValueError(
             f"strategy {self.strategy.name!r} runs on a mesh of {dims.describe()}: pass "
@@ -240,15 +241,6 @@ class ParameterSplit:
             f"the parameters were split for rank {self.rank} of {self.world_size} "
             f"(split_parameters), this forward runs as rank {rank} of {world_size}: split them for this group"
         )
-
-
-def _agreement(model: nn.Module) -> LayoutAgreement:
-    """The model's agreed layouts, made at its first sharded forward (a plain attribute, not
-    state: a deep copy starts with none)."""
-    agreement = getattr(model, "_layout_agreement", None)
-    if agreement is None:
-        agreement = model._layout_agreement = LayoutAgreement()
-    return agreement
 
 
 def _run_blocks(blocks: nn.ModuleList, x: Tensor, ctx: ShardContext) -> Tensor:
