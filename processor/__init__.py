@@ -9,12 +9,13 @@ and gradient reduction, :mod:`processor.strategies` the strategy contract, and
 from processor.attention import SelfAttention, dense_window_attention, sliding_window_attention
 from processor.config import ConfigError, ProcessorConfig
 from processor.errors import UserError
-from processor.mlp import MLP
+from processor.mlp import MLP, GatedMLP
 from processor.strategies import Strategy
 from processor.transformer import TransformerBlock, TransformerProcessor
 
 __all__ = [
     "MLP",
+    "GatedMLP",
     "ConfigError",
     "ProcessorConfig",
     "SelfAttention",

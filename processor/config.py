@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from processor.attention.dispatch import PATHS
+from processor.attention.dispatch import PATHS, SCORE_MOD_PATHS
 from processor.distributed.consistency import settings_fingerprint
 from processor.errors import UserError
-from processor.mlp import ACTIVATIONS
+from processor.mlp import ACTIVATIONS, MLP_IMPLEMENTATIONS
 from processor.strategies import Strategy, resolve_strategy
 
 
@@ -57,6 +57,18 @@ class ProcessorConfig:
         attention_path: the windowed kernel, one of :data:`processor.attention.dispatch.PATHS`:
             ``auto`` picks by device, dtype and whether a gradient is needed (README, "Attention
             paths"); any other forces that path, for tests and benchmarks.
+        attn_channels: the attention's width ``A`` (q, k, v ``C -> A``, projection ``A -> C``;
+            ``A / num_heads`` per head); None: ``num_channels``.
+        mlp_implementation: ``mlp`` (``activation`` between two linears) or a gated MLP as
+            anemoi's ``GatedMLPLayer``: ``glu`` (sigmoid gate), ``swiglu`` (SiLU), ``geglu``
+            (GELU), ``reglu`` (ReLU); ``gate(x W_g) * (x W_v)`` then a linear, ``activation``
+            unused.
+        softcap: logits ``s`` become ``softcap * tanh(s / softcap)``; None: none.
+        use_alibi_slopes: add ``-slope_h * |i - j|`` (global point indices, anemoi's slopes).
+        use_rotary_embeddings: rotate q and k by their global point index (flash-attn's rotary
+            embedding, as anemoi's flash-attention path; ``head_dim`` must be even).
+            The three work on every device and strategy (:mod:`processor.attention.scores`);
+            softcap and ALiBi need ``attention_path`` ``auto``, ``scored`` or ``flex``.
     """
 
     num_layers: int
@@ -72,14 +84,27 @@ class ProcessorConfig:
     strategy: str | Strategy = "none"
     attention_block_size: int | None = None
     attention_path: str = "auto"
+    attn_channels: int | None = None
+    mlp_implementation: str = "mlp"
+    softcap: float | None = None
+    use_alibi_slopes: bool = False
+    use_rotary_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for key, ok, expected in _RULES:
             if not ok(self):
                 raise ConfigError(key, f"{getattr(self, key)!r} is out of range: expected {expected}")
-        if self.num_channels % self.num_heads:
+        if self.inner_channels % self.num_heads:
+            width = "attn_channels" if self.attn_channels is not None else "num_channels"
             raise ConfigError(
-                "num_heads", f"num_channels ({self.num_channels}) is not divisible by num_heads ({self.num_heads})"
+                "num_heads", f"{width} ({self.inner_channels}) is not divisible by num_heads ({self.num_heads})"
+            )
+        if self.use_rotary_embeddings and self.head_dim % 2:
+            raise ConfigError("use_rotary_embeddings", f"rotary embeddings need an even head_dim, not {self.head_dim}")
+        if (self.softcap is not None or self.use_alibi_slopes) and self.attention_path not in SCORE_MOD_PATHS:
+            raise ConfigError(
+                "attention_path",
+                f"{self.attention_path!r} applies no softcap or ALiBi: choose one of {list(SCORE_MOD_PATHS)}",
             )
         if self.num_chunks > 0 and self.num_layers % self.num_chunks:
             raise ConfigError(
@@ -91,8 +116,13 @@ class ProcessorConfig:
             raise ConfigError("strategy", str(exc)) from None
 
     @property
+    def inner_channels(self) -> int:
+        """The attention's width: ``attn_channels``, or ``num_channels``."""
+        return self.num_channels if self.attn_channels is None else self.attn_channels
+
+    @property
     def head_dim(self) -> int:
-        return self.num_channels // self.num_heads
+        return self.inner_channels // self.num_heads
 
     @property
     def mlp_hidden(self) -> int:
@@ -149,6 +179,10 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 _RULES = (
     ("num_layers", lambda c: _is_int(c.num_layers) and c.num_layers >= 1, "an integer >= 1"),
     ("num_channels", lambda c: _is_int(c.num_channels) and c.num_channels >= 1, "an integer >= 1"),
@@ -174,4 +208,21 @@ _RULES = (
         "an integer >= 1 or None",
     ),
     ("attention_path", lambda c: c.attention_path in PATHS, f"one of {list(PATHS)}"),
+    (
+        "attn_channels",
+        lambda c: c.attn_channels is None or (_is_int(c.attn_channels) and c.attn_channels >= 1),
+        "an integer >= 1 or None (num_channels)",
+    ),
+    (
+        "mlp_implementation",
+        lambda c: c.mlp_implementation in MLP_IMPLEMENTATIONS,
+        f"one of {list(MLP_IMPLEMENTATIONS)}",
+    ),
+    (
+        "softcap",
+        lambda c: c.softcap is None or (_is_number(c.softcap) and math.isfinite(c.softcap) and c.softcap > 0),
+        "a number > 0 or None",
+    ),
+    ("use_alibi_slopes", lambda c: isinstance(c.use_alibi_slopes, bool), "true or false"),
+    ("use_rotary_embeddings", lambda c: isinstance(c.use_rotary_embeddings, bool), "true or false"),
 )

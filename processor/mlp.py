@@ -1,12 +1,16 @@
-"""The per-point MLP of a transformer block, and the activations it may use."""
+"""The per-point MLP of a transformer block (plain or gated), and the activations it may use."""
 
 from __future__ import annotations
+
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")
+MLP_IMPLEMENTATIONS = ("mlp", "glu", "swiglu", "geglu", "reglu")
+_GATINGS = MappingProxyType({"glu": nn.Sigmoid, "swiglu": nn.SiLU, "geglu": nn.GELU, "reglu": nn.ReLU})  # anemoi's
 
 
 def make_activation(name: str) -> nn.Module:
@@ -24,6 +28,16 @@ def make_activation(name: str) -> nn.Module:
     raise ValueError(f"unknown activation {name!r}; choose one of {list(ACTIVATIONS)}")
 
 
+def make_mlp(num_channels: int, hidden: int, activation: str, implementation: str = "mlp") -> MLP | GatedMLP:
+    """A block's MLP: :class:`MLP` with ``activation``, or the :class:`GatedMLP` ``implementation``
+    names (one of :data:`MLP_IMPLEMENTATIONS`)."""
+    if implementation == "mlp":
+        return MLP(num_channels, hidden, activation)
+    if implementation not in _GATINGS:
+        raise ValueError(f"unknown mlp_implementation {implementation!r}; choose one of {list(MLP_IMPLEMENTATIONS)}")
+    return GatedMLP(num_channels, hidden, implementation)
+
+
 class MLP(nn.Sequential):
     """``(..., C)`` -> ``(..., C)`` through a hidden layer of ``hidden`` channels."""
 
@@ -31,9 +45,9 @@ class MLP(nn.Sequential):
         super().__init__(nn.Linear(num_channels, hidden), make_activation(activation), nn.Linear(hidden, num_channels))
 
     @property
-    def widen(self) -> nn.Linear:
-        """The first layer, ``C`` -> ``hidden``."""
-        return self[0]
+    def widening(self) -> tuple[nn.Linear, ...]:
+        """The layers ``C`` -> ``hidden``: the first one."""
+        return (self[0],)
 
     @property
     def narrow(self) -> nn.Linear:
@@ -98,3 +112,39 @@ class _GeluMLP(torch.autograd.Function):
 
 
 _MLP_CHUNKS = 4
+
+
+class GatedLayer(nn.Module):
+    """anemoi's ``GatedMLPLayer``: ``gating(gate_proj(x)) * value_proj(x)``, ``(..., C)`` -> ``(..., hidden)``."""
+
+    def __init__(self, num_channels: int, hidden: int, implementation: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(num_channels, hidden)
+        self.value_proj = nn.Linear(num_channels, hidden)
+        self.gating = _GATINGS[implementation]()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.gating(self.gate_proj(x)) * self.value_proj(x)
+
+
+class GatedMLP(nn.Sequential):
+    """``(..., C)`` -> ``(..., C)``: a :class:`GatedLayer` to ``hidden`` channels, then a linear
+    back (anemoi's ``MLP`` with ``mlp_implementation`` glu, swiglu, geglu or reglu)."""
+
+    def __init__(self, num_channels: int, hidden: int, implementation: str) -> None:
+        super().__init__(GatedLayer(num_channels, hidden, implementation), nn.Linear(hidden, num_channels))
+
+    @property
+    def widening(self) -> tuple[nn.Linear, ...]:
+        """The layers ``C`` -> ``hidden``: the gate's and the value's projections."""
+        return (self[0].gate_proj, self[0].value_proj)
+
+    @property
+    def narrow(self) -> nn.Linear:
+        """The last layer, ``hidden`` -> ``C``; its bias is the output bias."""
+        return self[1]
+
+    def forward(self, x: Tensor, add_output_bias: bool = True) -> Tensor:
+        """As :meth:`MLP.forward`."""
+        gated, second = self
+        return F.linear(gated(x), second.weight, second.bias if add_output_bias else None)

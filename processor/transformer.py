@@ -27,7 +27,7 @@ from processor.distributed.parameter_split import (
 )
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Transport
-from processor.mlp import MLP
+from processor.mlp import make_mlp
 from processor.segments import normalise_segment_ids, segment_ids_kind
 from processor.strategies.base import ShardContext, Strategy
 
@@ -48,9 +48,13 @@ class TransformerBlock(nn.Module):
             c.attention_block_size,
             qk_norm_bias=c.qk_norm_bias,
             path=c.attention_path,
+            attn_channels=c.attn_channels,
+            softcap=c.softcap,
+            alibi=c.use_alibi_slopes,
+            rotary=c.use_rotary_embeddings,
         )
         self.mlp_norm = nn.LayerNorm(c.num_channels)
-        self.mlp = MLP(c.num_channels, c.mlp_hidden, c.activation)
+        self.mlp = make_mlp(c.num_channels, c.mlp_hidden, c.activation, c.mlp_implementation)
 
     def forward(self, x: Tensor, ctx: ShardContext) -> Tensor:
         """``(batch, local_points, channels)`` -> same shape, as the context's strategy plans it."""

@@ -26,8 +26,6 @@ mapfile -t FILES < <("$VENV/bin/python" scripts/anemoi_own_tests.py "$SDIST" "$W
 DESELECT=(
     # asserts anemoi's own TransformerProcessorBlock class: no other implementation can pass it
     tests/layers/processor/test_transformer_processor.py::test_all_blocks
-    # attn_channels: a later step of issue 34
-    tests/layers/processor/test_transformer_processor.py::test_transformer_processor_custom_attn_channels
 )
 ARGS=()
 for node in "${DESELECT[@]}"; do ARGS+=(--deselect "$node"); done

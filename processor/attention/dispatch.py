@@ -14,10 +14,14 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
   dropout.
 - ``sdpa_blocks``: blocks of queries against their key bands in one SDPA call on strided views
   (any device, dtype and dropout): the fallback.
+- ``scored``: explicit logits in bounded pieces (:mod:`.scored`), any device and dtype, no
+  dropout: the one CPU path for a softcap or ALiBi (:mod:`.scores`), which only it and
+  ``flex`` apply.
 
 ``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, else ``flex``, else
 ``sdpa_blocks``; on CPU ``banded`` when a gradient is needed (fp32/fp64, no dropout), else
-``sdpa_blocks``. The CPU rules are measured (``python -m benchmarks.attention_paths``, 2-core
+``sdpa_blocks``. With a softcap or ALiBi (global windows too): ``flex`` where it runs, else
+``scored``. The CPU rules are measured (``python -m benchmarks.attention_paths``, 2-core
 VM, N = 8192, 8 heads of 32 or 64, W = 64/256/1024, forward only): FlexAttention's compiled CPU
 forward was 2.3–5.8x slower than the best path in all 12 cases, fp32 and bf16, so ``auto`` never
 takes it on CPU; for inference the blocked SDPA took 9–20% less time than the banded kernel (6
@@ -34,7 +38,8 @@ from torch import Tensor
 from processor.attention.flash import flash_installed, flash_window_sides
 from processor.attention.flex import flex_available
 
-PATHS = ("auto", "dense", "flash_attn", "flex", "banded", "sdpa_blocks")
+PATHS = ("auto", "dense", "flash_attn", "flex", "banded", "sdpa_blocks", "scored")
+SCORE_MOD_PATHS = ("auto", "flex", "scored")  # the paths that apply a softcap or ALiBi
 _HALF = (torch.float16, torch.bfloat16)
 _FULL = (torch.float32, torch.float64)
 
@@ -53,9 +58,20 @@ class AttentionCall:
     segment_ids: bool
     dropout_p: float
     needs_grad: bool
+    score_mods: bool = False  # a softcap or ALiBi changes the logits
 
     @classmethod
-    def of(cls, q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, segment_ids: bool, dropout_p: float):
+    def of(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        window: int,
+        q_offset: int,
+        segment_ids: bool,
+        dropout_p: float,
+        score_mods: bool = False,
+    ):
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return cls(
             q.device.type,
@@ -68,6 +84,7 @@ class AttentionCall:
             segment_ids,
             dropout_p,
             needs_grad,
+            score_mods,
         )
 
 
@@ -75,6 +92,10 @@ def path_problem(path: str, call: AttentionCall) -> str | None:
     """Why ``path`` cannot run ``call`` (one line), or None when it can."""
     if path not in PATHS:
         return f"unknown attention path {path!r}; choose one of {list(PATHS)}"
+    if call.score_mods and path not in SCORE_MOD_PATHS:
+        return f"{path} applies no softcap or ALiBi; choose one of {list(SCORE_MOD_PATHS)}"
+    if path == "scored" and call.dropout_p > 0:
+        return "scored has no attention dropout; set dropout_p=0 or choose sdpa_blocks"
     if path == "flash_attn":
         return _flash_problem(call)
     if path == "flex":
@@ -123,6 +144,8 @@ def choose_path(call: AttentionCall, path: str = "auto") -> str:
         if problem is not None:
             raise ValueError(f"attention_path = {path!r}: {problem}")
         return path
+    if call.score_mods:
+        return "flex" if call.device_type == "cuda" and path_problem("flex", call) is None else "scored"
     if call.device_type == "cuda":
         for candidate in ("flash_attn", "flex"):
             if path_problem(candidate, call) is None:

@@ -20,6 +20,8 @@ import functools
 import torch
 from torch import Tensor
 
+from processor.attention.scores import ScoreMods
+
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 except ImportError:  # pragma: no cover - torch < 2.5
@@ -122,9 +124,37 @@ def band_block_mask(
 
 
 def flex_window_attention(
-    q: Tensor, k: Tensor, v: Tensor, window: int, q_offset: int, scale: float | None, ids: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    q_offset: int,
+    scale: float | None,
+    ids: Tensor | None,
+    mods: ScoreMods | None = None,
 ) -> Tensor:
     """``q`` ``(b, h, n_q, d)`` over ``k, v`` ``(b, h, n_k, d)`` within ``window`` through compiled
-    FlexAttention; ``ids`` ``(rows, n_k)`` int64 or None. ``(b, h, n_q, d)``."""
+    FlexAttention; ``ids`` ``(rows, n_k)`` int64 or None; ``mods`` a softcap and ALiBi slopes
+    of ``q``'s heads (a ``score_mod``), or None. ``(b, h, n_q, d)``."""
     mask = band_block_mask(q.shape[2], k.shape[2], window, q_offset, q.device, q.shape[0], ids)
-    return _compiled_flex()(q, k, v, block_mask=mask, scale=scale)
+    if mods is None or not mods.active:
+        return _compiled_flex()(q, k, v, block_mask=mask, scale=scale)
+    return _compiled_flex()(q, k, v, score_mod=_score_mod(mods, q_offset, q), block_mask=mask, scale=scale)
+
+
+def _score_mod(mods: ScoreMods, q_offset: int, like: Tensor):
+    """FlexAttention's ``score_mod`` for ``mods``: its numbers in tensors, so that the compiled
+    kernel is reused across offsets and layers."""
+    cap = torch.tensor(mods.softcap or 1.0, dtype=torch.float32, device=like.device)
+    slopes = torch.zeros(like.shape[1], dtype=torch.float32, device=like.device)
+    if mods.slopes is not None:
+        slopes = mods.slopes.to(device=like.device, dtype=torch.float32)
+    offset = torch.tensor(q_offset, device=like.device)
+    softcap = mods.softcap is not None
+
+    def modify(score, b, h, q_idx, kv_idx):
+        if softcap:
+            score = torch.tanh(score / cap) * cap
+        return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+
+    return modify

@@ -38,6 +38,8 @@ from processor.attention.dispatch import AttentionCall, choose_path
 from processor.attention.flash import flash_window_attention
 from processor.attention.flex import flex_window_attention
 from processor.attention.masks import band_mask, reach_blocks, segment_band_mask
+from processor.attention.scored import scored_window_attention
+from processor.attention.scores import ScoreMods
 from processor.segments import segment_id_rows, segment_ids_problem
 
 
@@ -228,6 +230,7 @@ def sliding_window_attention(
     scale: float | None = None,
     segment_ids: Tensor | None = None,
     path: str = "auto",
+    mods: ScoreMods | None = None,
 ) -> Tensor:
     """Attention of each query over the keys within ``window`` positions of it.
 
@@ -242,7 +245,10 @@ def sliding_window_attention(
             ``q_offset + i``; a query sees only keys of its own id (it always sees itself).
         path: the kernel (:data:`processor.attention.dispatch.PATHS`); ``auto`` picks by
             :func:`~processor.attention.dispatch.choose_path`, any other is forced (a
-            ``ValueError`` when it cannot run these tensors). Global windows always run ``dense``.
+            ``ValueError`` when it cannot run these tensors). Global windows always run ``dense``
+            (or, with ``mods``, what ``auto`` picks for them).
+        mods: a softcap and the ALiBi slopes of ``q``'s heads
+            (:class:`~processor.attention.scores.ScoreMods`): run by ``scored`` or ``flex`` only.
     Returns:
         ``(batch, heads, n_q, head_dim)``.
     """
@@ -251,6 +257,8 @@ def sliding_window_attention(
     ids = None if segment_ids is None else _segment_ids(segment_ids, q, k)
     if n_q == 0:  # nothing to attend from: ids change nothing
         ids = None
+    if mods is not None and mods.active:
+        return _modified(q, k, v, window, q_offset, dropout_p, scale, ids, mods, path)
     if _sees_every_key(n_q, n_k, window, q_offset):
         if ids is not None:
             return _per_segment(q, k, v, ids, q_offset, dropout_p, scale)
@@ -261,7 +269,29 @@ def sliding_window_attention(
         return flash_window_attention(q, k, v, window, q_offset, dropout_p, scale)
     if chosen == "flex":
         return flex_window_attention(q, k, v, window, q_offset, scale, ids)
+    if chosen == "scored":
+        return scored_window_attention(q, k, v, window, q_offset, scale, ids)
     block = block_size or default_block_size(window)
     if chosen == "dense" or n_q <= 2 * block:  # one masked call: forced, or too short to block
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale, ids)
     return _blocked(q, k, v, window, q_offset, block, dropout_p, scale, ids, banded=chosen == "banded")
+
+
+def _modified(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int | None,
+    q_offset: int,
+    dropout_p: float,
+    scale: float | None,
+    ids: Tensor | None,
+    mods: ScoreMods,
+    path: str,
+) -> Tensor:
+    """Softcapped or ALiBi-biased attention: ``flex`` or ``scored``, global windows included."""
+    reach = k.shape[2] if window is None else window
+    call = AttentionCall.of(q, k, v, reach, q_offset, ids is not None, dropout_p, score_mods=True)
+    if choose_path(call, path) == "flex":
+        return flex_window_attention(q, k, v, reach, q_offset, scale, ids, mods)
+    return scored_window_attention(q, k, v, window, q_offset, scale, ids, mods)

@@ -14,8 +14,9 @@ key are skipped (output 0, log-sum-exp ``-inf``), rows that reach every key go t
 unmasked call, the rest in chunks under an additive mask of at most ``_MASK_ELEMENTS``.
 
 On CPU in full precision the calls are PyTorch's fused flash kernel and its backward (the
-ones :mod:`processor.attention.banded` uses); elsewhere an explicit chunked softmax, in
-float32 or better.
+ones :mod:`processor.attention.banded` uses); elsewhere, and whenever a softcap or ALiBi
+(:class:`~processor.attention.scores.ScoreMods`) changes the logits, an explicit chunked
+softmax in float32 or better, at most ``_MASK_ELEMENTS`` scores per call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from processor.attention.masks import additive
+from processor.attention.scores import ScoreMods, modify_scores, softcap_backward
 
 _MASK_ELEMENTS = 1 << 21  # per chunk: 8 MiB of float32 mask, or of scores on the explicit path
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -56,16 +58,21 @@ class _Span:
     masked: bool
 
 
-def _spans(pair: BlockPair, n_q: int, n_k: int, q: Tensor) -> list[_Span]:
+def _spans(pair: BlockPair, n_q: int, n_k: int, q: Tensor, mods: ScoreMods | None) -> list[_Span]:
     """The calls that cover every (query, key) pair in reach, in query order. The explicit
-    path (not :func:`_fused`) cuts unmasked spans too, to bound its scores per call."""
+    path (not :func:`_fused`) cuts every span into pieces of at most ``_MASK_ELEMENTS`` scores,
+    a masked piece against the keys its own rows reach."""
     spans = _plan(pair, n_q, n_k)
-    if _fused(q):
+    if _fused(q, mods):
         return spans
-    rows = max(1, _MASK_ELEMENTS // max(q.shape[0] * q.shape[1] * n_k, 1))
-    return [
-        _Span(a, min(a + rows, s.q_hi), s.k_lo, s.k_hi, s.masked) for s in spans for a in range(s.q_lo, s.q_hi, rows)
-    ]
+    pieces = []
+    for s in spans:
+        rows = max(1, _MASK_ELEMENTS // max(q.shape[0] * q.shape[1] * (s.k_hi - s.k_lo), 1))
+        for a in range(s.q_lo, s.q_hi, rows):
+            b = min(a + rows, s.q_hi)
+            k_lo, k_hi = _key_range(pair, a, b, n_k) if s.masked else (s.k_lo, s.k_hi)
+            pieces.append(_Span(a, b, k_lo, k_hi, s.masked))
+    return pieces
 
 
 def _plan(pair: BlockPair, n_q: int, n_k: int) -> list[_Span]:
@@ -128,32 +135,41 @@ def _allowed(pair: BlockPair, span: _Span, device: torch.device) -> Tensor:
     return allowed[:, None]
 
 
-def _fused(q: Tensor) -> bool:
-    return q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+def _fused(q: Tensor, mods: ScoreMods | None) -> bool:
+    plain = mods is None or not mods.active
+    return plain and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+
+
+def _positions(pair: BlockPair, span: _Span, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Global positions of the span's queries and keys."""
+    q_pos = torch.arange(span.q_lo, span.q_hi, device=device) + pair.q_start
+    return q_pos, torch.arange(span.k_lo, span.k_hi, device=device) + pair.k_start
 
 
 def partial_attention(
-    q: Tensor, k: Tensor, v: Tensor, pair: BlockPair, scale: float | None = None
+    q: Tensor, k: Tensor, v: Tensor, pair: BlockPair, scale: float | None = None, mods: ScoreMods | None = None
 ) -> tuple[Tensor, Tensor]:
     """Softmax attention of ``q`` over the keys of this block only.
 
     Args:
         q: ``(batch, heads, n_q, head_dim)``; k, v: ``(batch, heads, n_k, head_dim)``.
+        mods: softcap and ALiBi slopes of ``q``'s heads, or None.
     Returns:
         ``out`` ``(batch, heads, n_q, head_dim)`` (0 where a query reaches no key) and ``lse``
         ``(batch, heads, n_q)`` in float32 or better (``-inf`` there).
     """
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     b, h, n_q, d = q.shape
-    spans = _spans(pair, n_q, k.shape[2], q)
+    spans = _spans(pair, n_q, k.shape[2], q, mods)
     if len(spans) == 1 and _covers(spans[0], n_q, k.shape[2]):  # one call: its buffers are the result
-        return _span_forward(q, k, v, None, scale)
+        return _span_forward(q, k, v, None, scale, mods, _positions(pair, spans[0], q.device))
     out = q.new_zeros(b, h, n_q, d)
     lse = q.new_full((b, h, n_q), float("-inf"), dtype=_lse_dtype(q))
     for span in spans:
         qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
         allowed = _allowed(pair, span, q.device) if span.masked else None
-        o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale)
+        positions = _positions(pair, span, q.device)
+        o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale, mods, positions)
         if allowed is not None:  # rows whose every key is masked: no contribution
             no_key = ~allowed.any(-1)
             part_lse = part_lse.masked_fill(no_key, float("-inf"))
@@ -171,19 +187,30 @@ def partial_attention_backward(
     lse: Tensor,
     pair: BlockPair,
     scale: float | None = None,
+    mods: ScoreMods | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """This block's share of the gradient, given the *merged* ``out`` and ``lse`` over every
     key block (shapes as :func:`partial_attention`): ``dq`` (this block's term), ``dk``, ``dv``."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    spans = _spans(pair, q.shape[2], k.shape[2], q)
+    spans = _spans(pair, q.shape[2], k.shape[2], q, mods)
     if len(spans) == 1 and _covers(spans[0], q.shape[2], k.shape[2]):
-        return _span_backward(grad_out, q, k, v, out, lse, None, scale)
+        positions = _positions(pair, spans[0], q.device)
+        return _span_backward(grad_out, q, k, v, out, lse, None, scale, mods, positions)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for span in spans:
         qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
         allowed = _allowed(pair, span, q.device) if span.masked else None
         grads = _span_backward(
-            grad_out[:, :, qs], q[:, :, qs], k[:, :, ks], v[:, :, ks], out[:, :, qs], lse[:, :, qs], allowed, scale
+            grad_out[:, :, qs],
+            q[:, :, qs],
+            k[:, :, ks],
+            v[:, :, ks],
+            out[:, :, qs],
+            lse[:, :, qs],
+            allowed,
+            scale,
+            mods,
+            _positions(pair, span, q.device),
         )
         dq[:, :, qs] += grads[0]
         dk[:, :, ks] += grads[1]
@@ -204,32 +231,61 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _span_forward(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
-    if _fused(q):
+def _span_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None,
+    scale: float,
+    mods: ScoreMods | None,
+    positions: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor]:
+    if _fused(q, mods):
         mask = None if allowed is None else additive(allowed, q.dtype)
         return _forward_op(q, k, v, attn_mask=mask, scale=scale)
-    scores = _scores(q, k, allowed, scale)
+    scores, _ = _scores(q, k, allowed, scale, mods, positions)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.exp(scores - lse.nan_to_num(0.0, neginf=0.0).unsqueeze(-1))
     return (probs.to(v.dtype) @ v), lse
 
 
 def _span_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, allowed: Tensor | None, scale: float
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    allowed: Tensor | None,
+    scale: float,
+    mods: ScoreMods | None,
+    positions: tuple[Tensor, Tensor],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    if _fused(q):
+    if _fused(q, mods):
         mask = None if allowed is None else additive(allowed, q.dtype)
         return _backward_op(grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale)
-    probs = torch.exp(_scores(q, k, allowed, scale) - lse.unsqueeze(-1))
+    scores, capped = _scores(q, k, allowed, scale, mods, positions)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
     dv = probs.transpose(-1, -2).to(grad_out.dtype) @ grad_out
     wide = _lse_dtype(q)
     delta = (grad_out.to(wide) * out.to(wide)).sum(-1, keepdim=True)
-    dscores = probs * ((grad_out @ v.transpose(-1, -2)).to(wide) - delta)
+    dscores = softcap_backward(probs * ((grad_out @ v.transpose(-1, -2)).to(wide) - delta), capped)
     dq = (dscores.to(k.dtype) @ k) * scale
     dk = (dscores.transpose(-1, -2).to(q.dtype) @ q) * scale
     return dq, dk, dv
 
 
-def _scores(q: Tensor, k: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+def _scores(
+    q: Tensor,
+    k: Tensor,
+    allowed: Tensor | None,
+    scale: float,
+    mods: ScoreMods | None,
+    positions: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor | None]:
+    """Masked logits ``(b, h, n_q, n_k)`` in float32 or better, and the softcap's tanh (or None)."""
     scores = (q @ k.transpose(-1, -2)).to(_lse_dtype(q)) * scale
-    return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
+    capped = None
+    if mods is not None and mods.active:
+        scores, capped = modify_scores(scores, mods, *positions)
+    return (scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))), capped

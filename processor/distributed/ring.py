@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from processor.attention.partial import BlockPair, merge_partial, partial_attention, partial_attention_backward
+from processor.attention.scores import ScoreMods
 from processor.distributed.ranges import profiler_range
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Posted, Transport
@@ -86,6 +87,7 @@ class _Ring:
     window: int | None
     scale: float
     segment_ids: Tensor | None  # (rows, N) every point's ids, or None
+    mods: ScoreMods | None = None  # softcap and ALiBi slopes of this rank's heads
 
     def pair(self, peer: int) -> BlockPair:
         """This rank's queries against ``peer``'s keys."""
@@ -130,11 +132,14 @@ class _RingAttention(torch.autograd.Function):
         me = ring.layout.rank
         kv = torch.stack([k, v])  # (2, b, h, n, d): one message per swap
         in_flight = ring.swap(0, kv)
-        out, lse = partial_attention(q, k, v, ring.pair(me), ring.scale)  # own block: every query's lse finite
+        out, lse = partial_attention(
+            q, k, v, ring.pair(me), ring.scale, ring.mods
+        )  # own block: every query's lse finite
         for step, peer in enumerate(ring.plan.partners):
             theirs = ring.receive(in_flight)
             in_flight = ring.swap(step + 1, kv)
-            part_out, part_lse = partial_attention(q, theirs[0], theirs[1], ring.pair(peer), ring.scale)
+            pair = ring.pair(peer)
+            part_out, part_lse = partial_attention(q, theirs[0], theirs[1], pair, ring.scale, ring.mods)
             merge_partial(out, lse, part_out, part_lse)
             del theirs, part_out, part_lse
         ctx.ring = ring
@@ -148,13 +153,14 @@ class _RingAttention(torch.autograd.Function):
         k, v = kv.unbind(0)
         grad_out = grad_out.contiguous()
         in_flight = ring.swap(0, kv)
-        dq, dk, dv = partial_attention_backward(grad_out, q, k, v, out, lse, ring.pair(ring.layout.rank), ring.scale)
+        own = ring.pair(ring.layout.rank)
+        dq, dk, dv = partial_attention_backward(grad_out, q, k, v, out, lse, own, ring.scale, ring.mods)
         grads_home: Posted | None = None
         for step, peer in enumerate(ring.plan.partners):
             theirs = ring.receive(in_flight)
             in_flight = ring.swap(step + 1, kv)
             dq_part, dk_theirs, dv_theirs = partial_attention_backward(
-                grad_out, q, theirs[0], theirs[1], out, lse, ring.pair(peer), ring.scale
+                grad_out, q, theirs[0], theirs[1], out, lse, ring.pair(peer), ring.scale, ring.mods
             )
             dq += dq_part
             del theirs, dq_part
@@ -186,6 +192,7 @@ def ring_attention(
     group: dist.ProcessGroup,
     transport: Transport | None = None,
     segment_ids: Tensor | None = None,
+    mods: ScoreMods | None = None,
 ) -> Tensor:
     """Attention of this rank's queries over every rank's keys within ``window``, by ring passes.
 
@@ -194,6 +201,7 @@ def ring_attention(
         window: ``W`` (None: global attention); positions are global (``layout``'s offsets).
         segment_ids: every point's ids ``(batch or 1, points)`` (the whole sequence, not this
             rank's block), or None.
+        mods: a softcap and the ALiBi slopes of q's heads, applied at global positions.
     Returns:
         ``(batch, heads, local_points, head_dim)``.
     """
@@ -203,5 +211,6 @@ def ring_attention(
             f"this rank's {layout.local_size} points on dim 2"
         )
     plan = RingPlan.build(layout, window)
-    ring = _Ring(layout, plan, group, transport or Transport(), window, 1 / math.sqrt(q.shape[-1]), segment_ids)
+    scale = 1 / math.sqrt(q.shape[-1])
+    ring = _Ring(layout, plan, group, transport or Transport(), window, scale, segment_ids, mods)
     return _RingAttention.apply(q, k, v, ring)

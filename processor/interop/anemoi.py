@@ -6,12 +6,16 @@ No anemoi import: these functions only rename, split and join tensors. Per layer
 anemoi-models (``proc.{i}.``)                           gridshard (``blocks.{i}.``)
 =====================================================  ============================================
 ``layer_norm_attention.{weight,bias}``                  ``attn_norm.{weight,bias}``
-``attention.lin_q/lin_k/lin_v.weight`` (each C x C)     ``attn.qkv.weight`` (3C x C, ``[q; k; v]``)
+``attention.lin_q/lin_k/lin_v.weight`` (each A x C)     ``attn.qkv.weight`` (3A x C, ``[q; k; v]``)
 ``attention.projection.{weight,bias}``                  ``attn.proj.{weight,bias}``
 ``attention.q_norm.weight``, ``attention.k_norm.weight`` ``attn.q_norm.weight``, ``attn.k_norm.weight``
 ``layer_norm_mlp.{weight,bias}``                        ``mlp_norm.{weight,bias}``
 ``mlp.mlp.0.{weight,bias}``, ``mlp.mlp.2.{weight,bias}`` ``mlp.0.{weight,bias}``, ``mlp.2.{weight,bias}``
+gated: ``mlp.mlp.0.gate_proj/value_proj.*``             ``mlp.0.gate_proj/value_proj.*``
+gated: ``mlp.mlp.1.{weight,bias}``                      ``mlp.1.{weight,bias}``
 =====================================================  ============================================
+
+``A`` is the attention's width (``attn_channels``, default ``C``).
 
 Both lay heads out as contiguous channel blocks and use the same softmax scale, LayerNorm eps
 and window (``|i - j| <= W``), so a converted model gives the same numbers. anemoi's q/k
@@ -44,6 +48,13 @@ _RENAMES = {
     "mlp.mlp.0.bias": "mlp.0.bias",
     "mlp.mlp.2.weight": "mlp.2.weight",
     "mlp.mlp.2.bias": "mlp.2.bias",
+    **{
+        f"mlp.mlp.0.{proj}.{kind}": f"mlp.0.{proj}.{kind}"
+        for proj in ("gate_proj", "value_proj")
+        for kind in ("weight", "bias")
+    },
+    "mlp.mlp.1.weight": "mlp.1.weight",  # a gated MLP's last layer
+    "mlp.mlp.1.bias": "mlp.1.bias",
 }
 _QKV = ("attention.lin_q.weight", "attention.lin_k.weight", "attention.lin_v.weight")
 _ANEMOI_KEY = re.compile(r"^(?P<prefix>.*?)proc\.(?P<layer>\d+)\.(?P<name>.+)$")
@@ -75,17 +86,17 @@ def from_anemoi_state_dict(state_dict: Mapping[str, Tensor], prefix: str | None 
         if missing:
             raise AnemoiConversionError(f"anemoi layer proc.{i} lacks {missing}: not a TransformerProcessor")
         q, k, v = (params.pop(name) for name in _QKV)
-        if not q.shape == k.shape == v.shape or q.shape[0] != q.shape[1]:
+        if not q.shape == k.shape == v.shape:
             raise AnemoiConversionError(
                 f"proc.{i}.attention.lin_q/lin_k/lin_v have shapes {tuple(q.shape)}, {tuple(k.shape)}, "
-                f"{tuple(v.shape)}: gridshard needs them square (attn_channels = num_channels)"
+                f"{tuple(v.shape)}: they must be equal (attn_channels x num_channels)"
             )
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([q, k, v])
         unknown = sorted(set(params) - set(_RENAMES))
         if unknown:
             raise AnemoiConversionError(
                 f"proc.{i} has parameters with no gridshard equivalent: {unknown} "
-                "(q/k/v biases, gated MLPs and conditional norms are not supported)"
+                "(q/k/v biases and conditional norms are not supported)"
             )
         out.update({f"blocks.{i}.{_RENAMES[name]}": t for name, t in params.items()})
     _check_shapes(out, len(layers))
@@ -151,31 +162,36 @@ def _layers(
 
 
 def _check_shapes(params: Mapping[str, Tensor], num_layers: int) -> None:
-    """Every layer's parameters must have the widths of layer 0's norm (C) and MLP (hidden)."""
+    """Every layer's parameters must have the widths of layer 0's: its norm (C), its attention
+    (A) and its MLP's hidden layer."""
     c = params["blocks.0.attn_norm.weight"].shape[0]
-    hidden = params["blocks.0.mlp.0.weight"].shape[0]
+    a = params["blocks.0.attn.qkv.weight"].shape[0] // 3
+    gated = "blocks.0.mlp.0.gate_proj.weight" in params
+    hidden = params["blocks.0.mlp.0.gate_proj.weight" if gated else "blocks.0.mlp.0.weight"].shape[0]
+    mlp = (
+        {"mlp.0.gate_proj.weight": (hidden, c), "mlp.0.value_proj.weight": (hidden, c), "mlp.1.weight": (c, hidden)}
+        if gated
+        else {"mlp.0.weight": (hidden, c), "mlp.2.weight": (c, hidden)}
+    )
     for i in range(num_layers):
-        expected = {
-            "attn_norm.weight": (c,),
-            "attn.qkv.weight": (3 * c, c),
-            "attn.proj.weight": (c, c),
-            "mlp.0.weight": (hidden, c),
-            "mlp.2.weight": (c, hidden),
-        }
+        expected = {"attn_norm.weight": (c,), "attn.qkv.weight": (3 * a, c), "attn.proj.weight": (c, a), **mlp}
         for name, shape in expected.items():
-            found = tuple(params[f"blocks.{i}.{name}"].shape)
-            if found != shape:
-                raise AnemoiConversionError(f"blocks.{i}.{name} has shape {found}, expected {shape}")
+            found = params.get(f"blocks.{i}.{name}")
+            if found is None or tuple(found.shape) != shape:
+                found_shape = "missing" if found is None else f"shape {tuple(found.shape)}"
+                raise AnemoiConversionError(f"blocks.{i}.{name} has {found_shape}, expected {shape}")
 
 
 def _check_whole_layer(i: int, params: Mapping[str, Tensor]) -> None:
-    """Refuse one rank's share of a ``shard_channels`` model (its widths are a fraction of C)."""
+    """Refuse one rank's share of a ``shard_channels`` model: its q/k/v rows are a fraction of
+    the output projection's (a whole layer has ``qkv`` ``(3A, C)`` and ``proj`` ``(C, A)``), or,
+    with ``A = C``, a fraction of C."""
     c = params["attn_norm.weight"].shape[0]
-    shape = tuple(params["attn.qkv.weight"].shape)
-    if shape != (3 * c, c):
+    qkv, proj = tuple(params["attn.qkv.weight"].shape), tuple(params["attn.proj.weight"].shape)
+    if qkv[1] != c or proj != (c, qkv[0] // 3) or qkv[0] % 3:
         raise AnemoiConversionError(
-            f"blocks.{i}.attn.qkv.weight has shape {shape}, not (3C, C) = {(3 * c, c)}: one rank's share of a "
-            "shard_channels model? convert model.full_state_dict(group)"
+            f"blocks.{i}.attn.qkv.weight has shape {qkv} and attn.proj.weight {proj}, not (3A, C) and (C, A) with "
+            f"C = {c}: one rank's share of a shard_channels model? convert model.full_state_dict(group)"
         )
 
 
@@ -190,11 +206,12 @@ def processor_kwargs_from_anemoi(config: Mapping[str, Any], num_channels: int | 
         num_channels: the processor's width, when ``config`` does not say it.
     Returns:
         ``num_layers``, ``num_channels``, ``num_heads``, ``window_size``, ``mlp_hidden_ratio``,
-        ``num_chunks``, ``dropout_p``, ``qk_norm``, ``qk_norm_bias`` and ``activation``; add a
-        ``strategy`` of your choice.
+        ``num_chunks``, ``dropout_p``, ``qk_norm``, ``qk_norm_bias``, ``activation``, and those of
+        ``attn_channels``, ``mlp_implementation``, ``softcap``, ``use_alibi_slopes`` and
+        ``use_rotary_embeddings`` the config sets; add a ``strategy`` of your choice.
     Raises:
-        AnemoiConversionError: naming the first key with no gridshard equivalent (softcap,
-            ALiBi, rotary embeddings, gated MLPs, a narrower attention, other processors).
+        AnemoiConversionError: naming the first key gridshard does not know, another
+            processor, or layer kernels that compute something else.
     """
     if "processor" in config:  # the whole model section
         kernels = {**dict(config.get("layer_kernels") or {}), **dict(config["processor"].get("layer_kernels") or {})}
@@ -215,6 +232,8 @@ def processor_kwargs_from_anemoi(config: Mapping[str, Any], num_channels: int | 
         raise AnemoiConversionError(f"the anemoi processor config lacks {missing}")
     kwargs = {key: settings[key] for key in _COPIED if key in settings}
     kwargs["mlp_hidden_ratio"] = float(settings["mlp_hidden_ratio"])
+    if settings.get("softcap"):  # anemoi: anything > 0 activates it
+        kwargs["softcap"] = float(settings["softcap"])
     if not settings.get("gradient_checkpointing", True):
         kwargs["num_chunks"] = 0  # gridshard: no chunk is checkpointed
     kwargs.update(_from_layer_kernels(settings.get("layer_kernels") or {}))
@@ -223,38 +242,28 @@ def processor_kwargs_from_anemoi(config: Mapping[str, Any], num_channels: int | 
 
 _ANEMOI_PROCESSOR = "anemoi.models.layers.processor.TransformerProcessor"
 _REQUIRED = ("num_layers", "num_channels", "num_heads", "mlp_hidden_ratio")
-_COPIED = ("num_layers", "num_channels", "num_heads", "window_size", "num_chunks", "dropout_p", "qk_norm")
-# Keys that change how anemoi runs, not what it computes.
-_IGNORED = ("_convert_", "_recursive_", "attention_implementation", "cpu_offload", "edge_dim")
-# Keys read or checked below: what they ask for is mapped, or refused when gridshard lacks it.
-_CHECKED = (
-    "gradient_checkpointing",
-    "layer_kernels",
-    "mlp_implementation",
+_COPIED = (
+    "num_layers",
+    "num_channels",
+    "num_heads",
+    "window_size",
+    "num_chunks",
+    "dropout_p",
+    "qk_norm",
     "attn_channels",
-    "softcap",
+    "mlp_implementation",
     "use_alibi_slopes",
     "use_rotary_embeddings",
 )
+# Keys that change how anemoi runs, not what it computes.
+_IGNORED = ("_convert_", "_recursive_", "attention_implementation", "cpu_offload", "edge_dim")
+# Keys read or checked below: what they ask for is mapped, or refused when gridshard lacks it.
+_CHECKED = ("gradient_checkpointing", "layer_kernels", "softcap")
 _KNOWN = frozenset({*_REQUIRED, *_COPIED, *_IGNORED, *_CHECKED})
 
 
 def _refuse_unsupported(settings: Mapping[str, Any]) -> None:
-    """Raise naming the first setting gridshard cannot reproduce exactly."""
-    rules = [
-        ("softcap", lambda v: not v, "softcapped attention logits"),
-        ("use_alibi_slopes", lambda v: not v, "ALiBi position biases"),
-        ("use_rotary_embeddings", lambda v: not v, "rotary position embeddings"),
-        ("mlp_implementation", lambda v: v in (None, "mlp"), "gated MLPs (glu, swiglu, geglu, reglu)"),
-        (
-            "attn_channels",
-            lambda v: v is None or v == settings.get("num_channels"),
-            "attention narrower or wider than num_channels",
-        ),
-    ]
-    for key, ok, what in rules:
-        if key in settings and not ok(settings[key]):
-            raise AnemoiConversionError(f"{key} = {settings[key]!r}: gridshard's processor has no {what}")
+    """Raise naming the first setting gridshard does not know (so cannot reproduce exactly)."""
     unknown = sorted(set(settings) - _KNOWN)
     if unknown:
         raise AnemoiConversionError(

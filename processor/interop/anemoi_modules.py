@@ -45,8 +45,8 @@ class FusedQKV(nn.Module):
 
 
 class AnemoiAttention(nn.Module):
-    """anemoi's ``MultiHeadSelfAttention`` names: ``lin_q``, ``lin_k``, ``lin_v`` (C x C, no bias),
-    ``projection`` (C x C, bias) and, with ``qk_norm``, ``q_norm`` and ``k_norm`` (over head_dim).
+    """anemoi's ``MultiHeadSelfAttention`` names: ``lin_q``, ``lin_k``, ``lin_v`` (A x C, no bias),
+    ``projection`` (C x A, bias) and, with ``qk_norm``, ``q_norm`` and ``k_norm`` (over head_dim).
 
     Holds parameters only; gridshard's strategies run the attention."""
 
@@ -60,11 +60,13 @@ class AnemoiAttention(nn.Module):
             self.q_norm, self.k_norm = attn.q_norm, attn.k_norm
         self.num_heads, self.head_dim = attn.num_heads, attn.head_dim
         self.attn_channels, self.window_size, self.dropout_p = attn.inner_channels, attn.window_size, attn.dropout_p
-        self.qk_norm = qk_norm
+        self.qk_norm, self.softcap = qk_norm, attn.softcap
+        self.use_alibi_slopes, self.use_rotary_embeddings = attn.alibi, attn.rotary
 
 
 class AnemoiMLP(nn.Module):
-    """anemoi's ``MLP`` names: ``mlp`` the ``Linear, activation, Linear`` sequence."""
+    """anemoi's ``MLP`` names: ``mlp`` the ``Linear, activation, Linear`` sequence, or, gated,
+    ``GatedMLPLayer (gate_proj, value_proj), Linear``."""
 
     def __init__(self, mlp: nn.Sequential) -> None:
         super().__init__()

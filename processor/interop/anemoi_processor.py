@@ -181,7 +181,7 @@ def _check_anemoi_state_dict(
 ) -> None:
     """``load_state_dict()`` hook: one line for a checkpoint of another depth (strict loads
     only) or width, where torch would list every key. Keys this processor lacks (q/k/v biases,
-    gated MLPs) torch reports as unexpected."""
+    another MLP kind) torch reports as unexpected."""
     theirs = {key[len(prefix) :]: tensor for key, tensor in state_dict.items() if key.startswith(prefix + "proc.")}
     if not theirs:
         return  # torch reports the missing keys
@@ -195,5 +195,5 @@ def _check_anemoi_state_dict(
         if name in own and own[name].shape != tensor.shape:
             raise AnemoiConversionError(
                 f"{prefix}{name}: the checkpoint's is {tuple(tensor.shape)}, this processor's "
-                f"{tuple(own[name].shape)} (num_channels, num_heads or mlp_hidden_ratio differ)"
+                f"{tuple(own[name].shape)} (num_channels, attn_channels, num_heads or mlp_hidden_ratio differ)"
             )

@@ -33,6 +33,7 @@ from typing import ClassVar, Protocol
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from processor.attention.scores import ScoreMods
 from processor.distributed.mesh import ModelDims, ModelMesh
 from processor.distributed.ranges import profiler_range
 from processor.distributed.region import gather_points
@@ -54,26 +55,42 @@ class HeadAttention(Protocol):
     qkv: nn.Linear  # the q, k, v projection, (3 * num_heads * head_dim, channels)
     proj: nn.Linear  # output projection, (channels, num_heads * head_dim)
 
-    def qkv_heads(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    # first_point: the global index of h's first row (rotary embeddings rotate by it).
+
+    def qkv_heads(self, h: Tensor, first_point: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """q, k, v, each ``(batch, heads, points, head_dim)``, q and k normed."""
         ...
 
-    def qkv_packed(self, h: Tensor) -> Tensor:
+    def qkv_packed(self, h: Tensor, first_point: int = 0) -> Tensor:
         """``(batch, points, 3, heads, head_dim)``: q, k, v of each point side by side."""
         ...
 
-    def queries(self, h: Tensor) -> Tensor:
+    def queries(self, h: Tensor, first_point: int = 0) -> Tensor:
         """``(batch, heads, points, head_dim)``."""
         ...
 
-    def keys_values(self, h: Tensor) -> tuple[Tensor, Tensor]:
+    def keys_values(self, h: Tensor, first_point: int = 0) -> tuple[Tensor, Tensor]:
         """k, v, each ``(batch, heads, points, head_dim)``."""
         ...
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, q_offset: int = 0, segment_ids: Tensor | None = None) -> Tensor:
+    def score_mods(self, first_head: int | None = None, heads: int | None = None) -> ScoreMods | None:
+        """Softcap and ALiBi slopes of the layer's heads ``[first_head, first_head + heads)``
+        (default: the module's own), for attention calls made outside :meth:`attend`."""
+        ...
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        q_offset: int = 0,
+        segment_ids: Tensor | None = None,
+        first_head: int | None = None,
+    ) -> Tensor:
         """The layer's windowed attention: query ``i`` at key position ``q_offset + i``.
         ``(batch, heads, n_q, head_dim)`` over ``(batch, heads, n_k, head_dim)`` keys;
-        ``segment_ids`` ``(batch or 1, n_k)``, aligned with the keys, restrict it to equal ids."""
+        ``segment_ids`` ``(batch or 1, n_k)``, aligned with the keys, restrict it to equal ids;
+        ``first_head``: the layer's index of q's first head, when q holds a share of them."""
         ...
 
     def merge_heads(self, parts: list[Tensor]) -> Tensor:
@@ -83,9 +100,9 @@ class HeadAttention(Protocol):
 
 
 class BlockMLP(Protocol):
-    """The per-point MLP of a block (implemented by :class:`processor.mlp.MLP`)."""
+    """The per-point MLP of a block (:class:`processor.mlp.MLP`, :class:`processor.mlp.GatedMLP`)."""
 
-    widen: nn.Linear  # (hidden, C)
+    widening: tuple[nn.Linear, ...]  # the layers C -> hidden, each (hidden, C) with a bias
     narrow: nn.Linear  # (C, hidden); its bias is the output bias
 
     def __call__(self, x: Tensor, add_output_bias: bool = True) -> Tensor:

@@ -37,14 +37,16 @@ class Workload:
     ranks: int = 1
     precision: str = "fp32"  # fp32 | bf16 (autocast): what the exchanged values are
     activation: str = "gelu"  # the MLP's: decides what its backward keeps
+    attn_channels: int | None = None  # the attention's width A (None: num_channels)
 
     @classmethod
     def of(cls, points: int, model: Any, batch: int, ranks: int, precision: str) -> Workload:
         """From a model section (an object or mapping with ``num_layers``, ``num_channels``, ...)."""
         keys = ("num_layers", "num_channels", "num_heads", "window_size", "mlp_hidden_ratio", "num_chunks")
         settings = dict(model) if isinstance(model, Mapping) else vars(model)
-        activation = settings.get("activation", "gelu")
-        return cls(points, *(settings[k] for k in keys), batch, ranks, precision, activation=activation)
+        activation, attn_channels = settings.get("activation", "gelu"), settings.get("attn_channels")
+        values = (settings[k] for k in keys)
+        return cls(points, *values, batch, ranks, precision, activation=activation, attn_channels=attn_channels)
 
     @property
     def sizes(self) -> list[int]:
@@ -55,6 +57,16 @@ class Workload:
     def row_bytes(self) -> int:
         """One point's values on the wire: ``batch * channels * element size``."""
         return self.batch * self.num_channels * exchanged_element_size(self.precision)
+
+    @property
+    def attention_channels(self) -> int:
+        """The attention's width ``A``: q, k, v and the heads' output have ``A`` values a point."""
+        return self.attn_channels or self.num_channels
+
+    @property
+    def attention_row_bytes(self) -> int:
+        """One point's q, k, v or head outputs on the wire: ``batch * A * element size``."""
+        return self.batch * self.attention_channels * exchanged_element_size(self.precision)
 
     @property
     def forward_passes(self) -> int:
@@ -69,6 +81,7 @@ class Workload:
             window_size=self.window_size,
             mlp_hidden_ratio=self.mlp_hidden_ratio,
             num_chunks=self.num_chunks,
+            attn_channels=self.attn_channels,
         )
 
 

@@ -44,20 +44,21 @@ class ShardChannels(Strategy):
         return ModelDims(channels=world_size)
 
     def split_parameters(self, parts: BlockParts, rank: int, world_size: int) -> None:
-        attn, widen, narrow = parts.attn, parts.mlp.widen, parts.mlp.narrow
+        attn, narrow = parts.attn, parts.mlp.narrow
         d = attn.head_dim
         heads = shard_sizes(attn.num_heads, world_size)
         head_channels = tuple(h * d for h in heads)
         split_parameter(attn.qkv, "weight", ChannelSplit(0, head_channels, groups=3), rank)
         split_parameter(attn.proj, "weight", ChannelSplit(1, head_channels), rank)
-        attn.num_heads = heads[rank]
-        hidden = tuple(shard_sizes(widen.out_features, world_size))
-        split_parameter(widen, "weight", ChannelSplit(0, hidden), rank)
-        split_parameter(widen, "bias", ChannelSplit(0, hidden), rank)
+        attn.num_heads, attn.first_head = heads[rank], sum(heads[:rank])  # ALiBi's slopes follow
+        hidden = tuple(shard_sizes(narrow.in_features, world_size))
+        for widen in parts.mlp.widening:
+            split_parameter(widen, "weight", ChannelSplit(0, hidden), rank)
+            split_parameter(widen, "bias", ChannelSplit(0, hidden), rank)
+            _resize(widen, out_features=hidden[rank])
         split_parameter(narrow, "weight", ChannelSplit(1, hidden), rank)
         _resize(attn.qkv, out_features=3 * head_channels[rank])
         _resize(attn.proj, in_features=head_channels[rank])
-        _resize(widen, out_features=hidden[rank])
         _resize(narrow, in_features=hidden[rank])
 
     def block(self, parts: BlockParts, x: Tensor, ctx: ShardContext) -> Tensor:

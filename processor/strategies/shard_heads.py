@@ -36,16 +36,18 @@ class ShardHeads(PointSharded):
         points, rank = list(ctx.layout.sizes), ctx.layout.rank
         heads = shard_sizes(attn.num_heads, ctx.world_size)
         with self.phase("points_to_heads"):
-            qkv = points_to_heads(attn.qkv_packed(h), points, heads, rank, ctx.group, ctx.transport)
+            qkv = attn.qkv_packed(h, first_point=ctx.layout.start)
+            qkv = points_to_heads(qkv, points, heads, rank, ctx.group, ctx.transport)
         with self.phase("attend_my_heads"):
-            out = attn.attend(qkv[0], qkv[1], qkv[2], segment_ids=ctx.key_segment_ids)
+            out = attn.attend(qkv[0], qkv[1], qkv[2], segment_ids=ctx.key_segment_ids, first_head=sum(heads[:rank]))
         with self.phase("heads_to_points"):
             return heads_to_points(out, points, heads, rank, ctx.group, ctx.transport)
 
     # Its cost: two all-to-alls per layer on the critical path, every point's attention for my heads.
 
     def layer_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
-        return head_all_to_all_bytes(sizes, rank, work.num_heads, work.row_bytes, work.forward_passes)
+        row = work.attention_row_bytes  # q, k, v and the output: A values a point
+        return head_all_to_all_bytes(sizes, rank, work.num_heads, row, work.forward_passes)
 
     def comm_parts(self, work: Workload, sizes: list[int], sent: int) -> list[CommPart]:
         messages = work.num_layers * (2 * work.forward_passes + 2) * (work.ranks - 1)

@@ -97,20 +97,31 @@ class ShardHybrid(PointSharded):
         heads = shard_sizes(attn.num_heads, g)
         head_group = mesh.axis_group("heads")
         with self.phase("points_to_heads"):
-            qkv = points_to_heads(attn.qkv_packed(h), members, heads, head_index, head_group, ctx.transport)
+            qkv = attn.qkv_packed(h, first_point=ctx.layout.start)
+            qkv = points_to_heads(qkv, members, heads, head_index, head_group, ctx.transport)
         with self.phase("across_head_groups"):
-            out = self._across_groups(attn, qkv[0], qkv[1], qkv[2], layout, mesh, ctx)
+            first_head = sum(heads[:head_index])
+            out = self._across_groups(attn, qkv[0], qkv[1], qkv[2], layout, mesh, ctx, first_head)
         with self.phase("heads_to_points"):
             return heads_to_points(out, members, heads, head_index, head_group, ctx.transport)
 
     def _across_groups(
-        self, attn: HeadAttention, q: Tensor, k: Tensor, v: Tensor, layout: ShardLayout, mesh: ModelMesh, ctx
+        self,
+        attn: HeadAttention,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layout: ShardLayout,
+        mesh: ModelMesh,
+        ctx: ShardContext,
+        first_head: int,
     ) -> Tensor:
-        """Attention of this super-block's queries (my heads) over the keys the window reaches
-        in every super-block: ``(batch, my heads, super-block points, head_dim)``."""
+        """Attention of this super-block's queries (my heads, from the layer's ``first_head``)
+        over the keys the window reaches in every super-block: ``(batch, my heads, super-block
+        points, head_dim)``."""
         ids, window = ctx.key_segment_ids, attn.window_size  # ids: every point's, or None
         if layout.world_size == 1:
-            return attn.attend(q, k, v, segment_ids=ids)
+            return attn.attend(q, k, v, segment_ids=ids, first_head=first_head)
         sequence_group = mesh.axis_group("points")
         if ShardSequence(ring=self.ring).uses_ring(layout, window):
             if attn.dropout_p > 0 and attn.training:
@@ -118,13 +129,16 @@ class ShardHybrid(PointSharded):
                     "shard_hybrid: attention dropout (dropout_p > 0) does not run through ring passes; "
                     "set dropout_p=0, or ring=False to gather the halo instead"
                 )
-            return ring_attention(q, k, v, window, layout, sequence_group, ctx.transport, ids)
+            mods = attn.score_mods(first_head, q.shape[1])
+            return ring_attention(q, k, v, window, layout, sequence_group, ctx.transport, ids, mods)
         d = q.shape[-1]
         kv = torch.cat([k, v], dim=-1)  # one halo message for both
         exchange = start_halo_exchange(kv, HaloConfig(width=window, dim=2), layout, sequence_group, ctx.transport)
         left, right = halo_extent(layout, window)
         padded_ids = None if ids is None else ids[:, layout.start - left : layout.stop + right]
-        parts = halo_attention(attn, q, k, v, exchange, lambda t: (t[..., :d], t[..., d:]), layout, padded_ids)
+        parts = halo_attention(
+            attn, q, k, v, exchange, lambda t, _: (t[..., :d], t[..., d:]), layout, padded_ids, first_head
+        )
         return torch.cat(parts, dim=2)
 
     # Its cost: the head all-to-all inside each head group, then the sequence exchange of my
@@ -135,7 +149,7 @@ class ShardHybrid(PointSharded):
         g = self.group_size(work.num_heads, len(sizes))
         sequence_index, head_index = divmod(rank, g)
         members = sizes[sequence_index * g : (sequence_index + 1) * g]
-        row, passes = work.row_bytes, work.forward_passes
+        row, passes = work.attention_row_bytes, work.forward_passes  # q, k, v, outputs: A values a point
         total = head_all_to_all_bytes(members, head_index, work.num_heads, row, passes) if g > 1 else 0
         supers = super_blocks(sizes, g)
         mine = row * shard_sizes(work.num_heads, g)[head_index] // work.num_heads  # my heads' share of a row
@@ -175,7 +189,7 @@ class ShardHybrid(PointSharded):
         supers, n = super_blocks(work.sizes, g), work.points
         if len(supers) == 1 or uses_ring(supers, work.window_size, self.ring):
             return 0
-        return 2 * min(work.window_size or n, n) * 2 * work.num_channels // g
+        return 2 * min(work.window_size or n, n) * 2 * work.attention_channels // g
 
     @classmethod
     def planner_candidates(cls, num_heads: int, ranks: int) -> list[ShardHybrid]:

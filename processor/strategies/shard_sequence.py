@@ -78,8 +78,10 @@ class ShardSequence(PointSharded):
                 "shard_sequence: attention dropout (dropout_p > 0) does not run through ring passes; "
                 "set dropout_p=0, or ShardSequence(ring=False) to gather the halo instead"
             )
-        q, (k, v) = attn.queries(h), attn.keys_values(h)
-        out = ring_attention(q, k, v, attn.window_size, ctx.layout, ctx.group, ctx.transport, ctx.key_segment_ids)
+        start = ctx.layout.start
+        q, (k, v) = attn.queries(h, start), attn.keys_values(h, start)
+        ids, mods = ctx.key_segment_ids, attn.score_mods()
+        out = ring_attention(q, k, v, attn.window_size, ctx.layout, ctx.group, ctx.transport, ids, mods)
         return attn.merge_heads([out])
 
     def _halo(self, attn: HeadAttention, h: Tensor, ctx: ShardContext) -> Tensor:
@@ -87,7 +89,7 @@ class ShardSequence(PointSharded):
         exchange = start_halo_exchange(
             in_compute_dtype(h), HaloConfig(width=attn.window_size, dim=1), ctx.layout, ctx.group, ctx.transport
         )
-        q, (k, v) = attn.queries(h), attn.keys_values(h)
+        q, (k, v) = attn.queries(h, ctx.layout.start), attn.keys_values(h, ctx.layout.start)
         parts = halo_attention(attn, q, k, v, exchange, attn.keys_values, ctx.layout, ctx.key_segment_ids)
         return attn.merge_heads(parts)
 
@@ -96,8 +98,8 @@ class ShardSequence(PointSharded):
     def layer_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
         window, passes = work.window_size, work.forward_passes
         if uses_ring(sizes, window, self.ring):
-            return ring_bytes(sizes, rank, window, work.row_bytes, passes)
-        return halo_bytes(sizes, rank, window, work.row_bytes, passes)
+            return ring_bytes(sizes, rank, window, work.attention_row_bytes, passes)  # k and v: A values each
+        return halo_bytes(sizes, rank, window, work.row_bytes, passes)  # the normed input: C values
 
     def segment_id_bytes(self, work: Workload, sizes: list[int], rank: int) -> int:
         if uses_ring(sizes, work.window_size, self.ring):
@@ -111,15 +113,15 @@ class ShardSequence(PointSharded):
     def extra_projection_flops(self, work: Workload, sizes: list[int]) -> int:
         if uses_ring(sizes, work.window_size, self.ring):
             return 0
-        n, c = work.points, work.num_channels
-        return 2 * 2 * min(work.window_size or n, n) * 2 * c * c  # k, v of the 2W halo rows
+        n, c, a = work.points, work.num_channels, work.attention_channels
+        return 2 * 2 * min(work.window_size or n, n) * 2 * c * a  # k, v of the 2W halo rows
 
     def kept_values_per_layer(self, work: Workload) -> int:
         """k and v of the 2W halo rows (none through the ring, which keeps nothing remote)."""
         n = work.points
         if uses_ring(work.sizes, work.window_size, self.ring):
             return 0
-        return 2 * min(work.window_size or n, n) * 2 * work.num_channels
+        return 2 * min(work.window_size or n, n) * 2 * work.attention_channels
 
 
 def halo_attention(
@@ -128,9 +130,10 @@ def halo_attention(
     k: Tensor,
     v: Tensor,
     exchange: HaloExchange,
-    halo_keys_values: Callable[[Tensor], tuple[Tensor, Tensor]],
+    halo_keys_values: Callable[[Tensor, int], tuple[Tensor, Tensor]],
     layout: ShardLayout,
     ids: Tensor | None,
+    first_head: int | None = None,
 ) -> list[Tensor]:
     """This rank's windowed attention while its halo travels: the queries whose window holds
     local rows only attend first, those at the edges once ``exchange`` is in.
@@ -138,8 +141,10 @@ def halo_attention(
     Args:
         q, k, v: the local rows' ``(batch, heads, local_points, head_dim)``.
         exchange: the halo exchange already posted (of whatever rows the keys come from).
-        halo_keys_values: a received halo piece -> its k and v, ``(batch, heads, rows, head_dim)``.
+        halo_keys_values: a received halo piece and the global index of its first point -> its
+            k and v, ``(batch, heads, rows, head_dim)``.
         ids: segment ids aligned with the halo-padded keys ``(batch or 1, left + n + right)``, or None.
+        first_head: the layer's index of q's first head (default: the layer's own).
     Returns:
         Outputs of consecutive query ranges, each ``(batch, heads, n_i, head_dim)``.
     """
@@ -154,14 +159,14 @@ def halo_attention(
     def attend(queries: Tensor, keys: Tensor, values: Tensor, q_offset: int, key_lo: int) -> Tensor:
         # keys are padded rows [key_lo, key_lo + keys.shape[2]); their ids travel alongside
         seg = None if ids is None else ids[:, key_lo : key_lo + keys.shape[2]]
-        return attn.attend(queries, keys, values, q_offset=q_offset, segment_ids=seg)
+        return attn.attend(queries, keys, values, q_offset=q_offset, segment_ids=seg, first_head=first_head)
 
     with profiler_range("halo_attention/interior"):  # while the halo travels
         interior = attend(q[:, :, first:stop], k, v, first, left) if stop > first else None
 
     halo_left, halo_right = exchange.finish()
-    k_left, v_left = halo_keys_values(halo_left)
-    k_right, v_right = halo_keys_values(halo_right)
+    k_left, v_left = halo_keys_values(halo_left, layout.start - left)
+    k_right, v_right = halo_keys_values(halo_right, layout.stop)
     # Keys in padded order: the left halo, the local rows, the right halo.
     keys, values = (k_left, k, k_right), (v_left, v, v_right)
     parts = []

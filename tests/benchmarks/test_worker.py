@@ -46,6 +46,10 @@ CASES = [
         precision="bf16",
         model=dict(window_size=None, num_chunks=1),
     ),
+    # An attention wider or narrower than C (anemoi's attn_channels): q, k, v and outputs move A values.
+    dict(strategy="shard_heads", ranks=3, grid="o8", model=dict(attn_channels=40)),
+    dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(window_size=200, attn_channels=8)),
+    dict(strategy="shard_hybrid", ranks=4, grid="o8", head_group_size=2, model=dict(attn_channels=24, num_chunks=1)),
     # A strategy of your own, swept by import path: counted like the built-ins.
     dict(strategy="tests.processor.plan.test_own_strategy:GatherKeys", ranks=3, grid="o8", model=dict(num_chunks=1)),
 ]

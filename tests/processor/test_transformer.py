@@ -68,6 +68,11 @@ def test_fingerprint_covers_every_setting():
         strategy="shard_sequence",
         attention_block_size=64,
         attention_path="sdpa_blocks",
+        attn_channels=8,
+        mlp_implementation="swiglu",
+        softcap=5.0,
+        use_alibi_slopes=True,
+        use_rotary_embeddings=True,
     )
     assert set(changed) == set(base.describe())  # a new setting must be added here
     for key, value in changed.items():

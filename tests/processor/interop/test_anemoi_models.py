@@ -7,6 +7,8 @@ to 1e-5 in float32, on one rank and on 2 or 3 gloo ranks with uneven shards.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -30,9 +32,20 @@ BATCH, POINTS, CHANNELS = 2, 40, 32
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}
 
 
-def settings(window: int | None, qk_norm: bool) -> dict:
+# anemoi's settings that its CPU path runs: a narrower attention, each gated MLP.
+WIDTHS_AND_GATES = [
+    {"attn_channels": 48},
+    {"attn_channels": 16, "mlp_implementation": "glu"},
+    {"mlp_implementation": "swiglu"},
+    {"attn_channels": 24, "mlp_implementation": "geglu"},
+    {"mlp_implementation": "reglu"},
+]
+
+
+def settings(window: int | None, qk_norm: bool, **extra) -> dict:
     """An anemoi processor config section (flash-attn is not installed: its SDPA path)."""
     return {
+        **extra,
         "num_layers": 2,
         "num_channels": CHANNELS,
         "num_chunks": 1,
@@ -48,9 +61,11 @@ def settings(window: int | None, qk_norm: bool) -> dict:
     }
 
 
-def anemoi_model(window: int | None, qk_norm: bool, dtype: torch.dtype) -> torch.nn.Module:
+def anemoi_model(window: int | None, qk_norm: bool, dtype: torch.dtype, **extra) -> torch.nn.Module:
     torch.manual_seed(3)
-    model = anemoi_processor.TransformerProcessor(**settings(window, qk_norm), layer_kernels=DotDict())
+    with warnings.catch_warnings():  # a gated MLP: "layer_kernels.Activation is ignored", as it is
+        warnings.simplefilter("ignore", UserWarning)
+        model = anemoi_processor.TransformerProcessor(**settings(window, qk_norm, **extra), layer_kernels=DotDict())
     with torch.no_grad():
         for name, p in model.named_parameters():
             is_norm_scale = "norm" in name and name.endswith("weight")
@@ -84,11 +99,15 @@ def assert_close(found: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
     assert relative(found, expected) < TOLERANCE[dtype], (what, relative(found, expected))
 
 
+CONVERTED = [(3, True, {}), (3, False, {}), (25, True, {}), (None, False, {})]
+CONVERTED += [(window, True, extra) for window, extra in zip((3, 25, None, 5, 9), WIDTHS_AND_GATES)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("window, qk_norm", [(3, True), (3, False), (25, True), (None, False)])
-def test_converted_anemoi_weights_give_anemois_numbers(window, qk_norm, dtype):
-    theirs = anemoi_model(window, qk_norm, dtype)
-    ours = TransformerProcessor(**processor_kwargs_from_anemoi(settings(window, qk_norm))).to(dtype)
+@pytest.mark.parametrize("window, qk_norm, extra", CONVERTED, ids=[str(c) for c in CONVERTED])
+def test_converted_anemoi_weights_give_anemois_numbers(window, qk_norm, extra, dtype):
+    theirs = anemoi_model(window, qk_norm, dtype, **extra)
+    ours = TransformerProcessor(**processor_kwargs_from_anemoi(settings(window, qk_norm, **extra))).to(dtype)
     ours.load_state_dict(from_anemoi_state_dict(theirs.state_dict()))
     x, weights = inputs(dtype)
     out, grad_x, grads = run_anemoi(theirs, x, weights)
@@ -103,13 +122,16 @@ def test_converted_anemoi_weights_give_anemois_numbers(window, qk_norm, dtype):
         assert_close(p.grad, expected[name], dtype, name)
 
 
-@pytest.mark.parametrize("window, qk_norm", [(3, True), (None, False)])
-def test_gridshard_weights_load_into_anemoi_and_agree(window, qk_norm):
-    ours = TransformerProcessor(**processor_kwargs_from_anemoi(settings(window, qk_norm))).double()
+@pytest.mark.parametrize(
+    "window, qk_norm, extra",
+    [(3, True, {}), (None, False, {}), (4, True, {"attn_channels": 40, "mlp_implementation": "geglu"})],
+)
+def test_gridshard_weights_load_into_anemoi_and_agree(window, qk_norm, extra):
+    ours = TransformerProcessor(**processor_kwargs_from_anemoi(settings(window, qk_norm, **extra))).double()
     with torch.no_grad():
         for p in ours.parameters():
             p.add_(0.3 * torch.randn_like(p))
-    theirs = anemoi_model(window, qk_norm, torch.float64)
+    theirs = anemoi_model(window, qk_norm, torch.float64, **extra)
     theirs.load_state_dict(to_anemoi_state_dict(ours.state_dict()), strict=True)
     x, weights = inputs(torch.float64)
     out, _, _ = run_anemoi(theirs, x, weights)
@@ -132,13 +154,15 @@ def test_the_adapter_takes_anemois_checkpoint_and_signature_on_one_rank():
     assert_close(x_ours.grad, grad_x, torch.float64, "input gradient")
 
 
-def adapter_on_ranks(group, strategy: str, window: int, sizes: list[int], dtype: torch.dtype) -> dict:
+def adapter_on_ranks(
+    group, strategy: str, window: int, sizes: list[int], dtype: torch.dtype, extra: dict | None = None
+) -> dict:
     """This rank's errors against anemoi on one rank: output, input and parameter gradients."""
-    rank = dist.get_rank(group)
-    theirs = anemoi_model(window, True, dtype)
+    rank, extra = dist.get_rank(group), extra or {}
+    theirs = anemoi_model(window, True, dtype, **extra)
     x, weights = inputs(dtype)
     out, grad_x, grads = run_anemoi(theirs, x, weights)
-    adapter = AnemoiTransformerProcessor(**settings(window, True), strategy=strategy).to(dtype)
+    adapter = AnemoiTransformerProcessor(**settings(window, True, **extra), strategy=strategy).to(dtype)
     adapter.load_state_dict(theirs.state_dict())
 
     lo, hi = sum(sizes[:rank]), sum(sizes[: rank + 1])
@@ -163,6 +187,22 @@ def test_the_adapter_on_several_ranks_equals_anemoi_on_one(rank_pool, strategy, 
     for rank_errors in rank_pool.run_ok(adapter_on_ranks, len(sizes), strategy, window, sizes, dtype):
         worst = max(rank_errors.items(), key=lambda kv: kv[1])
         assert np.isfinite(worst[1]) and worst[1] < TOLERANCE[dtype], worst
+
+
+@pytest.mark.parametrize(
+    "strategy, sizes, window, extra",
+    [
+        ("shard_sequence", [13, 27], 3, WIDTHS_AND_GATES[1]),
+        ("shard_sequence", [15, 10, 15], 25, WIDTHS_AND_GATES[3]),
+        ("shard_heads", [11, 17, 12], 6, WIDTHS_AND_GATES[0]),
+        ("shard_heads", [21, 19], None, WIDTHS_AND_GATES[2]),
+    ],
+)
+def test_the_adapter_with_anemois_widths_and_gates_on_several_ranks(rank_pool, strategy, sizes, window, extra):
+    errors = rank_pool.run_ok(adapter_on_ranks, len(sizes), strategy, window, sizes, torch.float64, extra)
+    for rank_errors in errors:
+        worst = max(rank_errors.items(), key=lambda kv: kv[1])
+        assert np.isfinite(worst[1]) and worst[1] < TOLERANCE[torch.float64], worst
 
 
 def test_anemoi_instantiates_the_adapter_from_its_processor_config():

@@ -92,7 +92,8 @@ def test_one_ranks_share_of_a_split_model_is_refused():
         (lambda sd: sd.update({"proc.0.attention.lin_q.bias": torch.zeros(16)}), "no gridshard equivalent"),
         (lambda sd: sd.pop("proc.1.attention.lin_k.weight"), r"proc.1 lacks \['attention.lin_k.weight'\]"),
         (lambda sd: sd.update({"proc.1.mlp.mlp.0.weight": torch.zeros(7, 16)}), r"blocks.1.mlp.0.weight has shape"),
-        (lambda sd: sd.update({"proc.0.attention.lin_v.weight": torch.zeros(8, 16)}), "attn_channels"),
+        (lambda sd: sd.update({"proc.0.attention.lin_v.weight": torch.zeros(8, 16)}), "must be equal"),
+        (lambda sd: sd.update({"proc.1.attention.projection.weight": torch.zeros(16, 8)}), r"blocks.1.attn.proj"),
         (lambda sd: sd.update({"proc.3.layer_norm_mlp.weight": torch.zeros(16)}), r"numbered 0..L-1"),
         (lambda sd: sd.clear(), "found prefixes none"),
     ],
@@ -114,6 +115,7 @@ def test_config_keys_map_onto_the_processor():
         "num_chunks": 1,
         "dropout_p": 0.0,
         "qk_norm": True,
+        "use_alibi_slopes": False,  # softcap 0.0: off, as anemoi reads it
         "mlp_hidden_ratio": 2.5,
         "activation": "gelu",
         "qk_norm_bias": False,
@@ -129,14 +131,23 @@ def test_config_keys_map_onto_the_processor():
     assert processor_kwargs_from_anemoi({**ANEMOI_PROCESSOR, **with_bias})["qk_norm_bias"] is True
 
 
+def test_every_setting_of_anemois_processor_maps_onto_the_processor():
+    everything = {
+        "attn_channels": 24,
+        "mlp_implementation": "swiglu",
+        "softcap": 30.0,
+        "use_alibi_slopes": True,
+        "use_rotary_embeddings": True,
+    }
+    kwargs = processor_kwargs_from_anemoi({**ANEMOI_PROCESSOR, **everything})
+    assert {key: kwargs[key] for key in everything} == everything
+    config = ProcessorConfig(**kwargs)
+    assert (config.inner_channels, config.head_dim) == (24, 6)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"softcap": 30.0}, "softcap = 30.0: gridshard's processor has no softcapped"),
-        ({"use_alibi_slopes": True}, "ALiBi"),
-        ({"use_rotary_embeddings": True}, "rotary"),
-        ({"mlp_implementation": "swiglu"}, "gated MLPs"),
-        ({"attn_channels": 8}, "attn_channels = 8"),
         ({"_target_": "anemoi.models.layers.processor.GNNProcessor"}, "only anemoi's TransformerProcessor"),
         ({"num_heads": None}, r"lacks \['num_heads'\]"),
         ({"shard_strategy": "edges"}, "shard_strategy is not a setting"),

@@ -5,6 +5,7 @@ round-off, on one rank and inside anemoi's model-comm group of 2 gloo ranks."""
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -72,8 +73,9 @@ def _mapper(kind: str) -> dict:
     }
 
 
-def _model_config(processor_target: str) -> dict:
+def _model_config(processor_target: str, extra: dict) -> dict:
     processor = {
+        **extra,
         "_target_": processor_target,
         "_convert_": "all",
         **{"num_layers": 2, "num_channels": CHANNELS, "num_chunks": 1, "num_heads": 4, "mlp_hidden_ratio": 2},
@@ -100,10 +102,10 @@ def _model_config(processor_target: str) -> dict:
     }
 
 
-def build(processor_target: str) -> AnemoiModelEncProcDec:
-    """anemoi's model, float64, with the processor ``processor_target`` names."""
+def build(processor_target: str, extra: dict | None = None) -> AnemoiModelEncProcDec:
+    """anemoi's model, float64, with the processor ``processor_target`` names and ``extra`` settings."""
     model = AnemoiModelEncProcDec(
-        model_config=OmegaConf.create(_model_config(processor_target)),
+        model_config=OmegaConf.create(_model_config(processor_target, extra or {})),
         data_indices=_data_indices(),
         statistics={"data": None},
         n_step_input=2,
@@ -123,9 +125,16 @@ def randomise(model: torch.nn.Module) -> None:
             p.copy_(1 + 0.2 * noise if is_norm_scale else noise * (p.shape[1] ** -0.5 if p.ndim == 2 else 1))
 
 
-def pair() -> tuple[AnemoiModelEncProcDec, AnemoiModelEncProcDec]:
+# anemoi's processor settings that its CPU path runs, besides the defaults.
+WIDER_AND_GATED = {"attn_channels": 24, "mlp_implementation": "swiglu"}
+
+
+def pair(extra: dict | None = None) -> tuple[AnemoiModelEncProcDec, AnemoiModelEncProcDec]:
     """anemoi's model with its own processor and with the adapter, the same weights."""
-    theirs, ours = build("anemoi.models.layers.processor.TransformerProcessor"), build(ADAPTER)
+    with warnings.catch_warnings():  # a gated MLP: "layer_kernels.Activation is ignored", as it is
+        warnings.simplefilter("ignore", UserWarning)
+        theirs = build("anemoi.models.layers.processor.TransformerProcessor", extra)
+    ours = build(ADAPTER, extra)
     assert isinstance(ours.processor, AnemoiTransformerProcessor)
     randomise(theirs)
     assert ours.state_dict().keys() == theirs.state_dict().keys()
@@ -162,16 +171,17 @@ def assert_small(found: dict[str, float]) -> None:
         assert np.isfinite(error) and error < limit, (name, error)
 
 
-def test_the_whole_model_with_the_adapter_equals_anemois_on_one_rank():
-    theirs, ours = pair()
+@pytest.mark.parametrize("extra", [{}, WIDER_AND_GATED], ids=["defaults", "attn_channels-swiglu"])
+def test_the_whole_model_with_the_adapter_equals_anemois_on_one_rank(extra):
+    theirs, ours = pair(extra)
     assert_small(errors(run(ours, batch=2), run(theirs, batch=2)))
 
 
-def _on_ranks(group: dist.ProcessGroup) -> dict[str, float]:
+def _on_ranks(group: dist.ProcessGroup, extra: dict) -> dict[str, float]:
     """This rank's errors: the adapter's model in a model-comm group of 2 against anemoi's own
     model on one rank (each rank's gradients hold its share: summed over the group, as anemoi's
     trainer does)."""
-    theirs, ours = pair()
+    theirs, ours = pair(extra)
     expected = run(theirs, batch=1)
     out, grads = run(ours, batch=1, group=group)
     for grad in grads.values():
@@ -180,6 +190,7 @@ def _on_ranks(group: dist.ProcessGroup) -> dict[str, float]:
     return errors((out, grads), expected)
 
 
-def test_the_whole_model_with_the_adapter_in_anemois_model_comm_group_of_2(rank_pool):
-    for rank_errors in rank_pool.run_ok(_on_ranks, 2):
+@pytest.mark.parametrize("extra", [{}, WIDER_AND_GATED], ids=["defaults", "attn_channels-swiglu"])
+def test_the_whole_model_with_the_adapter_in_anemois_model_comm_group_of_2(rank_pool, extra):
+    for rank_errors in rank_pool.run_ok(_on_ranks, 2, extra):
         assert_small(rank_errors)

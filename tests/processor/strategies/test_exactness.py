@@ -26,6 +26,7 @@ def _model(case: dict, strategy: str | Strategy) -> TransformerProcessor:
         qk_norm=case.get("qk_norm", False),
         strategy=strategy,
         attention_block_size=case.get("block"),
+        **case.get("settings", {}),
     )
     return TransformerProcessor(config).to(_dtype(case))
 
@@ -150,6 +151,7 @@ def _cases() -> list[tuple[str, int, dict]]:
         cases.append((ShardSequence(ring=True), ranks, {**forced, "window": 6, "segments": "shared"}))
         cases.append((ShardSequence(ring=False), ranks, {**forced, "window": None, "chunks": 1}))
     cases += _hybrid_cases(n)
+    cases += _anemoi_settings_cases(n)
     # Arbitrary (not balanced) shards, one shorter than the window: the halo spans several ranks.
     for strategy in ("shard_sequence", "shard_heads", "shard_channels"):
         cases.append(
@@ -204,6 +206,51 @@ def _hybrid_cases(n: int) -> list[tuple[str | Strategy, int, dict]]:
             dict(points=101, sizes=[5, 60, 3, 33], window=10, batch=2, heads=4, seed=127, pass_sizes=True, chunks=2),
         ),
     ]
+
+
+# anemoi's settings: attention width, gated MLPs, softcap, ALiBi, rotary (global positions).
+ALL_SETTINGS = dict(
+    attn_channels=40,
+    mlp_implementation="swiglu",
+    softcap=1.5,
+    use_alibi_slopes=True,
+    use_rotary_embeddings=True,
+)
+
+
+def _anemoi_settings_cases(n: int) -> list[tuple[str | Strategy, int, dict]]:
+    """Every strategy with all of anemoi's settings at once (float64, to round-off), each alone
+    in fp32, a narrower attention than C, and the ring, the halo and the global window."""
+    smallest = min(shard_sizes(n, 3))
+    cases: list[tuple[str | Strategy, int, dict]] = []
+    strategies: list[str | Strategy] = [
+        "shard_sequence",
+        ShardSequence(ring=True),
+        "shard_heads",
+        "shard_channels",
+    ]
+    for i, strategy in enumerate(strategies):
+        f64 = dict(points=n, window=smallest + 5, batch=2, heads=4, seed=200 + i, float64=True, qk_norm=True)
+        cases.append((strategy, 3, {**f64, "settings": ALL_SETTINGS, "segments": "per_member"}))
+        glob = dict(points=n, window=None, batch=1, heads=4, seed=210 + i, chunks=1)
+        cases.append((strategy, 2, {**glob, "settings": ALL_SETTINGS}))
+    hybrid = dict(points=n, window=9, batch=2, heads=4, seed=220, float64=True, settings=ALL_SETTINGS)
+    cases.append((ShardHybrid(head_group_size=2), 4, hybrid))
+    cases.append((ShardHybrid(head_group_size=2, ring=True), 4, {**hybrid, "seed": 221, "window": None}))
+    alone = [
+        {"attn_channels": 16},
+        {"mlp_implementation": "geglu"},
+        {"mlp_implementation": "glu"},
+        {"mlp_implementation": "reglu"},
+        {"softcap": 0.8},
+        {"use_alibi_slopes": True},
+        {"use_rotary_embeddings": True},
+    ]
+    for i, settings in enumerate(alone):
+        strategy = ("shard_sequence", "shard_heads", "shard_channels")[i % 3]
+        one = dict(points=n, window=(3, smallest + 4, 2 * smallest + 3)[i % 3], batch=2, heads=4, seed=230 + i)
+        cases.append((strategy, 3, {**one, "settings": settings, "segments": "shared" if i % 2 else None}))
+    return cases
 
 
 CASES = _cases()
