@@ -20,6 +20,7 @@ import torch
 
 from processor.attention import sliding_window_attention
 from processor.attention.dispatch import AttentionCall, path_problem
+from processor.attention.scores import ScoreMods, alibi_slopes
 from processor.plan.flops import window_pairs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,6 +37,20 @@ class KernelCase:
     dtype: str
     path: str
     backward: bool
+    softcap: float | None = None  # anemoi's logit softcap
+    alibi: bool = False  # anemoi's ALiBi slopes
+
+    @property
+    def mods(self) -> ScoreMods | None:
+        if self.softcap is None and not self.alibi:
+            return None
+        return ScoreMods(self.softcap, alibi_slopes(self.heads) if self.alibi else None)
+
+    @property
+    def label(self) -> str:
+        """The path, and the logit settings it applies."""
+        extras = (["softcap"] if self.softcap is not None else []) + (["ALiBi"] if self.alibi else [])
+        return f"{self.path} + {' + '.join(extras)}" if extras else self.path
 
     def flops(self) -> int:
         """Useful FLOPs (band model: 4·d per (query, key) pair in the window, backward 2x forward)."""
@@ -70,10 +85,20 @@ def _inputs(case: KernelCase, device: torch.device) -> tuple[torch.Tensor, ...]:
 
 
 def _problem(case: KernelCase, device: torch.device) -> str | None:
-    if case.path in ("auto", "dense", "sdpa_blocks"):
+    if case.path in ("auto", "dense", "sdpa_blocks") and case.mods is None:
         return None
     call = AttentionCall(
-        device.type, DTYPES[case.dtype], case.head_dim, case.n, case.n, case.window, 0, False, 0.0, case.backward
+        device.type,
+        DTYPES[case.dtype],
+        case.head_dim,
+        case.n,
+        case.n,
+        case.window,
+        0,
+        False,
+        0.0,
+        case.backward,
+        case.mods is not None,
     )
     return path_problem(case.path, call)
 
@@ -121,7 +146,7 @@ def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmu
 
         def call() -> None:
             with torch.set_grad_enabled(case.backward):
-                out = sliding_window_attention(q, k, v, case.window, path=case.path)
+                out = sliding_window_attention(q, k, v, case.window, path=case.path, mods=case.mods)
                 if cotangent is not None:
                     torch.autograd.grad(out, (q, k, v), cotangent)
 
@@ -147,7 +172,7 @@ def markdown(results: list[KernelResult]) -> str:
         peak = "—" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
         passes = "fwd+bwd" if c.backward else "fwd"
         lines.append(
-            f"| {c.n} | {c.heads} × {c.head_dim} | {c.window} | {c.dtype} | {passes} | {c.path} | {ms} | {tf} "
+            f"| {c.n} | {c.heads} × {c.head_dim} | {c.window} | {c.dtype} | {passes} | {c.label} | {ms} | {tf} "
             f"| {peak} | {r.note} |"
         )
     return "\n".join(lines)
@@ -164,7 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--paths", nargs="+", default=["flex", "banded", "sdpa_blocks"])
     parser.add_argument("--backward", action="store_true", help="time forward+backward (default: inference)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--softcap", type=float, default=None, help="also time each path with this logit softcap")
+    parser.add_argument("--alibi", action="store_true", help="also time each path with ALiBi slopes")
     args = parser.parse_args(argv)
+    modded = args.softcap is not None or args.alibi
     device = torch.device(args.device)
     results = []
     for n in args.n:
@@ -172,9 +200,10 @@ def main(argv: list[str] | None = None) -> None:
             for w in args.window:
                 for dtype in args.dtype:
                     for path in args.paths:
-                        case = KernelCase(n, args.heads, d, w, dtype, path, args.backward)
-                        results.append(measure_path(case, device, args.repeats))
-                        print(markdown(results[-1:]).splitlines()[-1], flush=True)
+                        for mods in ((None, False), (args.softcap, args.alibi)) if modded else ((None, False),):
+                            case = KernelCase(n, args.heads, d, w, dtype, path, args.backward, *mods)
+                            results.append(measure_path(case, device, args.repeats))
+                            print(markdown(results[-1:]).splitlines()[-1], flush=True)
     print()
     print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(markdown(results))

@@ -101,11 +101,16 @@ class ProcessorConfig:
             )
         if self.use_rotary_embeddings and self.head_dim % 2:
             raise ConfigError("use_rotary_embeddings", f"rotary embeddings need an even head_dim, not {self.head_dim}")
-        if (self.softcap is not None or self.use_alibi_slopes) and self.attention_path not in SCORE_MOD_PATHS:
-            raise ConfigError(
-                "attention_path",
-                f"{self.attention_path!r} applies no softcap or ALiBi: choose one of {list(SCORE_MOD_PATHS)}",
-            )
+        if self.softcap is not None or self.use_alibi_slopes:
+            if self.attention_path not in SCORE_MOD_PATHS:
+                raise ConfigError(
+                    "attention_path",
+                    f"{self.attention_path!r} applies no softcap or ALiBi: choose one of {list(SCORE_MOD_PATHS)}",
+                )
+            if self.dropout_p > 0:
+                raise ConfigError(
+                    "dropout_p", f"{self.dropout_p}: the paths that apply a softcap or ALiBi have no attention dropout"
+                )
         if self.num_chunks > 0 and self.num_layers % self.num_chunks:
             raise ConfigError(
                 "num_chunks", f"{self.num_chunks} must be 0 (no checkpointing) or divide num_layers ({self.num_layers})"

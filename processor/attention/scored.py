@@ -2,7 +2,7 @@
 
 Windowed (or global) attention of ``q`` over ``k, v`` as one :class:`~processor.attention.partial.BlockPair`
 of :mod:`processor.attention.partial`'s explicit path: query rows in pieces of at most
-``_MASK_ELEMENTS`` logits against the keys their band reaches, each piece's logits scaled, then
+``_EXPLICIT_ELEMENTS`` logits against the keys their band reaches, each piece's logits scaled, then
 softcapped and ALiBi-biased (:class:`~processor.attention.scores.ScoreMods`), masked (band and
 segment ids), softmaxed in float32 or better. Backward recomputes each piece's probabilities
 from the saved log-sum-exp: saved are q, k, v, the output and its log-sum-exp, no ``N x W``

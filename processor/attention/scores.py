@@ -41,23 +41,28 @@ class ScoreMods:
         return self.softcap is not None or self.slopes is not None
 
 
-def modify_scores(scores: Tensor, mods: ScoreMods, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor | None]:
-    """``scores`` ``(..., heads, n_q, n_k)`` (scaled logits) with ``mods`` applied, and the
-    softcap's ``tanh`` (for :func:`softcap_backward`; None without softcap). ``q_pos`` ``(n_q,)``
-    and ``k_pos`` ``(n_k,)`` are global point indices."""
+def modify_scores(
+    scores: Tensor, mods: ScoreMods, q_pos: Tensor, k_pos: Tensor, keep_tanh: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """``scores`` ``(..., heads, n_q, n_k)`` (scaled logits, a tensor of the caller's own: it is
+    modified in place) with ``mods`` applied, and, when ``keep_tanh``, the softcap's ``tanh``
+    (for :func:`softcap_backward`; None without softcap). ``q_pos`` ``(n_q,)`` and ``k_pos``
+    ``(n_k,)`` are global point indices."""
     t = None
     if mods.softcap is not None:
-        t = torch.tanh(scores / mods.softcap)
-        scores = t * mods.softcap
+        scores.div_(mods.softcap).tanh_()
+        t = scores.clone() if keep_tanh else None
+        scores.mul_(mods.softcap)
     if mods.slopes is not None:
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().to(scores.dtype)
-        scores = scores - mods.slopes.to(scores)[:, None, None] * distance
+        distance = (q_pos[:, None] - k_pos[None, :]).abs_().to(scores.dtype)
+        scores.addcmul_(mods.slopes.to(scores).view(-1, 1, 1), distance, value=-1)
     return scores, t
 
 
 def softcap_backward(grad_scores: Tensor, t: Tensor | None) -> Tensor:
-    """The gradient through ``c * tanh(s / c)``: ``grad * (1 - tanh^2)`` (identity without softcap)."""
-    return grad_scores if t is None else grad_scores * (1 - t * t)
+    """The gradient through ``c * tanh(s / c)``, in place: ``grad * (1 - tanh^2)`` (identity
+    without softcap)."""
+    return grad_scores if t is None else grad_scores.mul_(t.mul_(t).neg_().add_(1))
 
 
 def alibi_slopes(num_heads: int, device: torch.device | str | None = None) -> Tensor:

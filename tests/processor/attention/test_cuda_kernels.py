@@ -8,6 +8,8 @@ import torch
 
 from processor.attention import dense_window_attention, sliding_window_attention
 from processor.attention.dispatch import AttentionCall, choose_path, path_problem
+from processor.attention.scored import scored_window_attention
+from processor.attention.scores import ScoreMods, alibi_slopes
 
 pytestmark = pytest.mark.cuda
 
@@ -76,3 +78,22 @@ def test_flex_memory_grows_with_the_band_not_the_square():
         peaks.append(torch.cuda.max_memory_allocated() - base)
         del q, k, v, out
     assert peaks[1] < 3 * peaks[0], f"peaks {peaks} bytes"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("path", ["flex", "scored"])
+@pytest.mark.parametrize("n_q, left, right, window, batch, ids", GEOMETRIES[1:4])
+def test_softcap_and_alibi_match_float64(path, dtype, n_q, left, right, window, batch, ids):
+    """anemoi's softcap and ALiBi on the GPU: FlexAttention's score_mod and the scored path."""
+    exact, low, segment_ids = _inputs(n_q, left, right, batch, ids, dtype)
+    mods = ScoreMods(2.0, alibi_slopes(4, device="cuda"))
+    out = sliding_window_attention(*low, window, q_offset=left, segment_ids=segment_ids, path=path, mods=mods)
+    ids64 = None if segment_ids is None else segment_ids.long()
+    ref = scored_window_attention(*exact, window, left, None, ids64, mods)  # float64: checked against formulas on CPU
+    cotangent = torch.randn_like(ref)
+    grads = torch.autograd.grad(out, low, cotangent.to(dtype))
+    ref_grads = torch.autograd.grad(ref, exact, cotangent)
+    tol = TOLERANCE[dtype]
+    assert _relative_error(out, ref) <= tol, "output"
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert _relative_error(a, b) <= tol, f"d{name}"

@@ -171,6 +171,7 @@ def test_flex_applies_softcap_and_alibi_in_inference() -> None:
         (dict(softcap=1.0, attention_path="banded"), "attention_path"),
         (dict(use_alibi_slopes=True, attention_path="sdpa_blocks"), "attention_path"),
         (dict(softcap=-1.0), "softcap"),
+        (dict(use_alibi_slopes=True, dropout_p=0.1), "dropout_p"),
         (dict(attn_channels=30), "num_heads"),
         (dict(attn_channels=36, num_heads=12, use_rotary_embeddings=True), "use_rotary_embeddings"),
         (dict(mlp_implementation="swish"), "mlp_implementation"),
