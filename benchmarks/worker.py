@@ -82,7 +82,7 @@ def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> t
 
     hidden = get_grid(cfg.grid)
     data = get_grid(cfg.data_grid or cfg.grid)
-    defaults = ModelConfig()  # the training run's graphs (its encoder and decoder neighbours)
+    defaults = ModelConfig()  # the training run's graphs and mappers (its neighbours, its mapper kind)
     grids = ShardedGrids.build(
         data.latitudes,
         data.longitudes,
@@ -91,9 +91,11 @@ def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> t
         rank,
         defaults.encoder_neighbours,
         defaults.decoder_neighbours,
+        defaults.mapper,
     )
     v, b = cfg.num_variables, cfg.batch_size
-    model = Forecaster(v, cfg.model.num_channels, _processor(cfg, world, group)).to(device)
+    processor = _processor(cfg, world, group)
+    model = Forecaster(v, cfg.model.num_channels, processor, defaults.mapper, defaults.mapper_heads).to(device)
     model_group = model.processor.build_groups(group)
     trainer = TrainerConfig()  # the training run's optimiser and clipping
     optimiser, schedule = build_optimiser(model, trainer)

@@ -15,8 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from processor.grids import get_grid
+from training.centroid import CentroidAccumulator, grid_spacing_km
 from training.data import DatasetError
 from training.data.samples import Sample
+from training.model.graphs import unit_vectors
 from training.rollout import rollout
 from training.session import Session, dataset_samples
 from training.skill import SkillAccumulator, SkillTable, area_weights, climatology
@@ -52,6 +55,20 @@ def lead_hours(session: Session, steps: int) -> list[float]:
     return [step_h * (k + 1) for k in range(steps)]
 
 
+def centroid_accumulator(session: Session, weights: np.ndarray, leads: list[float]) -> CentroidAccumulator | None:
+    """The centroid scores of ``evaluate.centroid_variable`` (model and persistence), or None
+    without one (the default ``tracer`` on a dataset that has none)."""
+    name, variables = session.cfg.evaluate.centroid_variable, session.dataset.variables
+    if name is None or (name == "tracer" and name not in variables):
+        return None
+    if name not in variables:
+        raise DatasetError(f"evaluate.centroid_variable = {name}: not a variable of the dataset ({variables})")
+    xyz = unit_vectors(session.dataset.latitudes, session.dataset.longitudes)[session.points]
+    index = variables.index(name)
+    threshold = session.dataset.denormalise(np.ones((1, len(variables))))[0, index]  # mean + 1 stdev
+    return CentroidAccumulator(name, index, xyz, weights, leads, ("model", "persistence"), threshold)
+
+
 def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     """Roll the model out ``steps`` leads from ``count`` validation dates and score it, with
     persistence and climatology, on every rank; the same table on every rank."""
@@ -60,7 +77,9 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     mine = samples[dims.dp_rank :: dims.dp]
     weights = area_weights(dataset.latitudes, session.cfg.data.grid)[session.points]
     clim = climatology(dataset, climatology_dates(session), session.points)
-    scores = SkillAccumulator(dataset.variables, lead_hours(session, steps), weights=weights, climatology=clim)
+    leads = lead_hours(session, steps)
+    scores = SkillAccumulator(dataset.variables, leads, weights=weights, climatology=clim)
+    centroids = centroid_accumulator(session, weights, leads)
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -73,8 +92,15 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
                 scores.add("model", k, dataset.denormalise(forecast[0].cpu().numpy()), truth, sample_id)
                 scores.add("persistence", k, initial, truth, sample_id)
                 scores.add("climatology", k, clim, truth, sample_id)
+                if centroids is not None:
+                    centroids.add("model", k, dataset.denormalise(forecast[0].cpu().numpy()), truth, sample_id)
+                    centroids.add("persistence", k, initial, truth, sample_id)
     model.train(was_training)
-    return scores.finalize(dims.mp_group, dims.dp_group)
+    table = scores.finalize(dims.mp_group, dims.dp_group)
+    if centroids is not None:
+        spacing = grid_spacing_km(get_grid(session.cfg.model.hidden_grid).n_points)
+        table.centroids = centroids.finalize(dims.mp_group, dims.dp_group, spacing)
+    return table
 
 
 def skill_summary(table: SkillTable) -> str:
@@ -92,6 +118,8 @@ def skill_summary(table: SkillTable) -> str:
         cells = [f"{model[v][k]:.4g} / {persistence[v][k]:.4g}" for v in variables]
         ratio = float(np.mean([model[v][k] / persistence[v][k] for v in variables]))
         lines.append(f"| {lead:g} | " + " | ".join(cells) + f" | {ratio:.3f} |")
+    if table.centroids is not None:
+        lines.append(table.centroids.to_markdown())
     return "\n".join(lines)
 
 

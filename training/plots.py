@@ -105,19 +105,22 @@ def forecast_map_figure(
     valid_date: str | None = None,
     units: dict[str, str] | None = None,
     initial_date: str | None = None,
+    extra_rows: list[tuple[float, str | None]] | None = None,
 ) -> plt.Figure:
     """Truth, forecast and their difference of every variable: ``truth`` and ``forecast``
     ``(points, variables)`` in physical units on the grid's points (degrees ``lat``, ``lon``).
     One row per variable; truth and forecast share a colour scale (one colour bar), the error
     has its own, symmetric about 0; each panel's title names the variable, the lead (hours) and
-    the valid date (ISO); colour bars carry ``units`` where known."""
+    the valid date (ISO); colour bars carry ``units`` where known. ``extra_rows``: the lead
+    (hours) and valid date of each of the last ``len(extra_rows)`` rows, when those are
+    another lead than the others' (a tracer further out, say)."""
     truth, forecast = np.asarray(truth, dtype=np.float64), np.asarray(forecast, dtype=np.float64)
     if truth.ndim == 1:
         truth, forecast = truth[:, None], forecast[:, None]
     units = units or {}
     nearest, extent = _raster(np.asarray(lat), np.asarray(lon))
-    lead = f"+{lead_hours:g} h" if lead_hours is not None else "lead ?"
-    valid = valid_date or "?"
+    extra_rows = extra_rows or []
+    rows = [(lead_hours, valid_date)] * (len(variables) - len(extra_rows)) + list(extra_rows)
     # columns: truth | gap | forecast | gap | bar | room | error | gap | bar | room
     widths = [_PANEL_W, _GAP, _PANEL_W, 0.08, _BAR, _BAR_ROOM, _PANEL_W, 0.08, _BAR, _BAR_ROOM]
     n = len(variables)
@@ -131,6 +134,8 @@ def forecast_map_figure(
     show = {"origin": "upper", "extent": extent, "interpolation": "nearest", "aspect": "auto"}
     first = None
     for row, var in enumerate(variables):
+        lead = f"+{rows[row][0]:g} h" if rows[row][0] is not None else "lead ?"
+        valid = rows[row][1] or "?"
         t, f = truth[:, row], forecast[:, row]
         lo, hi = float(min(t.min(), f.min())), float(max(t.max(), f.max()))
         err = f - t
@@ -157,8 +162,10 @@ def forecast_map_figure(
     first.set_xlim(extent[:2])
     first.set_ylim(extent[2:])
     init = f", initialised {initial_date}" if initial_date else ""
+    lead, valid = f"+{lead_hours:g} h" if lead_hours is not None else "lead ?", valid_date or "?"
+    further = f" (last {len(extra_rows)} rows further out)" if extra_rows else ""
     fig.suptitle(
-        f"Forecast {lead}, valid {valid}{init}: truth, forecast and error of each variable",
+        f"Forecast {lead}, valid {valid}{init}: truth, forecast and error of each variable{further}",
         y=1 - 0.25 / height, fontsize="large",
     )  # fmt: skip
     return fig
@@ -175,11 +182,14 @@ def forecast_map(
     valid_date: str | None = None,
     units: dict[str, str] | None = None,
     initial_date: str | None = None,
+    extra_rows: list[tuple[float, str | None]] | None = None,
 ) -> Path:
     """:func:`forecast_map_figure` as a PNG at ``path`` (1600 px wide; about 300 px high per
     variable, lower resolution beyond 100 variables)."""
     variables = [variables] if isinstance(variables, str) else list(variables)
-    fig = forecast_map_figure(lat, lon, truth, forecast, variables, lead_hours, valid_date, units, initial_date)
+    fig = forecast_map_figure(
+        lat, lon, truth, forecast, variables, lead_hours, valid_date, units, initial_date, extra_rows
+    )
     fig.savefig(path, dpi=min(MAP_DPI, _MAX_MAP_PX / fig.get_figheight()))
     plt.close(fig)
     return path

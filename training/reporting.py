@@ -93,29 +93,45 @@ def final_pictures(
     forecast: np.ndarray,
     sample: tuple[int, int] | None = None,
     lead: int = 1,
+    further: list[tuple[str, int]] | None = None,
 ) -> None:
     """The loss curve of the whole run (every resumed segment, from ``metrics.jsonl``) and a
-    map of one forecast of every variable: ``forecast`` ``(2, points, variables)`` normalised
-    truth and forecast from ``sample`` (``(date index, member)``, the input's) ``lead`` dates on
-    (``Samples.lead``), whose lead and valid date the map names (unknown without ``sample``)."""
+    map of one forecast of every variable: ``forecast`` ``(2, points, variables + extra)``
+    normalised truth and forecast from ``sample`` (``(date index, member)``, the input's)
+    ``lead`` dates on (``Samples.lead``), whose lead and valid date the map names (unknown
+    without ``sample``); ``further``: the extra columns, each a variable ``steps`` leads on."""
     from training.plots import forecast_map, loss_curve
 
     history = read_history(run_dir)
     if history:
         tracker.log_artifact(loss_curve(history, run_dir / "loss_curve.png"))
-    truth, pred = dataset.denormalise(forecast[0]), dataset.denormalise(forecast[1])
-    dates = {}
+    further = further or []
+    n = len(dataset.variables)
+    columns = list(range(n)) + [dataset.variables.index(v) for v, _ in further]
+    truth, pred = (_denormalise_columns(dataset, forecast[i], columns) for i in (0, 1))
+    dates, extra_rows = {}, []
     if sample is not None:
         dates = {"initial_date": dataset.date(sample[0]), "valid_date": dataset.date(sample[0] + lead)}
+        hours = lead * dataset.frequency_s / 3600
+        extra_rows = [(k * hours, dataset.date(sample[0] + k * lead)) for _, k in further]
     path = forecast_map(
         dataset.latitudes,
         dataset.longitudes,
         truth,
         pred,
-        dataset.variables,
+        [*dataset.variables, *(v for v, _ in further)],
         run_dir / "forecast_map.png",
         lead_hours=lead * dataset.frequency_s / 3600 if sample is not None else None,
         units=variable_units(dataset),
+        extra_rows=extra_rows or None,
         **dates,
     )
     tracker.log_artifact(path)
+
+
+def _denormalise_columns(dataset: ZarrDataset, values: np.ndarray, columns: list[int]) -> np.ndarray:
+    """``values`` ``(points, len(columns))`` normalised, column ``c`` being variable
+    ``columns[c]`` -> physical units (the dataset's affine map, per variable)."""
+    offset = dataset.denormalise(np.zeros((1, len(dataset.variables))))[0]
+    scale = dataset.denormalise(np.ones((1, len(dataset.variables))))[0] - offset
+    return values * scale[columns] + offset[columns]

@@ -45,6 +45,9 @@ SAVED_CONFIG = "config.yaml"  # the resolved configuration, written at the start
 MOVED_KEYS = {
     f"trainer.{k}": f"debug.{k}" for k in ("fault_at_step", "fault_rank", "fault_scope", "fault_every", "fault_seed")
 }
+# Settings added since runs were saved whose default is not what those runs ran: a saved run
+# without the key ran this value (its checkpoint holds that model), and resumes with it.
+EARLIER_VALUES = {"model.mapper": "mean_mlp"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ def saved_run(run_dir: Path) -> SavedRun | None:
 
 
 def current_names(settings: dict[str, Any]) -> dict[str, Any]:
-    """Saved ``settings`` with every key of :data:`MOVED_KEYS` under its new name (a copy)."""
+    """Saved ``settings`` with every key of :data:`MOVED_KEYS` under its new name and those of
+    :data:`EARLIER_VALUES` it lacks at the value the run ran with (a copy)."""
     import copy
 
     moved = copy.deepcopy(settings)
@@ -84,6 +88,11 @@ def current_names(settings: dict[str, Any]) -> dict[str, Any]:
         section = moved.get(old_section)
         if isinstance(section, dict) and old_key in section:
             moved.setdefault(new_section, {}).setdefault(new_key, section.pop(old_key))
+    for key, value in EARLIER_VALUES.items():
+        section_name, name = key.split(".")
+        section = moved.get(section_name)
+        if isinstance(section, dict):
+            section.setdefault(name, value)
     return moved
 
 

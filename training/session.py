@@ -84,7 +84,8 @@ def build_model(cfg: RunConfig, num_variables: int) -> Forecaster:
     processor = TransformerProcessor(
         processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
     )
-    return Forecaster(num_variables, cfg.model.num_channels, processor)
+    model = cfg.model
+    return Forecaster(num_variables, model.num_channels, processor, model.mapper, model.mapper_heads)
 
 
 def check_ranks_agree(cfg: RunConfig, dataset: ZarrDataset, dims: ParallelDims) -> None:
@@ -168,6 +169,7 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
         dims.mp_rank,
         cfg.model.encoder_neighbours,
         cfg.model.decoder_neighbours,
+        cfg.model.mapper,
     ).to(device)
     torch.manual_seed(t_cfg.seed)  # the same parameters on every rank, drawn on the CPU
     model = build_model(cfg, len(dataset.variables)).to(device)

@@ -150,9 +150,11 @@ def _fmt(x: float, spec: str = ".4g") -> str:
 
 @dataclass
 class SkillTable:
-    """Scores per (kind, variable, lead): RMSE (physical units), uncentred ACC, samples averaged."""
+    """Scores per (kind, variable, lead): RMSE (physical units), uncentred ACC, samples averaged;
+    ``centroids``: a tracer's centroid position errors (:class:`training.centroid.CentroidTable`)."""
 
     rows: list[SkillRow]
+    centroids: Any = None
 
     @property
     def kinds(self) -> list[str]:
@@ -209,7 +211,8 @@ class SkillTable:
                 counts = sorted({self.n_samples(k, var)[i] for k in kinds})
                 cells.append("/".join(map(str, counts)))
                 lines.append("| " + " | ".join(cells) + " |")
-        return "\n".join(lines) + "\n"
+        centroids = self.centroids.to_markdown() if self.centroids is not None else ""
+        return "\n".join(lines) + "\n" + centroids
 
     def to_csv(self, path: str | Path) -> Path:
         """Write the rows (``kind,variable,lead_h,rmse,acc,n_samples``) to ``path``; return it."""
@@ -232,15 +235,15 @@ class SkillTable:
         for r in self.rows:
             for name, value in (("rmse", r.rmse), ("acc", r.acc)):
                 if math.isfinite(value):
-                    out[f"eval/{name}/{_metric_part(r.variable)}/{r.kind}/{labels[r.lead_h]}"] = float(value)
+                    out[f"eval/{name}/{metric_part(r.variable)}/{r.kind}/{labels[r.lead_h]}"] = float(value)
         if {"model", "persistence"} <= set(self.kinds):
             for var in self.variables:
                 model, persistence = self.rmse("model", var), self.rmse("persistence", var)
                 for lead, m, p in zip(self.lead_hours, model, persistence):
                     ratio = m / p if p > 0 else math.nan
                     if math.isfinite(ratio):
-                        out[f"eval/rmse/{_metric_part(var)}/model_over_persistence/{labels[lead]}"] = ratio
-        return out
+                        out[f"eval/rmse/{metric_part(var)}/model_over_persistence/{labels[lead]}"] = ratio
+        return out | (self.centroids.metrics() if self.centroids is not None else {})
 
 
 def lead_labels(lead_hours: list[float]) -> dict[float, str]:
@@ -251,7 +254,7 @@ def lead_labels(lead_hours: list[float]) -> dict[float, str]:
     return {h: f"{h:0{width}.{decimals}f}h" for h in lead_hours}
 
 
-def _metric_part(name: str) -> str:
+def metric_part(name: str) -> str:
     """``name`` with characters MLflow refuses in metric names replaced by ``_``."""
     return re.sub(r"[^\w\-. /]", "_", name)
 
@@ -323,14 +326,14 @@ class SkillAccumulator:
         points; None: one rank per model) then ``dp_group`` (the samples; None: one replica).
         Every rank returns the same :class:`SkillTable`."""
         keys = sorted(self._sums)
-        _check_same_keys(keys, mp_group)
+        check_same_keys(keys, mp_group)
         n_var = len(self.variables)
         sums = np.stack([self._sums[k] for k in keys]) if keys else np.zeros((0, _N_SUMS, n_var))
         if mp_group is not None and keys:
-            sums = _sum_over(sums, mp_group)
+            sums = sum_over(sums, mp_group)
         totals = self._over_samples(keys, sums)
         if dp_group is not None:
-            totals = _sum_over(totals, dp_group)
+            totals = sum_over(totals, dp_group)
         return self._table(totals)
 
     def _over_samples(self, keys: list[tuple[int, int, int]], sums: np.ndarray) -> np.ndarray:
@@ -358,14 +361,14 @@ class SkillAccumulator:
         return SkillTable(rows)
 
 
-def _sum_over(values: np.ndarray, group: dist.ProcessGroup) -> np.ndarray:
+def sum_over(values: np.ndarray, group: dist.ProcessGroup) -> np.ndarray:
     """``values`` summed over the ranks of ``group`` (on the group's device: CUDA under NCCL)."""
     t = torch.from_numpy(values.copy()).to(collective_device(group))
     dist.all_reduce(t, group=group)
     return t.cpu().numpy()
 
 
-def _check_same_keys(keys: list[tuple[int, int, int]], group: dist.ProcessGroup | None) -> None:
+def check_same_keys(keys: list[tuple[int, int, int]], group: dist.ProcessGroup | None) -> None:
     """Raise ``ValueError`` on every rank of ``group`` unless all added the same samples."""
     if group is None:
         return

@@ -25,7 +25,7 @@ from training.faults import FaultInjector
 from training.interrupt import StopRequest, stop_requests
 from training.reporting import final_pictures, open_tracker
 from training.resume import check_resumable, restore_training_state, save_training_state
-from training.rollout import RolloutSchedule, loss_weights
+from training.rollout import RolloutSchedule, loss_weights, rollout
 from training.session import Session, join_ranks, open_dataset, open_session, rollout_horizon
 from training.step import TrainStep, build_optimiser
 
@@ -266,26 +266,47 @@ class Trainer:
         dims, ev = s.dims, s.cfg.evaluate
         skill = evaluate_skill(s, ev.steps, ev.samples) if ev.at_end_of_training else None
         if dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 plots it
-            part = _forecast_part(s)
+            part, further = _forecast_part(s)
             parts = [part]
             if dims.mp > 1:
                 parts = [None] * dims.mp
                 torch.distributed.all_gather_object(parts, part, group=dims.mp_group)
             if dims.rank == 0:
                 part = np.concatenate(parts, axis=1)  # the forecast of samples.val[0], one lead on
-                final_pictures(
-                    self.tracker, self.run_dir, s.dataset, part, sample=s.samples.val[0], lead=s.samples.lead
-                )
+                sample = s.samples.val[0]
+                final_pictures(self.tracker, self.run_dir, s.dataset, part, sample, s.samples.lead, further)
         if skill is not None and dims.rank == 0:
             report_skill(skill, self.run_dir, self.tracker, model_step=self.last_checkpoint)
         return skill
 
 
-def _forecast_part(session: Session) -> np.ndarray:
-    """``(2, local points, variables)``: truth and one-step forecast on this rank's points."""
-    x, y = session.batches(session.samples.val[:1])
+FURTHER_LEADS_H = (24.0, 48.0)  # the centroid variable's extra map rows
+
+
+def _forecast_part(session: Session) -> tuple[np.ndarray, list[tuple[str, int]]]:
+    """``(2, local points, variables + extra)``: truth and forecast of ``samples.val[0]`` on this
+    rank's points one lead on, then ``evaluate.centroid_variable`` at :data:`FURTHER_LEADS_H`
+    (the same on every rank: the ones the sample has truth for), and those extras as
+    ``(variable, leads)``."""
+    dataset, sample = session.dataset, session.samples.val[0]
+    name = session.cfg.evaluate.centroid_variable
+    lead_h = session.samples.lead * dataset.frequency_s / 3600
+    further: list[tuple[str, int]] = []
+    if name in dataset.variables:
+        last = dataset.n_times - 1 - sample[0]  # dates of truth after the sample's
+        for hours in FURTHER_LEADS_H:
+            steps = round(hours / lead_h)
+            if steps > 1 and abs(steps * lead_h - hours) < 1e-6 and steps * session.samples.lead <= last:
+                further.append((name, steps))
+    steps = max([1, *(k for _, k in further)])
+    x, targets = session.batches([sample], steps)
     session.model.eval()
     with torch.no_grad():
-        pred = session.model(x, session.grids, session.model_group)
+        forecasts = rollout(session.model, x, steps, session.grids, session.model_group, session.transport)
     session.model.train()
-    return np.stack([y[0, 0].cpu().numpy(), pred[0].cpu().numpy()])
+    truth, pred = [targets[0, 0]], [forecasts[0][0]]
+    for variable, k in further:
+        column = dataset.variables.index(variable)
+        truth.append(targets[k - 1, 0, :, column : column + 1])
+        pred.append(forecasts[k - 1][0, :, column : column + 1])
+    return np.stack([torch.cat(truth, -1).cpu().numpy(), torch.cat(pred, -1).cpu().numpy()]), further

@@ -111,9 +111,12 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
 
     old = {"trainer": {"steps": 60, "fault_seed": 7, "fault_scope": "node"}, "model": {"num_layers": 3}}
     saved = current_names(old)
-    assert saved == {"trainer": {"steps": 60}, "debug": {"fault_seed": 7, "fault_scope": "node"}, "model": old["model"]}
+    model = {**old["model"], "mapper": "mean_mlp"}  # a run saved before mappers were chosen ran mean_mlp
+    assert saved == {"trainer": {"steps": 60}, "debug": {"fault_seed": 7, "fault_scope": "node"}, "model": model}
     cfg = continue_from(_typed(), SavedRun(saved, 30, Path("x")), given=[])
     assert (cfg.trainer.steps, cfg.debug.fault_seed, cfg.debug.fault_scope, cfg.model.num_layers) == (60, 7, "node", 3)
+    assert cfg.model.mapper == "mean_mlp" and _typed().model.mapper == "graph_transformer"
+    assert current_names({"model": {"mapper": "graph_transformer"}})["model"]["mapper"] == "graph_transformer"
 
 
 def test_the_typed_config_round_trips_through_its_plain_form():

@@ -32,7 +32,9 @@ def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):
     assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == {"model", "persistence", "climatology"}
     for kind in table.kinds:
         assert all(np.isfinite(table.rmse(kind, "tracer")))
-    assert (run_dir / "skill.md").read_text().count("| 12 |") == len(table.variables)
+    # a row per variable's table, and one in the tracer's centroid table
+    assert (run_dir / "skill.md").read_text().count("| 12 |") == len(table.variables) + 1
+    assert table.centroids.variable == "tracer" and all(np.isfinite(table.centroids.error_km["model"]))
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     for k, lead in enumerate(("006h", "012h")):  # the lead in the name, the model's training step as the step
         history = client.get_metric_history(result["run_id"], f"eval/rmse/tracer/model/{lead}")

@@ -29,8 +29,12 @@ from processor.distributed import (
     shard_sizes,
 )
 from processor.grids import Grid
-from training.model.graphs import LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
+from training.model.graph_transformer import GraphTransformerMapper
+from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
 from training.model.mapper import GraphMapper
+
+# The encoder's and decoder's kinds, and the edge features each reads.
+MAPPERS = {"graph_transformer": "local_frame", "mean_mlp": "chord"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class ShardedGrids:
     decoder: LocalGraph
     data_features: Tensor  # (local data points, 4)
     hidden_features: Tensor  # (local hidden points, 4)
+    mapper: str = "graph_transformer"  # the mapper kind whose edge features the graphs carry
 
     @classmethod
     def build(
@@ -54,12 +59,15 @@ class ShardedGrids:
         rank: int,
         encoder_k: int,
         decoder_k: int,
+        mapper: str = "graph_transformer",
     ) -> ShardedGrids:
+        """This rank's part; ``mapper`` (:data:`MAPPERS`) decides the edges' features."""
         data_xyz = unit_vectors(data_lat, data_lon)
         hidden_xyz = unit_vectors(hidden.latitudes, hidden.longitudes)
         data_sizes, hidden_sizes = shard_sizes(len(data_xyz), ranks), shard_sizes(len(hidden_xyz), ranks)
-        enc = shard_graph(*knn_graph(data_xyz, hidden_xyz, encoder_k), data_sizes, hidden_sizes, rank)
-        dec = shard_graph(*knn_graph(hidden_xyz, data_xyz, decoder_k), hidden_sizes, data_sizes, rank)
+        features = MAPPERS[mapper]
+        enc = shard_graph(*knn_graph(data_xyz, hidden_xyz, encoder_k, features), data_sizes, hidden_sizes, rank)
+        dec = shard_graph(*knn_graph(hidden_xyz, data_xyz, decoder_k, features), hidden_sizes, data_sizes, rank)
         d0, h0 = shard_offsets(data_sizes)[rank], shard_offsets(hidden_sizes)[rank]
         data_f = node_features(data_lat, data_lon)[d0 : d0 + data_sizes[rank]]
         hidden_f = node_features(hidden.latitudes, hidden.longitudes)[h0 : h0 + hidden_sizes[rank]]
@@ -70,6 +78,7 @@ class ShardedGrids:
             dec,
             torch.from_numpy(data_f),
             torch.from_numpy(hidden_f),
+            mapper,
         )
 
     def to(self, device: torch.device | str) -> ShardedGrids:
@@ -83,16 +92,35 @@ class ShardedGrids:
         )
 
 
-class Forecaster(nn.Module):
-    """Predicts the next state from the current one: ``(b, data points, vars)`` -> same."""
+def make_mapper(kind: str, channels: int, num_heads: int) -> nn.Module:
+    """An encoder or decoder of ``kind`` (:data:`MAPPERS`)."""
+    edge_dim = EDGE_FEATURES[MAPPERS[kind]]
+    if kind == "graph_transformer":
+        return GraphTransformerMapper(channels, edge_dim, num_heads)
+    return GraphMapper(channels, edge_dim)
 
-    def __init__(self, num_variables: int, num_channels: int, processor: TransformerProcessor) -> None:
+
+class Forecaster(nn.Module):
+    """Predicts the next state from the current one: ``(b, data points, vars)`` -> same.
+
+    ``mapper``: the encoder's and decoder's kind (:data:`MAPPERS`), ``mapper_heads`` the graph
+    transformer's heads."""
+
+    def __init__(
+        self,
+        num_variables: int,
+        num_channels: int,
+        processor: TransformerProcessor,
+        mapper: str = "graph_transformer",
+        mapper_heads: int = 4,
+    ) -> None:
         super().__init__()
+        self.mapper = mapper
         self.data_embed = nn.Linear(num_variables + 4, num_channels)
         self.hidden_embed = nn.Linear(4, num_channels)
-        self.encoder = GraphMapper(num_channels, 4)
+        self.encoder = make_mapper(mapper, num_channels, mapper_heads)
         self.processor = processor
-        self.decoder = GraphMapper(num_channels, 4)
+        self.decoder = make_mapper(mapper, num_channels, mapper_heads)
         self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables))
 
     def forward(
@@ -101,6 +129,11 @@ class Forecaster(nn.Module):
         """``x``: this rank's data points ``(b, local data points, vars)``, normalised.
         ``group``: the model-parallel group, or what ``processor.build_groups`` made of it.
         ``transport``: what sends the halos' and the processor's bytes (e.g. counted)."""
+        if grids.mapper != self.mapper:
+            raise ValueError(
+                f"the grids' graphs carry the edge features of mapper {grids.mapper!r}, this forecaster's "
+                f"is {self.mapper!r}: build them with ShardedGrids.build(..., mapper={self.mapper!r})"
+            )
         b, model_group, group = x.shape[0], group, process_group_of(group)
         transport = transport or Transport()
         data = self.data_embed(torch.cat([x, grids.data_features.expand(b, -1, -1)], dim=-1))

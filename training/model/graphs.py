@@ -29,11 +29,19 @@ def node_features(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
     return np.stack([np.sin(lat), np.cos(lat), np.sin(lon), np.cos(lon)], axis=1).astype(np.float32)
 
 
-def knn_graph(src_xyz: np.ndarray, dst_xyz: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+EDGE_FEATURES = {"chord": 4, "local_frame": 3}  # features per edge of each kind
+
+
+def knn_graph(
+    src_xyz: np.ndarray, dst_xyz: np.ndarray, k: int, features: str = "chord"
+) -> tuple[np.ndarray, np.ndarray]:
     """Edges from the ``k`` nearest source points into every destination point.
 
     Returns ``edge_index`` ``(2, dst * k)`` (source, destination; grouped by destination) and
-    ``edge_attr`` ``(dst * k, 4)``: source minus destination position, and chord length.
+    ``edge_attr`` ``(dst * k, EDGE_FEATURES[features])``: ``chord``, the source minus the
+    destination position and the chord length; ``local_frame``, the chord length and its
+    eastward and northward components in the destination's local frame, in units of the
+    graph's median edge length (so of order one on any grid).
     """
     if k > len(src_xyz):
         raise ValueError(f"{k} neighbours asked for, but the source grid has {len(src_xyz)} points")
@@ -42,8 +50,26 @@ def knn_graph(src_xyz: np.ndarray, dst_xyz: np.ndarray, k: int) -> tuple[np.ndar
     dst = np.repeat(np.arange(len(dst_xyz)), k)
     src = src.reshape(-1)
     delta = src_xyz[src] - dst_xyz[dst]
-    attr = np.concatenate([delta, np.linalg.norm(delta, axis=1, keepdims=True)], axis=1)
+    length = np.linalg.norm(delta, axis=1, keepdims=True)
+    if features == "chord":
+        attr = np.concatenate([delta, length], axis=1)
+    elif features == "local_frame":
+        east, north = local_frame(dst_xyz[dst])
+        along = np.stack([(delta * east).sum(1), (delta * north).sum(1)], axis=1)
+        attr = np.concatenate([length, along], axis=1) / max(float(np.median(length)), 1e-12)
+    else:
+        raise ValueError(f"edge features {features!r}: choose one of {sorted(EDGE_FEATURES)}")
     return np.stack([src, dst]), attr.astype(np.float32)
+
+
+def local_frame(xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unit east and north vectors ``(points, 3)`` at positions ``xyz`` on the unit sphere
+    (at a pole, east is taken along longitude 0's normal)."""
+    lon = np.arctan2(xyz[:, 1], xyz[:, 0])
+    lat = np.arcsin(np.clip(xyz[:, 2], -1.0, 1.0))
+    east = np.stack([-np.sin(lon), np.cos(lon), np.zeros_like(lon)], axis=1)
+    north = np.stack([-np.sin(lat) * np.cos(lon), -np.sin(lat) * np.sin(lon), np.cos(lat)], axis=1)
+    return east, north
 
 
 @dataclass(frozen=True)

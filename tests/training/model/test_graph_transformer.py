@@ -1,0 +1,69 @@
+"""The graph-transformer mapper: attention over each destination's edges, geometry in the edges."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from training.model.graph_transformer import GraphTransformerMapper
+from training.model.graphs import knn_graph, local_frame, unit_vectors
+
+
+def _graph(n_src: int = 30, n_dst: int = 12, k: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.stack([torch.randperm(n_src, generator=g)[:k] for _ in range(n_dst)]).reshape(-1)
+    dst = torch.arange(n_dst).repeat_interleave(k)
+    return torch.stack([src, dst]), torch.randn(n_dst * k, 3, generator=g, dtype=torch.float64)
+
+
+def test_edge_order_does_not_matter_and_gradients_reach_every_parameter():
+    torch.manual_seed(0)
+    mapper = GraphTransformerMapper(16, 3, num_heads=4).double()
+    edge_index, edge_attr = _graph()
+    x_src = torch.randn(2, 30, 16, dtype=torch.float64, requires_grad=True)
+    x_dst = torch.randn(2, 12, 16, dtype=torch.float64)
+    out = mapper(x_src, x_dst, edge_index, edge_attr)
+    order = torch.randperm(edge_index.shape[1], generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(mapper(x_src, x_dst, edge_index[:, order], edge_attr[order]), out)
+    out.square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mapper.parameters())
+
+
+def test_a_destination_hears_only_its_own_sources_weighted_by_a_softmax():
+    """Changing a source that feeds no edge of destination 0 leaves destination 0 alone; with one
+    edge per destination the softmax weight is 1, so the heads' output is that source's value."""
+    torch.manual_seed(0)
+    mapper = GraphTransformerMapper(8, 3, num_heads=2).double()
+    edge_index = torch.tensor([[3, 5], [0, 1]])
+    edge_attr = torch.zeros(2, 3, dtype=torch.float64)
+    x_src = torch.randn(1, 6, 8, dtype=torch.float64)
+    x_dst = torch.randn(1, 2, 8, dtype=torch.float64)
+    out = mapper(x_src, x_dst, edge_index, edge_attr)
+    changed = x_src.clone()
+    changed[0, 5] += torch.randn(8, dtype=torch.float64)  # feeds destination 1 only (not a constant: LayerNorm)
+    again = mapper(changed, x_dst, edge_index, edge_attr)
+    torch.testing.assert_close(again[0, 0], out[0, 0])
+    assert not torch.allclose(again[0, 1], out[0, 1])
+    heads = mapper.propagate(
+        edge_index,
+        query=mapper.lin_query(mapper.norm_dst(x_dst)),
+        key=mapper.lin_key(mapper.norm_src(x_src)),
+        value=mapper.lin_value(mapper.norm_src(x_src)),
+        edge=mapper.lin_edge(edge_attr),
+        size=(6, 2),
+    )
+    expected = mapper.lin_value(mapper.norm_src(x_src))[0, [3, 5]] + mapper.lin_edge(edge_attr)
+    torch.testing.assert_close(heads[0], expected)
+
+
+def test_local_frame_features_point_east_and_north():
+    lat, lon = np.array([0.0, 0.0, 10.0, 45.0]), np.array([0.0, 5.0, 0.0, 100.0])
+    xyz = unit_vectors(lat, lon)
+    edge_index, attr = knn_graph(xyz[1:3], xyz[:1], k=2, features="local_frame")
+    east_src = np.flatnonzero(edge_index[0] == 0)[0]  # (0, 5): due east of (0, 0)
+    north_src = np.flatnonzero(edge_index[0] == 1)[0]  # (10, 0): due north
+    assert attr[east_src, 1] > 0 and abs(attr[east_src, 2]) < 1e-6
+    assert attr[north_src, 2] > 0 and abs(attr[north_src, 1]) < 1e-6
+    east, north = local_frame(xyz[3:])
+    dots = [(east * xyz[3:]).sum(), (north * xyz[3:]).sum(), (east * north).sum()]
+    np.testing.assert_allclose(dots, 0, atol=1e-12)  # both tangent, and at right angles

@@ -1,0 +1,90 @@
+"""A graph-transformer mapper: each destination point attends over its source edges.
+
+As anemoi-models' ``GraphTransformerForwardMapper`` / ``BackwardMapper`` blocks are built:
+pre-norm of both sides; per head, the query of destination ``i`` against the keys of its
+sources ``j``, each key and value the source's projection *plus a projection of the edge's
+features* (its length and its direction in the destination's east/north frame), so that
+where a source lies is part of what it says; a softmax over each destination's edges; the
+heads' sum, plus a projection of the destination itself, projected back and added to the
+destination (residual); then a pre-norm MLP with its own residual. On torch_geometric
+(``MessagePassing``, ``torch_geometric.utils.softmax``); edges may come in any order.
+
+A destination's edges all live on the rank that holds it (graphs are sliced by destination,
+:mod:`training.model.graphs`), so the softmax and the sum never cross ranks: the mapper is
+exact under any split for free, once the source rows have arrived by halo.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing
+from torch_geometric.utils import softmax
+
+
+class GraphTransformerMapper(MessagePassing):
+    """``(b, n_src, C)`` sources and ``(b, n_dst, C)`` destinations -> updated destinations.
+
+    Args:
+        channels: ``C``, on both sides.
+        edge_dim: features per edge.
+        num_heads: attention heads (``C`` divisible by it).
+        mlp_ratio: the MLP's hidden width, in multiples of ``C``.
+    """
+
+    def __init__(self, channels: int, edge_dim: int, num_heads: int, mlp_ratio: float = 2.0) -> None:
+        super().__init__(aggr="add", node_dim=-2)
+        if channels % num_heads:
+            raise ValueError(f"mapper: channels ({channels}) must be divisible by num_heads ({num_heads})")
+        self.num_heads, self.head_dim = num_heads, channels // num_heads
+        self.norm_src, self.norm_dst = nn.LayerNorm(channels), nn.LayerNorm(channels)
+        self.lin_query = nn.Linear(channels, channels)
+        self.lin_key = nn.Linear(channels, channels)
+        self.lin_value = nn.Linear(channels, channels)
+        self.lin_edge = nn.Linear(edge_dim, channels)
+        self.lin_self = nn.Linear(channels, channels)
+        self.projection = nn.Linear(channels, channels)
+        hidden = int(channels * mlp_ratio + 0.5)
+        self.norm_mlp = nn.LayerNorm(channels)
+        self.mlp = nn.Sequential(nn.Linear(channels, hidden), nn.GELU(), nn.Linear(hidden, channels))
+        self.carry_signal()
+
+    @torch.no_grad()
+    def carry_signal(self) -> None:
+        """Initialise the path a source's values take (value, edge and output projections) to
+        keep their size (weights of variance ``1 / fan_in``, zero biases) rather than shrink it
+        by ``1/sqrt(3)`` a layer, torch's default: a destination then hears its sources from the
+        first step (``python -m benchmarks.mapper_sensitivity`` measures it)."""
+        for linear in (self.lin_value, self.lin_edge, self.projection):
+            nn.init.normal_(linear.weight, std=linear.in_features**-0.5)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+        """``edge_index`` ``(2, E)`` (source row, destination row), ``edge_attr`` ``(E, edge_dim)``,
+        shared across the batch. ``(b, n_dst, C)``."""
+        src, dst = self.norm_src(x_src), self.norm_dst(x_dst)
+        size = (x_src.shape[-2], x_dst.shape[-2])
+        heads = self.propagate(
+            edge_index,
+            query=self.lin_query(dst),
+            key=self.lin_key(src),
+            value=self.lin_value(src),
+            edge=self.lin_edge(edge_attr),
+            size=size,
+        )
+        x = x_dst + self.projection(heads + self.lin_self(dst))
+        return x + self.mlp(self.norm_mlp(x))
+
+    def message(  # type: ignore[override]
+        self, query_i: Tensor, key_j: Tensor, value_j: Tensor, edge: Tensor, index: Tensor, size_i: int | None
+    ) -> Tensor:
+        """Per edge ``(b, E, C)``: its source's value (with the edge's) weighted per head by the
+        softmax, over the destination's edges, of query . key (with the edge's)."""
+        shape = (*key_j.shape[:-1], self.num_heads, self.head_dim)
+        key = (key_j + edge).view(shape)
+        value = (value_j + edge).view(shape)
+        scores = (query_i.view(shape) * key).sum(-1) / math.sqrt(self.head_dim)  # (b, E, heads)
+        weights = softmax(scores, index, num_nodes=size_i, dim=-2)
+        return (weights.unsqueeze(-1) * value).flatten(-2)
