@@ -101,6 +101,9 @@ def test_rollout_loss_and_gradients_equal_one_rank(rank_pool, strategy, ranks):
     np.testing.assert_allclose(
         np.concatenate([p["dx"] for p in parts], 1), dx.numpy(), rtol=0, atol=1e-5 * float(dx.abs().max())
     )
+    # Some gradients are zero up to round-off (the mappers' key bias: a softmax ignores a constant
+    # added to all of a destination's scores): measure those against the model's largest gradient.
+    floor = 1e-3 * max(float(p.grad.abs().max()) for p in model.parameters())
     for name, p in model.named_parameters():
-        scale = float(p.grad.abs().max()) or 1.0
+        scale = max(float(p.grad.abs().max()), floor)
         np.testing.assert_allclose(parts[0]["grads"][name], p.grad.numpy(), rtol=0, atol=1e-5 * scale, err_msg=name)
