@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from processor.grids import ECMWF_REDUCED_POINTS, get_grid, grid_points
+from processor.point_sets import point_set
 from training.data.dataset import DatasetError
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ def check_grid(latitudes: np.ndarray, longitudes: np.ndarray, name: str, where: 
     if len(latitudes) != expected:
         raise DatasetError(f"data.grid = {name} has {expected} points but {where} has {len(latitudes)}")
     if name.strip().lower().startswith("n"):
-        log.warning("data.grid = %s: no ring table for %s grids, only the point count was checked", name, name[0])
+        found = _described(latitudes, longitudes)
+        if found != name.strip().lower():
+            raise DatasetError(f"data.grid = {name} does not fit {where}: its rings are those of {found}")
         return
     problem = _coordinates_error(latitudes, longitudes, name.strip().lower())
     if problem:
@@ -89,14 +92,21 @@ def infer_grid(latitudes: np.ndarray, longitudes: np.ndarray, resolution: str | 
     its ``resolution`` attribute first; ``DatasetError`` naming ``data.grid`` if none fits."""
     n_points = len(latitudes)
     for name in _candidates(resolution, n_points):
-        if name.startswith("n"):
-            if ECMWF_REDUCED_POINTS.get(name) == n_points:
-                log.warning("%s says resolution %s: no ring table, only the point count was checked", where, name)
-                return name
-            continue
-        if _coordinates_error(latitudes, longitudes, name) is None:
+        if not name.startswith("n") and _coordinates_error(latitudes, longitudes, name) is None:
             return name
+    found = _described(latitudes, longitudes)
+    if found in ECMWF_REDUCED_POINTS:  # ECMWF's nN, its rings read from the coordinates
+        return found
     raise DatasetError(
         f"data.grid = null: the grid of {where} ({n_points} points, resolution {resolution!r}) is none of "
-        "processor.grids' oN/fN grids by its coordinates; set data.grid (o<N>, f<N>, n<N>)"
+        f"the oN/fN/nN grids training reads (its coordinates are: {found}); set data.grid (o<N>, f<N>, n<N>)"
     )
+
+
+def _described(latitudes: np.ndarray, longitudes: np.ndarray) -> str:
+    """What the points are, by :func:`processor.point_sets.point_set`: a grid's name (``n320``) or
+    a description (``regional lat-lon 81 x 81 at 0.25 degrees``), or why they are not a grid."""
+    try:
+        return point_set(latitudes, longitudes).name
+    except ValueError as exc:
+        return f"not a grid ({exc})"

@@ -52,3 +52,31 @@ def test_shifted_store_fails_in_prepare_naming_data_grid(tmp_path, small_dataset
 def test_null_grid_is_inferred_and_recorded(tmp_path, small_dataset):
     resolved = prepare(small_config(tmp_path / "run", small_dataset, "data.grid=null"))
     assert resolved.data.grid == "o16"
+
+
+def _reduced_gaussian(n: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rings at the 2N Gaussian latitudes, about 4N cos(latitude) points each, ``total`` in all."""
+    from processor.grids import gaussian_latitudes
+
+    lats, _ = gaussian_latitudes(n)
+    counts = np.maximum(20, np.round(4 * n * np.cos(np.radians(lats)))).astype(int)
+    counts[n - 1] += total - counts.sum()  # the ring nearest the equator takes the difference
+    lon = np.concatenate([np.arange(c) * 360.0 / c for c in counts])
+    return np.repeat(lats, counts), lon
+
+
+def test_an_ecmwf_reduced_grid_is_read_from_its_rings():
+    lat, lon = _reduced_gaussian(320, 542080)
+    assert infer_grid(lat, lon, None, "x") == "n320"
+    check_grid(lat, lon, "n320", "x")
+    lat80, lon80 = _reduced_gaussian(80, 35718)
+    assert infer_grid(lat80, lon80, "N80", "x") == "n80"
+    with pytest.raises(DatasetError, match=r"^data.grid = n80 does not fit x: its rings are those of"):
+        check_grid(lat80[::-1], lon80 + 0.5 * (lat80 > 0), "n80", "x")
+
+
+def test_a_grid_training_does_not_read_is_named_in_the_error():
+    lats, lons = np.arange(60, 39.99, -0.25), np.arange(-10, 10.001, 0.25)
+    lat, lon = np.repeat(lats, len(lons)), np.tile(lons, len(lats))
+    with pytest.raises(DatasetError, match=r"its coordinates are: regional lat-lon 81 x 81 at 0.25 degrees\)"):
+        infer_grid(lat, lon, None, "x")
