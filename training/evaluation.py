@@ -65,7 +65,7 @@ def centroid_accumulator(session: Session, weights: np.ndarray, leads: list[floa
         raise DatasetError(f"evaluate.centroid_variable = {name}: not a variable of the dataset ({variables})")
     xyz = unit_vectors(session.dataset.latitudes, session.dataset.longitudes)[session.points]
     index = variables.index(name)
-    threshold = session.dataset.denormalise(np.ones((1, len(variables))))[0, index]  # mean + 1 stdev
+    threshold = float(session.dataset.mean[index]) + float(session.dataset.stdev[index])  # mean + 1 stdev
     return CentroidAccumulator(name, index, xyz, weights, leads, ("model", "persistence"), threshold)
 
 
@@ -89,11 +89,12 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
             initial = dataset.denormalise(x[0].cpu().numpy())
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
                 truth = dataset.denormalise(target[0].cpu().numpy())
-                scores.add("model", k, dataset.denormalise(forecast[0].cpu().numpy()), truth, sample_id)
+                predicted = dataset.denormalise(forecast[0].cpu().numpy())
+                scores.add("model", k, predicted, truth, sample_id)
                 scores.add("persistence", k, initial, truth, sample_id)
                 scores.add("climatology", k, clim, truth, sample_id)
                 if centroids is not None:
-                    centroids.add("model", k, dataset.denormalise(forecast[0].cpu().numpy()), truth, sample_id)
+                    centroids.add("model", k, predicted, truth, sample_id)
                     centroids.add("persistence", k, initial, truth, sample_id)
     model.train(was_training)
     table = scores.finalize(dims.mp_group, dims.dp_group)

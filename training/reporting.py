@@ -131,7 +131,5 @@ def final_pictures(
 
 def _denormalise_columns(dataset: ZarrDataset, values: np.ndarray, columns: list[int]) -> np.ndarray:
     """``values`` ``(points, len(columns))`` normalised, column ``c`` being variable
-    ``columns[c]`` -> physical units (the dataset's affine map, per variable)."""
-    offset = dataset.denormalise(np.zeros((1, len(dataset.variables))))[0]
-    scale = dataset.denormalise(np.ones((1, len(dataset.variables))))[0] - offset
-    return values * scale[columns] + offset[columns]
+    ``columns[c]`` -> physical units: :meth:`ZarrDataset.denormalise` of those columns."""
+    return values * dataset.stdev[columns] + dataset.mean[columns]

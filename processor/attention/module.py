@@ -6,6 +6,7 @@ methods, as its :class:`~processor.strategies.HeadAttention`, on the points and 
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
@@ -98,14 +99,17 @@ class SelfAttention(nn.Module):
         x = in_compute_dtype(x)
         return rotate(x, first_point) if self.rotary else x
 
-    def score_mods(self, first_head: int | None = None, heads: int | None = None) -> ScoreMods | None:
+    def score_mods(
+        self, first_head: int | None = None, heads: int | None = None, device: torch.device | None = None
+    ) -> ScoreMods | None:
         """The softcap and the ALiBi slopes of heads ``[first_head, first_head + heads)`` of the
-        layer's ``total_heads`` (default: the heads this module holds); None without either."""
+        layer's ``total_heads`` (default: the heads this module holds), the slopes on ``device``
+        (where the attention runs: moved once per call, not per piece of it); None without either."""
         if self.softcap is None and not self.alibi:
             return None
         first = self.first_head if first_head is None else first_head
         count = self.num_heads if heads is None else heads
-        slopes = alibi_slopes(self.total_heads)[first : first + count] if self.alibi else None
+        slopes = alibi_slopes(self.total_heads, device)[first : first + count] if self.alibi else None
         return ScoreMods(self.softcap, slopes)
 
     def attend(
@@ -130,7 +134,7 @@ class SelfAttention(nn.Module):
             dropout_p=self.dropout_p if self.training else 0.0,
             segment_ids=segment_ids,
             path=self.path,
-            mods=self.score_mods(first_head, q.shape[1]),
+            mods=self.score_mods(first_head, q.shape[1], q.device),
         )
 
     def merge_heads(self, parts: list[Tensor]) -> Tensor:

@@ -35,6 +35,7 @@ _MASK_ELEMENTS = 1 << 21  # per chunk: 8 MiB of float32 mask
 # piece's dozen elementwise passes (measured on one CPU thread, N = 8192, 8 heads of 32, W = 256,
 # fwd+bwd with ALiBi: 2^18 took 0.57x the time of 2^21, 2^17 and 2^19 0.64x and 0.69x).
 _EXPLICIT_ELEMENTS = 1 << 18
+_Placed = tuple[ScoreMods, Tensor, Tensor]  # a softcap and ALiBi, with the global query and key positions
 _forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 _backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
@@ -62,12 +63,12 @@ class _Span:
     masked: bool
 
 
-def _spans(pair: BlockPair, n_q: int, n_k: int, q: Tensor, mods: ScoreMods | None) -> list[_Span]:
+def _spans(pair: BlockPair, n_q: int, n_k: int, q: Tensor, modded: bool) -> list[_Span]:
     """The calls that cover every (query, key) pair in reach, in query order. The explicit
     path (not :func:`_fused`) cuts every span into pieces of at most ``_EXPLICIT_ELEMENTS`` scores,
     a masked piece against the keys its own rows reach."""
     spans = _plan(pair, n_q, n_k)
-    if _fused(q, mods):
+    if _fused(q, modded):
         return spans
     pieces = []
     for s in spans:
@@ -139,15 +140,22 @@ def _allowed(pair: BlockPair, span: _Span, device: torch.device) -> Tensor:
     return allowed[:, None]
 
 
-def _fused(q: Tensor, mods: ScoreMods | None) -> bool:
-    plain = mods is None or not mods.active
-    return plain and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+def _fused(q: Tensor, modded: bool) -> bool:
+    """Whether PyTorch's fused CPU kernel runs the call: full precision on CPU, logits unchanged."""
+    return not modded and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
 
 
-def _positions(pair: BlockPair, span: _Span, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Global positions of the span's queries and keys."""
+def _modded(mods: ScoreMods | None) -> bool:
+    return mods is not None and mods.active
+
+
+def _placed(mods: ScoreMods | None, pair: BlockPair, span: _Span, device: torch.device) -> _Placed | None:
+    """``mods`` with the global positions of the span's queries and keys, or None without any."""
+    if not _modded(mods):
+        return None
+    assert mods is not None
     q_pos = torch.arange(span.q_lo, span.q_hi, device=device) + pair.q_start
-    return q_pos, torch.arange(span.k_lo, span.k_hi, device=device) + pair.k_start
+    return mods, q_pos, torch.arange(span.k_lo, span.k_hi, device=device) + pair.k_start
 
 
 def partial_attention(
@@ -164,16 +172,16 @@ def partial_attention(
     """
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     b, h, n_q, d = q.shape
-    spans = _spans(pair, n_q, k.shape[2], q, mods)
+    spans = _spans(pair, n_q, k.shape[2], q, _modded(mods))
     if len(spans) == 1 and _covers(spans[0], n_q, k.shape[2]):  # one call: its buffers are the result
-        return _span_forward(q, k, v, None, scale, mods, _positions(pair, spans[0], q.device))
+        return _span_forward(q, k, v, None, scale, _placed(mods, pair, spans[0], q.device))
     out = q.new_zeros(b, h, n_q, d)
     lse = q.new_full((b, h, n_q), float("-inf"), dtype=_lse_dtype(q))
     for span in spans:
         qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
         allowed = _allowed(pair, span, q.device) if span.masked else None
-        positions = _positions(pair, span, q.device)
-        o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale, mods, positions)
+        placed = _placed(mods, pair, span, q.device)
+        o, part_lse = _span_forward(q[:, :, qs], k[:, :, ks], v[:, :, ks], allowed, scale, placed)
         if allowed is not None:  # rows whose every key is masked: no contribution
             no_key = ~allowed.any(-1)
             part_lse = part_lse.masked_fill(no_key, float("-inf"))
@@ -196,10 +204,10 @@ def partial_attention_backward(
     """This block's share of the gradient, given the *merged* ``out`` and ``lse`` over every
     key block (shapes as :func:`partial_attention`): ``dq`` (this block's term), ``dk``, ``dv``."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    spans = _spans(pair, q.shape[2], k.shape[2], q, mods)
+    spans = _spans(pair, q.shape[2], k.shape[2], q, _modded(mods))
     if len(spans) == 1 and _covers(spans[0], q.shape[2], k.shape[2]):
-        positions = _positions(pair, spans[0], q.device)
-        return _span_backward(grad_out, q, k, v, out, lse, None, scale, mods, positions)
+        placed = _placed(mods, pair, spans[0], q.device)
+        return _span_backward(grad_out, q, k, v, out, lse, None, scale, placed)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for span in spans:
         qs, ks = slice(span.q_lo, span.q_hi), slice(span.k_lo, span.k_hi)
@@ -213,8 +221,7 @@ def partial_attention_backward(
             lse[:, :, qs],
             allowed,
             scale,
-            mods,
-            _positions(pair, span, q.device),
+            _placed(mods, pair, span, q.device),
         )
         dq[:, :, qs] += grads[0]
         dk[:, :, ks] += grads[1]
@@ -241,13 +248,12 @@ def _span_forward(
     v: Tensor,
     allowed: Tensor | None,
     scale: float,
-    mods: ScoreMods | None,
-    positions: tuple[Tensor, Tensor],
+    placed: _Placed | None,
 ) -> tuple[Tensor, Tensor]:
-    if _fused(q, mods):
+    if _fused(q, placed is not None):
         mask = None if allowed is None else additive(allowed, q.dtype)
         return _forward_op(q, k, v, attn_mask=mask, scale=scale)
-    scores, _ = _scores(q, k, allowed, scale, mods, positions)
+    scores, _ = _scores(q, k, allowed, scale, placed)
     lse = torch.logsumexp(scores, dim=-1)
     probs = scores.sub_(lse.nan_to_num(0.0, neginf=0.0).unsqueeze(-1)).exp_()
     return (probs.to(v.dtype) @ v), lse
@@ -262,13 +268,12 @@ def _span_backward(
     lse: Tensor,
     allowed: Tensor | None,
     scale: float,
-    mods: ScoreMods | None,
-    positions: tuple[Tensor, Tensor],
+    placed: _Placed | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    if _fused(q, mods):
+    if _fused(q, placed is not None):
         mask = None if allowed is None else additive(allowed, q.dtype)
         return _backward_op(grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale)
-    scores, capped = _scores(q, k, allowed, scale, mods, positions, keep_tanh=True)
+    scores, capped = _scores(q, k, allowed, scale, placed, keep_tanh=True)
     probs = scores.sub_(lse.unsqueeze(-1)).exp_()
     dv = probs.transpose(-1, -2).to(grad_out.dtype) @ grad_out
     wide = _lse_dtype(q)
@@ -284,14 +289,13 @@ def _scores(
     k: Tensor,
     allowed: Tensor | None,
     scale: float,
-    mods: ScoreMods | None,
-    positions: tuple[Tensor, Tensor],
+    placed: _Placed | None,
     keep_tanh: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Masked logits ``(b, h, n_q, n_k)`` in float32 or better, and the softcap's tanh when
     ``keep_tanh`` (else None)."""
     scores = (q @ k.transpose(-1, -2)).to(_lse_dtype(q)) * scale
     capped = None
-    if mods is not None and mods.active:
-        scores, capped = modify_scores(scores, mods, *positions, keep_tanh=keep_tanh)
+    if placed is not None:
+        scores, capped = modify_scores(scores, *placed, keep_tanh=keep_tanh)
     return (scores if allowed is None else scores.masked_fill_(~allowed, float("-inf"))), capped

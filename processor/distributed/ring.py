@@ -132,9 +132,8 @@ class _RingAttention(torch.autograd.Function):
         me = ring.layout.rank
         kv = torch.stack([k, v])  # (2, b, h, n, d): one message per swap
         in_flight = ring.swap(0, kv)
-        out, lse = partial_attention(
-            q, k, v, ring.pair(me), ring.scale, ring.mods
-        )  # own block: every query's lse finite
+        # Own block first: every query's log-sum-exp is then finite.
+        out, lse = partial_attention(q, k, v, ring.pair(me), ring.scale, ring.mods)
         for step, peer in enumerate(ring.plan.partners):
             theirs = ring.receive(in_flight)
             in_flight = ring.swap(step + 1, kv)

@@ -30,6 +30,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
+import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
@@ -73,9 +74,11 @@ class HeadAttention(Protocol):
         """k, v, each ``(batch, heads, points, head_dim)``."""
         ...
 
-    def score_mods(self, first_head: int | None = None, heads: int | None = None) -> ScoreMods | None:
-        """Softcap and ALiBi slopes of the layer's heads ``[first_head, first_head + heads)``
-        (default: the module's own), for attention calls made outside :meth:`attend`."""
+    def score_mods(
+        self, first_head: int | None = None, heads: int | None = None, device: torch.device | None = None
+    ) -> ScoreMods | None:
+        """Softcap and ALiBi slopes (on ``device``) of the layer's heads ``[first_head, first_head
+        + heads)`` (default: the module's own), for attention calls made outside :meth:`attend`."""
         ...
 
     def attend(

@@ -129,7 +129,7 @@ class ShardHybrid(PointSharded):
                     "shard_hybrid: attention dropout (dropout_p > 0) does not run through ring passes; "
                     "set dropout_p=0, or ring=False to gather the halo instead"
                 )
-            mods = attn.score_mods(first_head, q.shape[1])
+            mods = attn.score_mods(first_head, q.shape[1], q.device)
             return ring_attention(q, k, v, window, layout, sequence_group, ctx.transport, ids, mods)
         d = q.shape[-1]
         kv = torch.cat([k, v], dim=-1)  # one halo message for both

@@ -80,7 +80,7 @@ class ShardSequence(PointSharded):
             )
         start = ctx.layout.start
         q, (k, v) = attn.queries(h, start), attn.keys_values(h, start)
-        ids, mods = ctx.key_segment_ids, attn.score_mods()
+        ids, mods = ctx.key_segment_ids, attn.score_mods(device=q.device)
         out = ring_attention(q, k, v, attn.window_size, ctx.layout, ctx.group, ctx.transport, ids, mods)
         return attn.merge_heads([out])
 

@@ -70,7 +70,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[f"W{c['window']}-ids{c.get('ids', False)}" for c in CASES])
 def test_blockwise_matches_dense(monkeypatch, case: dict, explicit: bool) -> None:
     if explicit:  # the path GPUs and low precision take
-        monkeypatch.setattr(partial, "_fused", lambda q, mods: False)
+        monkeypatch.setattr(partial, "_fused", lambda q, modded: False)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 60, 4, generator=g, dtype=torch.float64) for _ in range(3))
     ids = torch.randint(0, 3, (2, 60), generator=g).sort(1).values if case.get("ids") else None
