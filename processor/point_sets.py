@@ -41,16 +41,34 @@ class PointSet:
 
     ``order[i]`` is the store index of the ``i``-th point in processor order; ``areas`` are in
     the store's order, steradians; ``name`` is the grid's usual name where it has one (``o96``,
-    ``n320``, ``f48``), else a description."""
+    ``n320``, ``f48``), else a description. ``rows``: the points of each ring or box row, north
+    to south, as they follow one another in processor order (None for an unstructured set);
+    ``is_global``: whether the points cover the whole sphere."""
 
     kind: str
     name: str
     order: np.ndarray
     areas: np.ndarray
+    rows: np.ndarray | None = None
+    is_global: bool = True
 
     @property
     def n_points(self) -> int:
         return len(self.order)
+
+    def coarsened(self, stride: int) -> np.ndarray:
+        """Processor-order indices of a coarser copy of these points, in processor order: every
+        ``stride``-th row and every ``stride``-th point of each kept row (rings and boxes;
+        a box keeps its last row and column too, so the copy spans the whole domain), or every
+        ``stride**2``-th point along the Hilbert curve (unstructured sets)."""
+        if stride < 1:
+            raise ValueError(f"a coarsening stride must be >= 1, got {stride}")
+        if self.rows is None:
+            return np.arange(0, self.n_points, stride**2)
+        starts = np.concatenate([[0], np.cumsum(self.rows)[:-1]])
+        keep_rows = _every(len(self.rows), stride, self.kind == "regional_latlon")
+        picked = [starts[r] + _every(int(self.rows[r]), stride, self.kind == "regional_latlon") for r in keep_rows]
+        return np.concatenate(picked)
 
     def area_weights(self) -> np.ndarray:
         """``areas`` normalised to mean 1, in the store's order (the skill's and the loss's weights)."""
@@ -127,6 +145,12 @@ def _ring(latitude: float, members: np.ndarray, lon: np.ndarray) -> _Ring | None
     return _Ring(latitude, members[rolled], step, float(lon[rolled[0]]))
 
 
+def _every(n: int, stride: int, with_last: bool) -> np.ndarray:
+    """``0, stride, 2 stride, ...`` below ``n``, and ``n - 1`` too when ``with_last``."""
+    picked = np.arange(0, n, stride)
+    return np.append(picked, n - 1) if with_last and picked[-1] != n - 1 else picked
+
+
 def _global_rings(rings: list[_Ring], n_points: int) -> PointSet:
     counts = np.array([len(r.points) for r in rings])
     lats = np.array([r.latitude for r in rings])
@@ -135,7 +159,8 @@ def _global_rings(rings: list[_Ring], n_points: int) -> PointSet:
     if gaussian is not None:
         _, quadrature = gaussian_latitudes(gaussian)
         ring_area = 2 * np.pi * quadrature
-        kind, name = _gaussian_kind(gaussian, counts, n_points)
+        from_zero = all(min(r.start, 360.0 - r.start) < _TOL_DEG for r in rings)
+        kind, name = _gaussian_kind(gaussian, counts, n_points, from_zero)
     else:
         edges = np.concatenate([[90.0], (lats[:-1] + lats[1:]) / 2, [-90.0]])
         ring_area = 2 * np.pi * (np.sin(np.radians(edges[:-1])) - np.sin(np.radians(edges[1:])))
@@ -144,7 +169,7 @@ def _global_rings(rings: list[_Ring], n_points: int) -> PointSet:
         name = f"regular lat-lon {len(rings)} x {counts.max()}{poles}"
     areas = np.empty(n_points)
     areas[order] = np.repeat(ring_area / counts, counts)
-    return PointSet(kind, name, order, areas)
+    return PointSet(kind, name, order, areas, rows=counts)
 
 
 def _gaussian_number(lats: np.ndarray) -> int | None:
@@ -155,11 +180,12 @@ def _gaussian_number(lats: np.ndarray) -> int | None:
     return len(lats) // 2 if np.abs(expected - lats).max() < 1e-3 else None
 
 
-def _gaussian_kind(n: int, counts: np.ndarray, n_points: int) -> tuple[str, str]:
+def _gaussian_kind(n: int, counts: np.ndarray, n_points: int, from_zero: bool) -> tuple[str, str]:
+    """``oN`` and ``fN`` have every ring start at longitude 0 (else: a reduced Gaussian grid)."""
     half = 4 * np.arange(1, n + 1) + 16
-    if np.array_equal(counts, np.concatenate([half, half[::-1]])):
+    if from_zero and np.array_equal(counts, np.concatenate([half, half[::-1]])):
         return "octahedral", f"o{n}"
-    if (counts == 4 * n).all():
+    if from_zero and (counts == 4 * n).all():
         return "regular_gaussian", f"f{n}"
     known = ECMWF_REDUCED_POINTS.get(f"n{n}")
     if known is not None and known != n_points:
@@ -190,7 +216,8 @@ def _box(rings: list[_Ring], n_points: int) -> PointSet:
     areas = np.empty(n_points)
     areas[order] = np.repeat(band * width, len(rings[0].points))
     name = f"regional lat-lon {len(rings)} x {len(rings[0].points)} at {rings[0].step:g} degrees"
-    return PointSet("regional_latlon", name, order, areas)
+    rows = np.full(len(rings), len(rings[0].points))
+    return PointSet("regional_latlon", name, order, areas, rows=rows, is_global=False)
 
 
 def _unstructured(lat: np.ndarray, lon: np.ndarray) -> PointSet:
@@ -198,7 +225,14 @@ def _unstructured(lat: np.ndarray, lon: np.ndarray) -> PointSet:
     if len(np.unique(np.round(xyz, 9), axis=0)) < len(xyz):
         raise ValueError("two points share their coordinates: a point set needs distinct points")
     order = np.argsort(hilbert_index(xyz), kind="stable")
-    return PointSet("unstructured", f"{len(lat)} points", order, _dual_areas(xyz))
+    is_global = _surrounds_origin(xyz)
+    name = f"{len(lat)} points{'' if is_global else ', regional'}"
+    return PointSet("unstructured", name, order, _dual_areas(xyz), is_global=is_global)
+
+
+def _surrounds_origin(xyz: np.ndarray) -> bool:
+    """Whether points on the unit sphere spread all round it (a global set), not over one part."""
+    return bool(np.linalg.norm(xyz.mean(0)) < 0.5)
 
 
 def _unit_vectors(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
@@ -211,7 +245,7 @@ def _dual_areas(xyz: np.ndarray) -> np.ndarray:
     on the whole sphere, the triangles of the points' convex hull; on part of it, a Delaunay
     triangulation in the tangent plane at the points' mean direction."""
     centre = xyz.mean(0)
-    if np.linalg.norm(centre) < 0.5:  # the points surround the origin: the whole sphere
+    if _surrounds_origin(xyz):  # the whole sphere
         triangles = ConvexHull(xyz).simplices
     else:
         normal = centre / np.linalg.norm(centre)

@@ -86,8 +86,8 @@ def prepare(
         saved = saved_run(Path(cfg.run_dir).resolve())
         if saved is not None:
             cfg = continue_from(cfg, saved, given)
-    cfg = resolve_auto(cfg)  # strategy=auto: the cost model's pick, printed and kept for MLflow
-    check_config(cfg, world)
+    if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
+        check_config(cfg, world)
     trainer = cfg.trainer
     trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
@@ -105,10 +105,14 @@ def prepare(
         check_built_in_path(data.path)  # a typo is not filled with the built-in data
         log.info("writing the built-in dataset to %s", data.path)
         generate_rossby_haurwitz(data.path, data.grid or "o32", data.generate_steps, data.generate_seed)
-    from training.session import rollout_horizon
+    from training.session import rollout_horizon, session_hidden_grid
     from training.trainer import check_resumable, open_dataset
 
     dataset = open_dataset(data, rollout_horizon(trainer))  # fails here, clearly, on a missing or mismatched dataset
+    hidden = session_hidden_grid(cfg, dataset)  # and here on a hidden grid that does not suit the data
+    if cfg.strategy.name == "auto":
+        cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
+        check_config(cfg, world)
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
@@ -119,7 +123,7 @@ def prepare(
             log.info(resume_line(Path(cfg.run_dir), saved, cfg))
         write_settings(cfg)  # what a later run in this directory continues from
         remove_stop_marker(cfg.run_dir)  # left by a launcher that was killed
-    log.info(startup_line(cfg, dataset.n_points))
+    log.info(startup_line(cfg, dataset.n_points, hidden.n_points))
     return cfg
 
 

@@ -20,16 +20,16 @@ log = logging.getLogger(__name__)
 MIB = 2**20
 
 
-def resolve_auto(cfg: RunConfig) -> RunConfig:
-    """``cfg`` itself unless ``strategy.name`` is ``auto``; else a copy with the pick in place."""
+def resolve_auto(cfg: RunConfig, hidden_points: int) -> RunConfig:
+    """``cfg`` itself unless ``strategy.name`` is ``auto``; else a copy with the pick in place,
+    for a processor on ``hidden_points`` points."""
     if cfg.strategy.name != "auto":
         return cfg
-    from processor.grids import grid_points
     from processor.plan import Workload, choose, load_machine
     from processor.strategies import strategy_class
 
     t, m = cfg.trainer, cfg.model
-    work = Workload.of(grid_points(m.hidden_grid), m, t.batch_size, t.ranks_per_model, t.precision)
+    work = Workload.of(hidden_points, m, t.batch_size, t.ranks_per_model, t.precision)
     try:
         considered = [strategy_class(name) for name in cfg.strategy.consider]  # before a probe: fail fast
         machine = load_machine(cfg.strategy.machine, t.threads_per_rank, m.num_channels, m.num_heads)

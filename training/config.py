@@ -35,7 +35,7 @@ from training.settings import (
 
 __all__ = ["ConfigValueError", "RunConfig", "check_config", "processor_config", "run_config"]
 
-FORECASTER_KEYS = ("hidden_grid", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
+FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
 
 
 def processor_schema(
@@ -87,7 +87,8 @@ ModelConfig = processor_schema(
     "ModelConfig",
     dict(window_size=MISSING, mlp_hidden_ratio=2.0, num_chunks=0, qk_norm=True),
     extra=[
-        ("hidden_grid", str, field(default=MISSING)),  # the processor's grid (a model preset names it)
+        ("hidden_grid", str, field(default=MISSING)),  # the processor's grid: oN or data (model/hidden_grid.py)
+        ("hidden_stride", int, setting(1, at_least(1))),  # hidden_grid=data: every k-th row and column of the data
         ("encoder_neighbours", int, setting(4, at_least(1))),  # data points feeding each hidden point
         ("decoder_neighbours", int, setting(3, at_least(1))),  # hidden points feeding each data point
         # the encoder's and decoder's kind: attention over each point's edges, or anemoi-free mean messages
@@ -177,7 +178,9 @@ class RolloutConfig:
 
 @dataclass
 class LossConfig:
-    area_weights: bool = False  # weight points by area (grid quadrature weights, else cos latitude)
+    # Weight points by their cell's area (the dataset's area_weights: Gaussian quadrature weights,
+    # latitude bands, box cells, Delaunay duals), as anemoi does; false: every point alike.
+    area_weights: bool = True
     # {name: weight}, unlisted variables weigh 1. Typed Any: a struct Dict node refuses the
     # new keys of `trainer.loss.variable_weights={u: 2}` (Hydra would ask for a `+`).
     variable_weights: Any = None
@@ -317,6 +320,9 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigValueError(
             f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
         )
+    from training.model.hidden_grid import check_hidden_grid  # it builds on this module
+
+    check_hidden_grid(cfg.model.hidden_grid, cfg.model.hidden_stride)
     world = cfg.trainer.nprocs if world_size is None else world_size
     if world % cfg.trainer.ranks_per_model:
         raise ConfigValueError(

@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from processor.grids import get_grid
-from training.centroid import CentroidAccumulator, grid_spacing_km
+from training.centroid import CentroidAccumulator
 from training.data import DatasetError
 from training.data.samples import Sample
 from training.model.graphs import unit_vectors
 from training.rollout import rollout
 from training.session import Session, dataset_samples
-from training.skill import SkillAccumulator, SkillTable, area_weights, climatology
+from training.skill import SkillAccumulator, SkillTable, climatology
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     dataset, dims, model = session.dataset, session.dims, session.model
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
-    weights = area_weights(dataset.latitudes, session.cfg.data.grid)[session.points]
+    weights = dataset.area_weights[session.points]
     clim = climatology(dataset, climatology_dates(session), session.points)
     leads = lead_hours(session, steps)
     scores = SkillAccumulator(dataset.variables, leads, weights=weights, climatology=clim)
@@ -99,8 +98,7 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     model.train(was_training)
     table = scores.finalize(dims.mp_group, dims.dp_group)
     if centroids is not None:
-        spacing = grid_spacing_km(get_grid(session.cfg.model.hidden_grid).n_points)
-        table.centroids = centroids.finalize(dims.mp_group, dims.dp_group, spacing)
+        table.centroids = centroids.finalize(dims.mp_group, dims.dp_group, session.hidden.spacing_km)
     return table
 
 

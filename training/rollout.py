@@ -42,15 +42,14 @@ class RolloutSchedule:
         return min(self.max, self.start + step // self.increase_every)
 
 
-def loss_weights(
-    loss: LossConfig, grid: str, variables: list[str], latitudes: np.ndarray, points: slice
-) -> Tensor | None:
+def loss_weights(loss: LossConfig, variables: list[str], area_weights: np.ndarray, points: slice) -> Tensor | None:
     """``(local points, variables)`` weights of the squared errors, or None when unweighted,
-    for the ``trainer.loss`` section ``loss`` and the data on ``grid`` (``data.grid``).
+    for the ``trainer.loss`` section ``loss``; ``area_weights`` ``(points,)`` are the whole
+    grid's cell areas with mean 1 (the dataset's), ``points`` this rank's block of them.
 
-    Area weights (``trainer.loss.area_weights``; see :func:`training.skill.area_weights`) have
-    mean 1 over the whole grid, and variable weights (``trainer.loss.variable_weights``) mean 1
-    over the variables, so a weighted loss is on the scale of the plain mean squared error.
+    Area weights (``trainer.loss.area_weights``) have mean 1 over the whole grid, and variable
+    weights (``trainer.loss.variable_weights``) mean 1 over the variables, so a weighted loss is
+    on the scale of the plain mean squared error.
     """
     by_name = dict(loss.variable_weights or {})
     unknown = sorted(set(by_name) - set(variables))
@@ -64,11 +63,7 @@ def loss_weights(
         return None
     per_variable = np.array([float(by_name.get(v, 1.0)) for v in variables])
     per_variable = per_variable / per_variable.mean()
-    per_point = np.ones(len(latitudes))
-    if loss.area_weights:
-        from training.skill import area_weights
-
-        per_point = area_weights(latitudes, grid)
+    per_point = np.asarray(area_weights, dtype=np.float64) if loss.area_weights else np.ones(len(area_weights))
     return torch.from_numpy(np.outer(per_point[points], per_variable).astype(np.float32))
 
 

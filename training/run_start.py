@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from processor.grids import get_grid
 from processor.runtime.torchrun import under_torchrun
 from training.config import RunConfig, TrainerConfig, processor_config, strategy_settings
 from training.tracking import local_store_uri, read_record
@@ -34,17 +33,18 @@ def _mlflow(cfg: RunConfig) -> str:
     return f"MLflow {store}, experiment {logging_cfg.experiment}, {run}"
 
 
-def startup_line(cfg: RunConfig, data_points: int) -> str:
-    """The line, for the resolved configuration ``cfg`` and a dataset of ``data_points`` points."""
+def startup_line(cfg: RunConfig, data_points: int, hidden_points: int) -> str:
+    """The line, for the resolved configuration ``cfg``, a dataset of ``data_points`` points and
+    a hidden grid of ``hidden_points``."""
     t_cfg = cfg.trainer
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else t_cfg.nprocs
     mp = t_cfg.ranks_per_model
-    hidden = cfg.model.hidden_grid
+    hidden = cfg.model.hidden_grid + (f" every {cfg.model.hidden_stride}" if cfg.model.hidden_stride > 1 else "")
     return (
         f"strategy {cfg.strategy.name} on {world // mp} data-parallel x {mp} model-parallel rank(s)"
         f"{_mesh(cfg)}; "
         f"data {cfg.data.grid} ({data_points} points) -> hidden {hidden} "
-        f"({get_grid(hidden).n_points} points); device {_device(t_cfg)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
+        f"({hidden_points} points); device {_device(t_cfg)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
     )
 
 

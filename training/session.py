@@ -12,7 +12,6 @@ import torch
 
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport, agree_on_values
-from processor.grids import get_grid
 from processor.runtime import Heartbeat, set_freed_memory_policy
 from training.config import DataConfig, RunConfig, TrainerConfig, processor_config, strategy_settings
 from training.data import DatasetError, ZarrDataset
@@ -20,6 +19,7 @@ from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
 from training.device import rank_device, to_device
 from training.model import Forecaster, ShardedGrids
+from training.model.hidden_grid import HiddenGrid, hidden_grid
 from training.parallel import ParallelDims
 from training.settings import to_settings
 from training.tracking import flatten
@@ -56,10 +56,11 @@ def open_dataset(data: DataConfig, horizon: int = 1) -> ZarrDataset:
         )
     else:
         dataset = ZarrDataset(data.path, data.variables)
+    coordinates = (dataset.point_set, dataset.latitudes, dataset.longitudes)
     if data.grid is None:
-        data.grid = infer_grid(dataset.latitudes, dataset.longitudes, dataset.resolution, str(dataset.path))
+        data.grid = infer_grid(*coordinates, dataset.resolution)
     else:
-        check_grid(dataset.latitudes, dataset.longitudes, data.grid, str(dataset.path))
+        check_grid(*coordinates, data.grid, str(dataset.path))
     if dataset.n_times < 8:
         raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
     dataset_samples(data, dataset, horizon)  # fails here on a bad lead_time, members or rollout
@@ -135,6 +136,7 @@ class Session:
     cfg: RunConfig
     dims: ParallelDims
     dataset: ZarrDataset
+    hidden: HiddenGrid  # the processor's points
     grids: ShardedGrids
     model: Forecaster
     samples: Samples
@@ -161,10 +163,11 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     set_freed_memory_policy(t_cfg.retain_freed_memory)
     dataset = open_dataset(cfg.data, rollout_horizon(t_cfg))
     check_ranks_agree(cfg, dataset, dims)
+    hidden = session_hidden_grid(cfg, dataset)
     grids = ShardedGrids.build(
         dataset.latitudes,
         dataset.longitudes,
-        get_grid(cfg.model.hidden_grid),
+        hidden,
         dims.mp,
         dims.mp_rank,
         cfg.model.encoder_neighbours,
@@ -180,4 +183,10 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     batches = Batches(dataset, grids, samples.lead, device)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)
-    return Session(cfg, dims, dataset, grids, model, samples, batches, counter, transport, model_group, device)
+    return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)
+
+
+def session_hidden_grid(cfg: RunConfig, dataset: ZarrDataset) -> HiddenGrid:
+    """The processor's grid of ``cfg.model`` for ``dataset`` (:mod:`training.model.hidden_grid`)."""
+    m = cfg.model
+    return hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, dataset.latitudes, dataset.longitudes)

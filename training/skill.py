@@ -1,7 +1,8 @@
 """Forecast verification as WeatherBench 2 scores it, sharded like training.
 
-- Scores are area-weighted over the grid's points, in physical units: :func:`area_weights`
-  (Gaussian quadrature weights on ``oN``/``fN`` grids, cos(latitude) otherwise).
+- Scores are area-weighted over the grid's points, in physical units: the dataset's
+  ``area_weights`` (cell areas from :func:`processor.point_sets.point_set`: Gaussian quadrature
+  weights on Gaussian grids, latitude bands on lat-lon grids, Delaunay duals on point sets).
 - Per forecast (a *sample*: one start date and member) and lead time: the weighted MSE and the
   uncentred anomaly correlation ``ACC = Σw f'o' / sqrt(Σw f'² Σw o'²)``, anomalies taken from
   a :func:`climatology`; then averaged over samples. ``RMSE = sqrt(mean over samples of MSE)``
@@ -29,94 +30,9 @@ import torch
 import torch.distributed as dist
 
 from processor.distributed.transport import collective_device
-from processor.grids import Grid, gaussian_latitudes, get_grid
 
-GAUSSIAN = "gaussian quadrature"
-COS_LATITUDE = "latitude bands or cos latitude"
 KINDS = ("model", "persistence", "climatology")
 _N_SUMS = 5  # Σw(f-o)², Σw, Σw f'o', Σw f'², Σw o'²
-
-
-def _gaussian_grid(grid: str | None) -> Grid | None:
-    """The ``oN``/``fN`` grid called ``grid``, or None where no ring table is known."""
-    if grid is None:
-        return None
-    try:
-        return get_grid(grid)
-    except ValueError:
-        return None
-
-
-def area_weight_kind(grid: str | None) -> str:
-    """``"gaussian quadrature"`` for ``oN``/``fN`` grids; otherwise (None, ``nN`` without a ring
-    table, unknown names) ``"latitude bands or cos latitude"``: see :func:`area_weights`."""
-    return GAUSSIAN if _gaussian_grid(grid) is not None else COS_LATITUDE
-
-
-def area_weights(latitudes: np.ndarray, grid: str | None) -> np.ndarray:
-    """``(points,)`` float64 area weights of the points at ``latitudes`` (degrees), mean 1 over
-    the whole grid.
-
-    On a Gaussian grid (``oN``, ``fN``; see :func:`area_weight_kind`) a point weighs its ring's
-    Gaussian quadrature weight divided by the ring's number of points; points are matched to
-    rings by latitude (any order; a point off every ring raises ``ValueError``). The
-    normalisation uses the grid's own point count, so a block of points gets the same weights
-    as in the full grid. Otherwise, when the points lie on rings of latitude (at least 4 points
-    per latitude on average: regular or reduced grids such as ``nN``), a point weighs its ring's
-    latitude band (edges halfway between rings) over the ring's number of points; else
-    cos(latitude). Both are normalised to mean 1 over the given latitudes: pass the whole
-    grid's latitudes and slice out a rank's block afterwards.
-    """
-    lat = np.asarray(latitudes, dtype=np.float64).reshape(-1)
-    found = _gaussian_grid(grid)
-    if found is None:
-        w = _latitude_band_weights(lat)
-        if w is None:
-            w = np.clip(np.cos(np.radians(lat)), 0.0, None)
-        if not len(w) or w.mean() <= 0:
-            raise ValueError("cos-latitude weights need at least one point off the poles")
-        return w / w.mean()
-    ring = _ring_of(lat, found)
-    _, quadrature = gaussian_latitudes(found.n_rings // 2)
-    per_point = quadrature / found.points_per_ring
-    return per_point[ring] / (quadrature.sum() / found.n_points)
-
-
-def _latitude_band_weights(lat: np.ndarray) -> np.ndarray | None:
-    """``(points,)`` weights of points on rings of latitude (regular or reduced grids such as
-    ECMWF's ``nN``): the area of the ring's band (edges halfway between rings) shared by its
-    points; None when the points are not on rings (fewer than 4 points per latitude)."""
-    rings, ring = np.unique(np.round(lat, 6), return_inverse=True)
-    if len(rings) < 2 or len(rings) * 4 > len(lat):
-        return None
-    sines = np.sin(np.radians(rings))
-    edges = np.concatenate([[-1.0], (sines[:-1] + sines[1:]) / 2, [1.0]])
-    return (np.diff(edges) / np.bincount(ring))[ring]
-
-
-def _ring_of(lat: np.ndarray, grid: Grid) -> np.ndarray:
-    """``(points,)`` index of the ring of ``grid`` nearest each latitude; ``ValueError`` if a
-    point is not on a ring or a ring holds more points than the grid has there."""
-    order = np.argsort(grid.ring_latitudes)
-    rings = grid.ring_latitudes[order]
-    right = np.clip(np.searchsorted(rings, lat), 1, len(rings) - 1)
-    nearest = np.where(lat - rings[right - 1] <= rings[right] - lat, right - 1, right)
-    off = np.abs(lat - rings[nearest]) > 0.05 * np.diff(rings).min()
-    if off.any():
-        i = int(np.argmax(off))
-        raise ValueError(
-            f"{int(off.sum())} points are not on a ring of grid {grid.name} (e.g. point {i} at latitude "
-            f"{lat[i]:.6f}): the data is not on that grid"
-        )
-    ring = order[nearest]
-    crowded = np.bincount(ring, minlength=grid.n_rings) > grid.points_per_ring
-    if crowded.any():
-        k = int(np.argmax(crowded))
-        raise ValueError(
-            f"more points at latitude {grid.ring_latitudes[k]:.6f} than ring {k} of grid {grid.name} "
-            f"holds ({grid.points_per_ring[k]}): the data is not on that grid"
-        )
-    return ring
 
 
 def climatology(dataset: Any, dates: list[int], points: slice, member: int = 0) -> np.ndarray:
@@ -262,7 +178,7 @@ def metric_part(name: str) -> str:
 class SkillAccumulator:
     """Sums of one rank's points for each (sample, kind, lead, variable); see :meth:`finalize`.
 
-    ``weights`` ``(local points,)`` are this rank's block of :func:`area_weights`;
+    ``weights`` ``(local points,)`` are this rank's block of the dataset's ``area_weights``;
     ``climatology`` ``(local points, variables)`` its block of :func:`climatology`.
 
     Contract for :meth:`finalize`: the ranks of a model-parallel group (one model replica) must

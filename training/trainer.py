@@ -83,7 +83,7 @@ class Trainer:
         self.faults = FaultInjector(cfg.debug, self.t_cfg, dims.rank, dims.world, self.run_dir)
         self.last_step_s = 0.1
         dataset = session.dataset
-        weights = loss_weights(self.t_cfg.loss, cfg.data.grid, dataset.variables, dataset.latitudes, session.points)
+        weights = loss_weights(self.t_cfg.loss, dataset.variables, dataset.area_weights, session.points)
         self.device_memory = PeakDeviceMemory(session.device)
         per_replica = self.t_cfg.batch_size * dataset.n_points * len(dataset.variables)
         self.step_fn = TrainStep(

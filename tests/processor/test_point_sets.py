@@ -115,3 +115,37 @@ def test_bad_coordinates_are_refused():
         point_set(np.array([0.0, 10.0, 10.0, 20.0]), np.array([0.0, 5.0, 5.0, 7.0]))
     with pytest.raises(ValueError, match=r"\[-90, 90\]"):
         point_set(np.array([0.0, 95.0, 10.0]), np.array([0.0, 1.0, 2.0]))
+
+
+def test_octahedral_area_weights_integrate_over_the_sphere():
+    """The mean of w * f over o16 is the sphere average of f, to quadrature's precision."""
+    grid = get_grid("o16")
+    weights = point_set(grid.latitudes, grid.longitudes).area_weights()
+    lat, lon = np.radians(grid.latitudes), np.radians(grid.longitudes)
+    fields = {
+        "1": (np.ones_like(lat), 1.0),
+        "sin^2 lat": (np.sin(lat) ** 2, 1 / 3),
+        "1 + sin^2 lat cos^2 lon": (1 + np.sin(lat) ** 2 * np.cos(lon) ** 2, 1 + 1 / 6),
+        "sin^4 lat": (np.sin(lat) ** 4, 1 / 5),
+    }
+    for name, (f, exact) in fields.items():
+        assert abs(np.mean(weights * f) - exact) < 1e-12, name
+    cos_lat = np.cos(lat) / np.cos(lat).mean()  # what plain cos(latitude) weights would give
+    assert abs(np.mean(cos_lat * np.sin(lat) ** 2) - 1 / 3) > 0.05
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_coarsened_copies_keep_rows_and_span_a_box(stride):
+    lats, lons = np.arange(60, 39.99, -0.5), np.arange(-10, 10.001, 0.5)  # 41 x 41
+    lat, lon = np.repeat(lats, len(lons)), np.tile(lons, len(lats))
+    found = point_set(lat, lon)
+    kept = found.coarsened(stride)
+    assert np.all(np.diff(kept) > 0)  # in processor order
+    lat_k, lon_k = lat[found.order][kept], lon[found.order][kept]
+    assert lat_k.max() == 60 and lat_k.min() == 40 and lon_k.min() == -10 and lon_k.max() == 10
+    rows = len(range(0, 41, stride)) + (40 % stride != 0)
+    assert len(kept) == rows**2
+    grid = get_grid("o16")
+    ring_grid = point_set(grid.latitudes, grid.longitudes)
+    assert len(ring_grid.coarsened(stride)) == sum(len(range(0, n, stride)) for n in grid.points_per_ring[::stride])
+    assert ring_grid.is_global and not found.is_global

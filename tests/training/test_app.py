@@ -42,7 +42,8 @@ def test_loss_falls_and_every_strategy_gives_the_same_curve(sequence_run, tmp_pa
     reference = load_checkpoint(tmp_path / "none" / "checkpoints" / "latest.pt")
     assert saved["model"].keys() == reference["model"].keys()
     for name, value in reference["model"].items():
-        if not name.endswith("k_norm.bias"):  # its gradient is round-off (softmax ignores it), Adam scales that up
+        # Key biases' gradients are round-off (a softmax ignores a constant shift): Adam scales that up.
+        if not name.endswith(("k_norm.bias", "lin_key.bias")):
             torch.testing.assert_close(saved["model"][name], value, rtol=1e-3, atol=1e-5, msg=name)
     assert _losses(single)[-1] < 0.7 * _losses(single)[0]
 

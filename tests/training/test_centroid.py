@@ -9,9 +9,9 @@ import pytest
 
 from processor.distributed import ShardLayout, shard_sizes
 from processor.grids import get_grid
+from processor.point_sets import point_set
 from training.centroid import EARTH_RADIUS_KM, CentroidAccumulator, great_circle_km, grid_spacing_km
 from training.model.graphs import unit_vectors
-from training.skill import area_weights
 
 GRID = get_grid("o16")
 
@@ -26,7 +26,7 @@ def _blob(lon0: float) -> np.ndarray:
 
 def _accumulate(points: slice, shifts: list[float]) -> CentroidAccumulator:
     xyz = unit_vectors(GRID.latitudes, GRID.longitudes)[points]
-    weights = area_weights(GRID.latitudes, "o16")[points]
+    weights = point_set(GRID.latitudes, GRID.longitudes).area_weights()[points]
     acc = CentroidAccumulator("tracer", 1, xyz, weights, [6.0, 12.0], ("model", "persistence"))
     truth = _blob(30.0)[points]
     for lead, shift in enumerate(shifts):
@@ -67,7 +67,7 @@ def test_sharded_sums_give_one_ranks_errors(rank_pool):
 def test_a_faint_background_does_not_pull_the_centroid():
     """Values below the threshold (a forecast's smeared background) are not the plume."""
     xyz = unit_vectors(GRID.latitudes, GRID.longitudes)
-    weights = area_weights(GRID.latitudes, "o16")
+    weights = point_set(GRID.latitudes, GRID.longitudes).area_weights()
     truth = _blob(30.0)
     hazy = truth.copy()
     hazy[:, 1] += 0.05 * ((GRID.longitudes > 90) & (GRID.longitudes < 270))  # the far hemisphere

@@ -83,7 +83,7 @@ def test_auto_picks_a_strategy_and_keeps_its_prediction(capsys):
     from training.auto_strategy import resolve_auto
     from training.config import strategy_settings
 
-    cfg = resolve_auto(_typed("strategy=auto", "strategy.machine=h100_nvlink_ib"))
+    cfg = resolve_auto(_typed("strategy=auto", "strategy.machine=h100_nvlink_ib"), 1600)
     check_config(cfg)  # the pick is a strategy like any other
     assert cfg.strategy.name in ("shard_sequence", "shard_heads", "shard_channels")
     assert cfg.strategy.auto["choice"] == cfg.strategy.name and cfg.strategy.auto["machine"] == "h100_nvlink_ib"
@@ -96,7 +96,7 @@ def test_auto_with_an_unknown_machine_names_it():
     from training.auto_strategy import resolve_auto
 
     with pytest.raises(ValueError, match="strategy=auto: machine 'cray'"):
-        resolve_auto(_typed("strategy=auto", "strategy.machine=cray"))
+        resolve_auto(_typed("strategy=auto", "strategy.machine=cray"), 1600)
 
 
 def test_an_added_key_is_named_when_the_composition_is_made_typed():
@@ -141,12 +141,12 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
     machine = tmp_path / "chatty.json"
     machine.write_text(json.dumps(dataclasses.asdict(CHATTY_LINKS)))
     own = "tests.processor.plan.test_own_strategy:GatherKeys"
-    cfg = resolve_auto(_typed("strategy=auto", f"strategy.machine={machine}", f"strategy.consider=[{own}]"))
+    cfg = resolve_auto(_typed("strategy=auto", f"strategy.machine={machine}", f"strategy.consider=[{own}]"), 1600)
     assert cfg.strategy.name == own and cfg.strategy.auto["choice"] == "gather_keys"
     assert "gather_keys" in capsys.readouterr().out
     check_config(cfg)  # the pick is a strategy the run can start with
     with pytest.raises(ValueError, match="strategy=auto: strategy 'no_such:Thing' cannot be imported"):
-        resolve_auto(_typed("strategy=auto", "strategy.consider=[no_such:Thing]"))  # before any probe
+        resolve_auto(_typed("strategy=auto", "strategy.consider=[no_such:Thing]"), 1600)  # before any probe
 
 
 @pytest.mark.parametrize(
@@ -163,4 +163,4 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
 def test_the_startup_line_shows_how_the_strategy_lays_out_the_model_group(overrides, mesh):
     from training.run_start import startup_line
 
-    assert mesh in startup_line(_typed(*overrides, "run_dir=/tmp/x", "logging.mlflow=false"), 5248)
+    assert mesh in startup_line(_typed(*overrides, "run_dir=/tmp/x", "logging.mlflow=false"), 5248, 1600)

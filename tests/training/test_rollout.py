@@ -12,6 +12,7 @@ import torch
 from processor import ProcessorConfig, TransformerProcessor
 from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model_parallel_gradients
 from processor.grids import get_grid
+from processor.point_sets import point_set
 from processor.strategies import ShardHybrid
 from training.config import LossConfig
 from training.model import Forecaster, ShardedGrids
@@ -31,7 +32,9 @@ def test_schedule_raises_the_rollout_up_to_its_max():
 
 
 def _weights(area: bool, variable_weights: dict, latitudes, points: slice):
-    return loss_weights(LossConfig(area, variable_weights), "o12", VARIABLES, latitudes, points)
+    grid = get_grid("o12")
+    areas = point_set(grid.latitudes, grid.longitudes).area_weights()
+    return loss_weights(LossConfig(area, variable_weights), VARIABLES, areas, points)
 
 
 def test_loss_weights_have_mean_one_and_name_bad_keys():

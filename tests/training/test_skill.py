@@ -1,4 +1,4 @@
-"""Forecast verification: area weights, climatology, RMSE/ACC by hand, the sharded accumulator
+"""Forecast verification: climatology, RMSE/ACC by hand, the sharded accumulator
 (uneven point blocks, data-parallel replicas) against one rank, the table and the plots."""
 
 from __future__ import annotations
@@ -11,79 +11,12 @@ import numpy as np
 import pytest
 import zarr
 
-from processor.grids import gaussian_latitudes, get_grid
 from tests.rank_pool import RankError
 from training.data import ZarrDataset, generate_rossby_haurwitz
-from training.skill import SkillAccumulator, SkillTable, area_weight_kind, area_weights, climatology
+from training.skill import SkillAccumulator, SkillTable, climatology
 
 VARIABLES = ["a", "b", "c"]
 LEADS = [6.0, 12.0]
-
-
-# ---------------------------------------------------------------------------- area weights
-
-
-def test_octahedral_weights_are_quadrature_over_ring_count():
-    n = 32
-    grid = get_grid(f"o{n}")
-    w = area_weights(grid.latitudes, f"o{n}")
-    _, quadrature = gaussian_latitudes(n)
-    ring_sizes = np.array([4 * i + 16 for i in range(1, n + 1)] + [4 * i + 16 for i in range(n, 0, -1)])
-    expected = np.repeat(quadrature / ring_sizes, ring_sizes)
-    expected *= len(expected) / expected.sum()
-    assert w.dtype == np.float64 and w.shape == (grid.n_points,)
-    assert abs(w.mean() - 1) < 1e-13
-    np.testing.assert_allclose(w, expected, rtol=1e-12)
-    assert area_weight_kind("o32") == "gaussian quadrature" == area_weight_kind("f8")
-
-
-def test_weights_match_rings_by_latitude_in_any_order_and_on_a_block():
-    grid = get_grid("o16")
-    full = area_weights(grid.latitudes, "o16")
-    perm = np.random.default_rng(0).permutation(grid.n_points)
-    noisy = grid.latitudes[perm].astype(np.float32)  # stores keep float32 latitudes
-    np.testing.assert_allclose(area_weights(noisy, "o16"), full[perm], rtol=1e-12)
-    np.testing.assert_allclose(area_weights(grid.latitudes[100:300], "o16"), full[100:300], rtol=1e-12)
-
-
-def test_cos_latitude_fallback():
-    lat = np.array([0.0, 60.0, -60.0, 30.0])
-    cos = np.array([1.0, 0.5, 0.5, math.sqrt(3) / 2])
-    for grid in (None, "n320", "lambert"):
-        assert area_weight_kind(grid) == "latitude bands or cos latitude"
-        np.testing.assert_allclose(area_weights(lat, grid), cos / cos.mean(), rtol=1e-14)
-
-
-def test_points_off_the_grid_raise():
-    lat = get_grid("o16").latitudes.copy()
-    lat[5] += 1.0
-    with pytest.raises(ValueError, match="not on a ring of grid o16"):
-        area_weights(lat, "o16")
-    with pytest.raises(ValueError, match="more points"):
-        area_weights(np.repeat(get_grid("o16").latitudes[:20], 2), "o16")
-
-
-def test_weights_integrate_over_the_sphere():
-    """Mean of w * f over o16 is the sphere average (1 / 4 pi) * integral of f dOmega."""
-    grid = get_grid("o16")
-    lat, lon = np.radians(grid.latitudes), np.radians(grid.longitudes)
-    fields = {  # field: exact sphere average
-        "1": (np.ones_like(lat), 1.0),
-        "sin^2 lat": (np.sin(lat) ** 2, 1 / 3),
-        "1 + sin^2 lat cos^2 lon": (1 + np.sin(lat) ** 2 * np.cos(lon) ** 2, 1 + 1 / 6),
-        "sin^4 lat": (np.sin(lat) ** 4, 1 / 5),
-    }
-    gauss = area_weights(grid.latitudes, "o16")
-    for name, (f, exact) in fields.items():
-        assert abs(np.mean(gauss * f) - exact) < 1e-12, name
-    # Without the grid's name, points on rings get their latitude band's share: close to the
-    # quadrature on reduced (o16) and regular (f16) grids alike (plain cos(lat) is 0.08 off on o16).
-    for name in ("o16", "f16"):
-        g = get_grid(name)
-        f = np.sin(np.radians(g.latitudes)) ** 2
-        assert abs(np.mean(area_weights(g.latitudes, None) * f) - 1 / 3) < 2e-3, name
-    cos_lat = np.cos(lat) / np.cos(lat).mean()
-    assert abs(np.mean(cos_lat * np.sin(lat) ** 2) - 1 / 3) > 0.05
 
 
 # ---------------------------------------------------------------------------- climatology

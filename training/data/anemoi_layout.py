@@ -80,19 +80,20 @@ def _attributes(
     data: np.ndarray,
     dates: np.ndarray,
     variables: list[str],
-    resolution: str,
+    resolution: str | None,
     present: np.ndarray,
     frequency_s: int,
 ) -> dict[str, Any]:
     """The store's attributes; ``present`` ``(time,)`` is False at the missing dates."""
     field_shape = [int(data.shape[-1])]
+    grid = resolution.upper() if resolution else None
     return {
         "version": FORMAT_VERSION,
         "frequency": frequency_to_string(frequency_s),
         "start_date": _iso(dates[0]),
         "end_date": _iso(dates[-1]),
         "missing_dates": [_iso(d) for d in dates[~present]],
-        "resolution": resolution.upper(),
+        "resolution": grid,
         "field_shape": field_shape,
         "constant_fields": constant_fields(data, present, variables),
         "variables": list(variables),
@@ -106,7 +107,7 @@ def _attributes(
         "allow_nans": False,
         "licence": "CC-BY-4.0",
         "attribution": "gridshard",
-        "data_request": {"grid": resolution.upper(), "param_level": {"sfc": list(variables)}, "param_step": {}},
+        "data_request": {"grid": grid, "param_level": {"sfc": list(variables)}, "param_step": {}},
         "uuid": str(uuid.uuid4()),
         "latest_write_timestamp": datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat(),
     }
@@ -119,7 +120,7 @@ def write_anemoi_store(
     variables: list[str],
     latitudes: np.ndarray,
     longitudes: np.ndarray,
-    resolution: str,
+    resolution: str | None,
     missing: tuple[int, ...] = (),
     extra_attrs: dict[str, Any] | None = None,
     recipe: dict[str, Any] | None = None,
@@ -130,6 +131,7 @@ def write_anemoi_store(
 
     The dates in ``missing`` (indices) are written as NaN and listed in ``missing_dates``;
     statistics leave them out. Tendency statistics are written for ``tendencies`` x frequency.
+    ``resolution``: the grid's name (``o96``, ``n320``, ``0.25``), None for a point set.
     """
     dates = np.asarray(dates).astype("datetime64[s]")
     steps = np.diff(dates).astype(np.int64)

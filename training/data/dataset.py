@@ -6,6 +6,13 @@ by earlier gridshard versions), the variable names in the ``variables`` attribut
 ``name_to_index``), per-variable statistics ``mean`` and ``stdev`` used to normalise, the
 ``frequency`` of its dates, and ``missing_dates``: dates anemoi-datasets had no data for, written
 as NaN. ``resolution`` and ``field_shape`` name its grid when present.
+
+The reader presents the points in the processor's order (:func:`processor.point_sets.point_set`
+read from the coordinates: rings or rows north to south, west to east; a Hilbert curve through
+an unstructured set), whatever order the store holds them in, so that a rank's contiguous
+block of points is a compact region and the attention window a band of neighbours. Every
+per-point array it gives (``latitudes``, ``longitudes``, ``area_weights``, states) is in that
+order; forecasts written from it carry their coordinates in it too.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from processor.errors import UserError
+from processor.point_sets import PointSet, point_set
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,9 @@ class ZarrDataset:
     Attributes: ``variables``, ``latitudes``/``longitudes`` ``(points,)`` in degrees, ``dates``
     ``(time,)`` ``datetime64[s]``, ``frequency_s`` (seconds between dates), ``missing`` (time
     indices with no data), ``n_times``, ``n_members``, ``n_points``, ``resolution`` (or None),
-    ``field_shape``, ``mean``/``stdev`` ``(variables,)``.
+    ``field_shape``, ``mean``/``stdev`` ``(variables,)``; ``point_set`` (the grid read from the
+    coordinates) and ``area_weights`` ``(points,)`` (cell areas, mean 1). Points are in
+    processor order (see the module).
     """
 
     def __init__(self, path: str | Path, variables: list[str] | None = None) -> None:
@@ -121,8 +131,15 @@ class ZarrDataset:
         self._index = [names.index(v) for v in wanted]
         self.mean = np.asarray(mean)[self._index].astype(np.float32)
         self.stdev = np.maximum(np.asarray(stdev)[self._index], 1e-12).astype(np.float32)
-        self.latitudes = np.asarray(latitudes, dtype=np.float64)
-        self.longitudes = np.asarray(longitudes, dtype=np.float64)
+        try:
+            self.point_set: PointSet = point_set(latitudes, longitudes)
+        except ValueError as exc:
+            raise DatasetError(f"{self.path}: its latitudes/longitudes are no usable point set: {exc}") from None
+        order = self.point_set.order
+        self._order = None if np.array_equal(order, np.arange(n_points)) else order
+        self.latitudes = np.asarray(latitudes, dtype=np.float64)[order]
+        self.longitudes = np.asarray(longitudes, dtype=np.float64)[order]
+        self.area_weights = self.point_set.area_weights()[order]
         self.dates = dates
         self.missing = frozenset(missing)
         self.n_times, self.n_members, self.n_points = n_time, n_members, n_points
@@ -142,8 +159,19 @@ class ZarrDataset:
         return frequency
 
     def _read(self, index: tuple) -> np.ndarray:
-        """Raw values at a ``(time, variable, member, points)`` index."""
+        """Raw values at a ``(time, variable, member, points)`` index, points in store order."""
         return np.asarray(self._data[index])
+
+    def _read_points(self, t: int, member: int, points: slice) -> np.ndarray:
+        """Raw ``(all variables, points)`` of a block of points in processor order: the span of
+        store points that holds them, read at once (a date is usually one chunk), then picked."""
+        if self._order is None:
+            return self._read((t, slice(None), member, points))
+        wanted = self._order[points]
+        if not len(wanted):
+            return np.empty((self._data.shape[1], 0), np.float32)
+        lo, hi = int(wanted.min()), int(wanted.max()) + 1
+        return self._read((t, slice(None), member, slice(lo, hi)))[:, wanted - lo]
 
     def state(self, t: int, points: slice = slice(None), member: int = 0) -> np.ndarray:
         """Normalised ``(points, variables)`` of ``member`` at time index ``t`` (optionally a block
@@ -151,7 +179,7 @@ class ZarrDataset:
         if t in self.missing:
             raise DatasetError(f"date {self.date(t)} (index {t}) is a missing date of {self.path}")
         try:
-            raw = self._read((t, slice(None), member, points)).astype(np.float32)[self._index]
+            raw = self._read_points(t, member, points).astype(np.float32)[self._index]
         except Exception as exc:  # a corrupt or missing chunk: say where, not deep in zarr
             # A chunk holds every variable of a date: name the date and the variables read.
             raise DatasetError(
@@ -192,7 +220,7 @@ class ZarrDataset:
                         self._report(block, finite, run, p0, block_dates)
 
     def _report(self, block: np.ndarray, finite: np.ndarray, run: range, p0: int, block_dates: range) -> None:
-        t, v, m, p = np.argwhere(~finite)[0]
+        t, v, m, p = np.argwhere(~finite)[0]  # p: a store index (the store's own order)
         member = f", member {m}" if self.n_members > 1 else ""
         raise DatasetError(
             f"non-finite value {block[t, v, m, p]} in {self.path}: variable {self.variables[v]!r}{member}, "

@@ -87,9 +87,24 @@ def generate_rossby_haurwitz(
     sources lack.
     """
     grid = grid or "o32"
-    rng = np.random.default_rng(seed)
     g = get_grid(grid)
-    lat, lon = np.radians(g.latitudes), np.radians(g.longitudes)
+    return write_rossby_haurwitz(path, g.latitudes, g.longitudes, steps, seed, members, missing, resolution=grid)
+
+
+def write_rossby_haurwitz(
+    path: str | Path,
+    latitudes: np.ndarray,
+    longitudes: np.ndarray,
+    steps: int = 400,
+    seed: int = 1,
+    members: int = 1,
+    missing: tuple[int, ...] = (),
+    resolution: str | None = None,
+) -> Path:
+    """:func:`generate_rossby_haurwitz` on any points (degrees ``(points,)``, any order: a lat-lon
+    grid, a regional box, a point set), ``resolution`` the store's attribute (None: none)."""
+    rng = np.random.default_rng(seed)
+    lat, lon = np.radians(np.asarray(latitudes, np.float64)), np.radians(np.asarray(longitudes, np.float64))
     omega = 0.04 * OMEGA_PLANET
     waves = [
         {"R": int(r), "K": float(rng.uniform(0.6, 1.2) * omega / (1 + i)), "phase": float(rng.uniform(0, 2 * np.pi))}
@@ -111,21 +126,22 @@ def generate_rossby_haurwitz(
     )
     start = np.datetime64("2020-01-01T00:00:00", "s")
     dates = start + np.arange(steps) * np.timedelta64(STEP_HOURS, "h")
+    name = resolution or f"{len(lat)}_points"
     return write_anemoi_store(
         path,
         data,
         dates,
         VARIABLES,
-        g.latitudes,
-        g.longitudes,
-        resolution=grid,
+        latitudes,
+        longitudes,
+        resolution=resolution,
         missing=missing,
         extra_attrs={
             "description": "Rossby-Haurwitz waves and an advected tracer (gridshard synthetic dataset)",
             "waves": waves,
         },
         recipe={
-            "name": f"rossby_haurwitz_{grid}",
-            "generator": {"grid": grid, "steps": steps, "seed": seed, "members": members},
+            "name": f"rossby_haurwitz_{name}",
+            "generator": {"grid": name, "steps": steps, "seed": seed, "members": members},
         },
     )

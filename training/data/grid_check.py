@@ -1,5 +1,7 @@
-"""Which grid of :mod:`processor.grids` a dataset is on: inferred from the store (``data.grid:
-null``) or checked against the named one, by coordinates, not only by point count."""
+"""Which grid a dataset is on: inferred from the store (``data.grid: null``) or checked against
+the named one, by coordinates, not only by point count. Any point set is a grid training reads
+(:mod:`processor.point_sets`); ``oN``/``fN`` grids are also checked against
+:mod:`processor.grids`' tables point by point."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import re
 import numpy as np
 
 from processor.grids import ECMWF_REDUCED_POINTS, get_grid, grid_points
-from processor.point_sets import point_set
+from processor.point_sets import PointSet
 from training.data.dataset import DatasetError
 
 log = logging.getLogger(__name__)
@@ -68,45 +70,42 @@ def _candidates(resolution: str | None, n_points: int) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def check_grid(latitudes: np.ndarray, longitudes: np.ndarray, name: str, where: str) -> None:
-    """Raise ``DatasetError`` naming ``data.grid`` if the coordinates (degrees, ``(points,)``) of
-    the dataset at ``where`` are not those of the grid ``name``."""
-    try:
-        expected = grid_points(name)
-    except ValueError as exc:
-        raise DatasetError(f"data.grid = {name}: {exc}") from None
-    if len(latitudes) != expected:
-        raise DatasetError(f"data.grid = {name} has {expected} points but {where} has {len(latitudes)}")
-    if name.strip().lower().startswith("n"):
-        found = _described(latitudes, longitudes)
-        if found != name.strip().lower():
-            raise DatasetError(f"data.grid = {name} does not fit {where}: its rings are those of {found}")
+def check_grid(points: PointSet, latitudes: np.ndarray, longitudes: np.ndarray, name: str, where: str) -> None:
+    """Raise ``DatasetError`` naming ``data.grid`` if the dataset at ``where`` (its grid ``points``
+    read from its coordinates, degrees ``(points,)``) is not on the grid ``name``: an ``oN``/``fN``
+    grid (checked point by point), an ``nN`` grid (by its rings), or the name
+    :func:`infer_grid` gave another kind (a resumed run's record)."""
+    key = name.strip().lower()
+    if re.fullmatch(r"[of]\d+", key):
+        expected = grid_points(key)
+        if len(latitudes) != expected:
+            raise DatasetError(f"data.grid = {name} has {expected} points but {where} has {len(latitudes)}")
+        problem = _coordinates_error(latitudes, longitudes, key)
+        if problem:
+            raise DatasetError(
+                f"data.grid = {name} does not fit {where}: {problem}; set data.grid to its grid, or null"
+            )
         return
-    problem = _coordinates_error(latitudes, longitudes, name.strip().lower())
-    if problem:
-        raise DatasetError(f"data.grid = {name} does not fit {where}: {problem}; set data.grid to its grid, or null")
+    if re.fullmatch(r"n\d+", key):
+        expected = ECMWF_REDUCED_POINTS.get(key)
+        if expected is not None and len(latitudes) != expected:
+            raise DatasetError(f"data.grid = {name} has {expected} points but {where} has {len(latitudes)}")
+        if points.name != key:
+            raise DatasetError(f"data.grid = {name} does not fit {where}: its rings are those of {points.name}")
+        return
+    if name.strip() != points.name:
+        raise DatasetError(
+            f"data.grid = {name!r} does not fit {where}: its coordinates are {points.name!r}; "
+            "set data.grid to that, or null to have it read from the store"
+        )
 
 
-def infer_grid(latitudes: np.ndarray, longitudes: np.ndarray, resolution: str | None, where: str) -> str:
-    """The name of the grid of :mod:`processor.grids` whose coordinates the dataset has, trying
-    its ``resolution`` attribute first; ``DatasetError`` naming ``data.grid`` if none fits."""
-    n_points = len(latitudes)
-    for name in _candidates(resolution, n_points):
+def infer_grid(points: PointSet, latitudes: np.ndarray, longitudes: np.ndarray, resolution: str | None) -> str:
+    """The name of the grid the dataset is on: an ``oN``/``fN`` grid of :mod:`processor.grids`
+    whose coordinates it has (its ``resolution`` attribute tried first), else the name
+    :func:`processor.point_sets.point_set` gave its coordinates (``n320``, ``regular lat-lon 61
+    x 120 with the poles``, ``regional lat-lon 81 x 81 at 0.25 degrees``, ``5000 points``)."""
+    for name in _candidates(resolution, len(latitudes)):
         if not name.startswith("n") and _coordinates_error(latitudes, longitudes, name) is None:
             return name
-    found = _described(latitudes, longitudes)
-    if found in ECMWF_REDUCED_POINTS:  # ECMWF's nN, its rings read from the coordinates
-        return found
-    raise DatasetError(
-        f"data.grid = null: the grid of {where} ({n_points} points, resolution {resolution!r}) is none of "
-        f"the oN/fN/nN grids training reads (its coordinates are: {found}); set data.grid (o<N>, f<N>, n<N>)"
-    )
-
-
-def _described(latitudes: np.ndarray, longitudes: np.ndarray) -> str:
-    """What the points are, by :func:`processor.point_sets.point_set`: a grid's name (``n320``) or
-    a description (``regional lat-lon 81 x 81 at 0.25 degrees``), or why they are not a grid."""
-    try:
-        return point_set(latitudes, longitudes).name
-    except ValueError as exc:
-        return f"not a grid ({exc})"
+    return points.name

@@ -31,6 +31,7 @@ from processor.distributed import (
 from processor.grids import Grid
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
+from training.model.hidden_grid import HiddenGrid
 from training.model.mapper import GraphMapper
 
 # The encoder's and decoder's kinds, and the edge features each reads.
@@ -54,7 +55,7 @@ class ShardedGrids:
         cls,
         data_lat: np.ndarray,
         data_lon: np.ndarray,
-        hidden: Grid,
+        hidden: HiddenGrid | Grid,
         ranks: int,
         rank: int,
         encoder_k: int,

@@ -9,10 +9,20 @@ import pytest
 import zarr
 
 from processor.grids import get_grid
+from processor.point_sets import point_set
 from tests.training.conftest import small_config
 from training.app import prepare
 from training.data import DatasetError
-from training.data.grid_check import check_grid, infer_grid
+from training.data.grid_check import check_grid as _check_grid
+from training.data.grid_check import infer_grid as _infer_grid
+
+
+def infer_grid(lat, lon, resolution, where):
+    return _infer_grid(point_set(lat, lon), lat, lon, resolution)
+
+
+def check_grid(lat, lon, name, where):
+    _check_grid(point_set(lat, lon), lat, lon, name, where)
 
 
 @pytest.mark.parametrize("name", ["o16", "o32", "f8"])
@@ -35,8 +45,8 @@ def test_same_point_count_other_coordinates_is_refused():
     g = get_grid("o16")
     with pytest.raises(DatasetError, match=r"^data.grid = o16 does not fit x: its coordinates are not those of o16"):
         check_grid(g.latitudes, g.longitudes + 3.0, "o16", "x")
-    with pytest.raises(DatasetError, match=r"^data.grid = null: the grid of x \(1600 points, resolution 'O16'\)"):
-        infer_grid(g.latitudes, g.longitudes + 3.0, "O16", "x")
+    # Rings that do not start at longitude 0 are no oN: a reduced Gaussian grid, named so.
+    assert infer_grid(g.latitudes, g.longitudes + 3.0, "O16", "x") == "n16"
     with pytest.raises(DatasetError, match=r"^data.grid = o32 has 5248 points but x has 1600"):
         check_grid(g.latitudes, g.longitudes, "o32", "x")
 
@@ -75,8 +85,11 @@ def test_an_ecmwf_reduced_grid_is_read_from_its_rings():
         check_grid(lat80[::-1], lon80 + 0.5 * (lat80 > 0), "n80", "x")
 
 
-def test_a_grid_training_does_not_read_is_named_in_the_error():
+def test_any_grid_is_named_and_a_wrong_name_refused_in_one_line():
     lats, lons = np.arange(60, 39.99, -0.25), np.arange(-10, 10.001, 0.25)
     lat, lon = np.repeat(lats, len(lons)), np.tile(lons, len(lats))
-    with pytest.raises(DatasetError, match=r"its coordinates are: regional lat-lon 81 x 81 at 0.25 degrees\)"):
-        infer_grid(lat, lon, None, "x")
+    name = infer_grid(lat, lon, None, "x")
+    assert name == "regional lat-lon 81 x 81 at 0.25 degrees"
+    check_grid(lat, lon, name, "x")  # a resumed run's record
+    with pytest.raises(DatasetError, match=r"^data.grid = 'regional lat-lon 81 x 81 at 0.5 degrees' does not fit x"):
+        check_grid(lat, lon, "regional lat-lon 81 x 81 at 0.5 degrees", "x")
