@@ -22,6 +22,7 @@ from scipy.spatial import cKDTree
 import training.config  # noqa: F401  (registers the schema)
 from processor.grids import get_grid
 from training.config import run_config
+from training.data.forcings import VariableRoles
 from training.data.generate import VARIABLES
 from training.model import ShardedGrids
 from training.model.graphs import unit_vectors
@@ -47,7 +48,7 @@ def sensitivity(mapper: str, overrides: list[str], points: int, shift_deg: float
         cfg.model.mapper,
     )
     torch.manual_seed(cfg.trainer.seed)
-    model = build_model(cfg, len(VARIABLES))
+    model = build_model(cfg, VariableRoles.build(VARIABLES, None, None))
     tracer = VARIABLES.index("tracer")
     rng = np.random.default_rng(seed)
     away_from_poles = np.flatnonzero(np.abs(data.latitudes) < 60)

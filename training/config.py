@@ -153,6 +153,10 @@ class DataConfig:
     path: str | None = MISSING  # an anemoi-datasets Zarr store (None: data.open_dataset must be set)
     grid: str | None = MISSING  # grid of the dataset's points, checked by coordinates; None: inferred from the store
     variables: list[str] | None = None  # None: every variable in the store
+    # Inputs the model is given and never predicts, as anemoi's data.forcing: store variables
+    # (lsm, z) and computed ones (cos_latitude, cos_local_time, insolation, ...: training/data/forcings.py).
+    forcing: list[str] = field(default_factory=list)
+    diagnostic: list[str] = field(default_factory=list)  # store variables predicted, never given as inputs
     lead_time: int | None = None  # hours from input to target, a multiple of the store's frequency; None: one step
     members: list[int] | None = None  # ensemble members to train on, each its own sample; None: all
     # Arguments of anemoi.datasets.open_dataset (select, start/end, frequency, join, ...): read through

@@ -1,5 +1,6 @@
 """Skill by lead time of a forecaster, sharded like training: the area-weighted RMSE and the
-anomaly correlation per variable and lead, beside persistence and climatology.
+anomaly correlation per output variable and lead, beside persistence, climatology, the hourly
+climatology and anomaly persistence (:mod:`training.skill`).
 
 Initial dates are spread evenly over the validation period; data-parallel replicas take
 turns with them, and every rank scores its own block of points (see
@@ -17,11 +18,12 @@ import torch
 
 from training.centroid import CentroidAccumulator
 from training.data import DatasetError
+from training.data.forcings import utc_hours
 from training.data.samples import Sample
 from training.model.graphs import unit_vectors
 from training.rollout import rollout
 from training.session import Session, dataset_samples
-from training.skill import SkillAccumulator, SkillTable, climatology
+from training.skill import SkillAccumulator, SkillTable, climatology, hourly_climatology
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,17 @@ def climatology_dates(session: Session) -> list[int]:
     return evenly_spread(dates, CLIMATOLOGY_DATES)
 
 
+def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
+    """The training period's start dates by UTC hour of the day (at most :data:`CLIMATOLOGY_DATES`
+    per hour, evenly spread): what :func:`training.skill.hourly_climatology` averages."""
+    dates = sorted({t for t, _ in session.samples.train})
+    hours = utc_hours(session.dataset.dates[dates])
+    by_hour: dict[float, list[int]] = {}
+    for t, hour in zip(dates, hours):
+        by_hour.setdefault(float(hour), []).append(t)
+    return {hour: evenly_spread(ts, CLIMATOLOGY_DATES) for hour, ts in sorted(by_hour.items())}
+
+
 def lead_hours(session: Session, steps: int) -> list[float]:
     step_h = session.samples.lead * session.dataset.frequency_s / 3600
     return [step_h * (k + 1) for k in range(steps)]
@@ -57,41 +70,48 @@ def lead_hours(session: Session, steps: int) -> list[float]:
 def centroid_accumulator(session: Session, weights: np.ndarray, leads: list[float]) -> CentroidAccumulator | None:
     """The centroid scores of ``evaluate.centroid_variable`` (model and persistence), or None
     without one (the default ``tracer`` on a dataset that has none)."""
-    name, variables = session.cfg.evaluate.centroid_variable, session.dataset.variables
+    name, variables = session.cfg.evaluate.centroid_variable, session.dataset.roles.outputs
     if name is None or (name == "tracer" and name not in variables):
         return None
     if name not in variables:
-        raise DatasetError(f"evaluate.centroid_variable = {name}: not a variable of the dataset ({variables})")
+        raise DatasetError(f"evaluate.centroid_variable = {name}: not an output variable of the model ({variables})")
     xyz = unit_vectors(session.dataset.latitudes, session.dataset.longitudes)[session.points]
     index = variables.index(name)
-    threshold = float(session.dataset.mean[index]) + float(session.dataset.stdev[index])  # mean + 1 stdev
+    mean, stdev = session.dataset.output_mean[index], session.dataset.output_stdev[index]
+    threshold = float(mean) + float(stdev)  # mean + 1 stdev
     return CentroidAccumulator(name, index, xyz, weights, leads, ("model", "persistence"), threshold)
 
 
 def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     """Roll the model out ``steps`` leads from ``count`` validation dates and score it, with
-    persistence and climatology, on every rank; the same table on every rank."""
+    the baselines of :mod:`training.skill`, on every rank; the same table on every rank."""
     dataset, dims, model = session.dataset, session.dims, session.model
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
+    outputs, columns = dataset.roles.outputs, dataset.roles.output_columns()
     weights = dataset.area_weights[session.points]
-    clim = climatology(dataset, climatology_dates(session), session.points)
+    clim = climatology(dataset, climatology_dates(session), session.points)[:, columns]
+    by_hour = hourly_climatology(dataset, hourly_climatology_dates(session), session.points)
+    hourly = {hour: c[:, columns] for hour, c in by_hour.items()}
     leads = lead_hours(session, steps)
-    scores = SkillAccumulator(dataset.variables, leads, weights=weights, climatology=clim)
+    scores = SkillAccumulator(outputs, leads, weights=weights, climatology=clim)
     centroids = centroid_accumulator(session, weights, leads)
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for sample_id, sample in enumerate(mine):
-            x, targets = session.batches([sample], steps)
-            forecasts = rollout(model, x, steps, session.grids, session.model_group, session.transport)
-            initial = dataset.denormalise(x[0].cpu().numpy())
+        for sample_id, (t, member) in enumerate(mine):
+            x, targets, forcings = session.batches([(t, member)], steps)
+            forecasts = rollout(
+                model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
+            )
+            initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
-                truth = dataset.denormalise(target[0].cpu().numpy())
-                predicted = dataset.denormalise(forecast[0].cpu().numpy())
+                truth = dataset.denormalise_outputs(target[0].cpu().numpy())
+                predicted = dataset.denormalise_outputs(forecast[0].cpu().numpy())
+                baselines = _baselines(initial, clim, hourly, dataset.dates, t, t + (k + 1) * session.samples.lead)
                 scores.add("model", k, predicted, truth, sample_id)
-                scores.add("persistence", k, initial, truth, sample_id)
-                scores.add("climatology", k, clim, truth, sample_id)
+                for kind, forecast_of_kind in baselines.items():
+                    scores.add(kind, k, forecast_of_kind, truth, sample_id)
                 if centroids is not None:
                     centroids.add("model", k, predicted, truth, sample_id)
                     centroids.add("persistence", k, initial, truth, sample_id)
@@ -100,6 +120,23 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     if centroids is not None:
         table.centroids = centroids.finalize(dims.mp_group, dims.dp_group, session.hidden.spacing_km)
     return table
+
+
+def _baselines(
+    initial: np.ndarray, clim: np.ndarray, hourly: dict[float, np.ndarray], dates: np.ndarray, t: int, valid: int
+) -> dict[str, np.ndarray]:
+    """The baselines' forecasts ``(local points, outputs)`` from date index ``t`` for date index
+    ``valid``: persistence, climatology, the hourly climatology at the valid hour and the
+    initial anomaly from it, persisted (see :mod:`training.skill`)."""
+    hour_0, hour_v = (float(h) for h in utc_hours(dates[[t, valid]]))
+    at_valid = hourly.get(hour_v, clim)  # an hour no training date has: the plain climatology
+    at_start = hourly.get(hour_0, clim)
+    return {
+        "persistence": initial,
+        "climatology": clim,
+        "hourly_climatology": at_valid,
+        "anomaly_persistence": initial - at_start + at_valid,
+    }
 
 
 def skill_summary(table: SkillTable) -> str:

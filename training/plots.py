@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from training.skill import SkillTable
 
 DPI = 110
-_MARKERS = {"model": "o", "persistence": "s", "climatology": "^"}
+_MARKERS = {"model": "o", "persistence": "s", "climatology": "^", "hourly_climatology": "v", "anomaly_persistence": "D"}
 _OTHER_MARKERS = ("D", "v", "P", "X", "*")
 
 

@@ -65,23 +65,25 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
     path = output / f"forecast_{str(start).replace(':', '')[:15]}.zarr"
     store = ForecastStore.create(
         path,
-        variables=dataset.variables,
+        variables=dataset.roles.outputs,
         latitudes=dataset.latitudes,
         longitudes=dataset.longitudes,
         dates=dates,
         frequency_s=lead_s,
-        mean=dataset.mean,
-        stdev=dataset.stdev,
+        mean=dataset.output_mean,
+        stdev=dataset.output_stdev,
         attributes={**attributes, "initial_date": str(start)},
         layout=session.grids.data_layout,
         group=dims.mp_group,
         transport=session.transport,
     )
-    initial = dataset.state(t, session.points)
-    x = to_device(initial[None], session.device)
-    store.write(0, _physical(dataset, x[0]))
+    initial = dataset.state(t, session.points)[:, dataset.roles.output_columns()]
+    store.write(0, _physical(dataset, to_device(initial, session.device)))
+    x, forcings = session.batches.forecast_inputs(t, 0, steps)
     with torch.no_grad():
-        states = rollout(session.model, x, steps, session.grids, session.model_group, session.transport)
+        states = rollout(
+            session.model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
+        )
         for k, state in enumerate(states):
             store.write(k + 1, _physical(dataset, state[0]))
     store.close()
@@ -89,11 +91,11 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
 
 
 def _physical(dataset, state: torch.Tensor) -> torch.Tensor:
-    """A normalised ``(local points, variables)`` state in physical units, on its own device
+    """A normalised ``(local points, outputs)`` state in physical units, on its own device
     (the store exchanges its block edges there: CUDA under NCCL)."""
-    mean = torch.as_tensor(dataset.mean, device=state.device)
-    stdev = torch.as_tensor(dataset.stdev, device=state.device)
-    return state * stdev + mean  # as ZarrDataset.denormalise computes it (float32)
+    mean = torch.as_tensor(dataset.output_mean, device=state.device)
+    stdev = torch.as_tensor(dataset.output_stdev, device=state.device)
+    return state * stdev + mean  # as ZarrDataset.denormalise_outputs computes it (float32)
 
 
 def predict_on_rank(cfg: RunConfig) -> list[str]:

@@ -96,7 +96,7 @@ def final_pictures(
     further: list[tuple[str, int]] | None = None,
 ) -> None:
     """The loss curve of the whole run (every resumed segment, from ``metrics.jsonl``) and a
-    map of one forecast of every variable: ``forecast`` ``(2, points, variables + extra)``
+    map of one forecast of every output variable: ``forecast`` ``(2, points, outputs + extra)``
     normalised truth and forecast from ``sample`` (``(date index, member)``, the input's)
     ``lead`` dates on (``Samples.lead``), whose lead and valid date the map names (unknown
     without ``sample``); ``further``: the extra columns, each a variable ``steps`` leads on."""
@@ -106,8 +106,8 @@ def final_pictures(
     if history:
         tracker.log_artifact(loss_curve(history, run_dir / "loss_curve.png"))
     further = further or []
-    n = len(dataset.variables)
-    columns = list(range(n)) + [dataset.variables.index(v) for v, _ in further]
+    outputs = dataset.roles.outputs
+    columns = list(range(len(outputs))) + [outputs.index(v) for v, _ in further]
     truth, pred = (_denormalise_columns(dataset, forecast[i], columns) for i in (0, 1))
     dates, extra_rows = {}, []
     if sample is not None:
@@ -119,7 +119,7 @@ def final_pictures(
         dataset.longitudes,
         truth,
         pred,
-        [*dataset.variables, *(v for v, _ in further)],
+        [*outputs, *(v for v, _ in further)],
         run_dir / "forecast_map.png",
         lead_hours=lead * dataset.frequency_s / 3600 if sample is not None else None,
         units=variable_units(dataset),
@@ -130,6 +130,6 @@ def final_pictures(
 
 
 def _denormalise_columns(dataset: ZarrDataset, values: np.ndarray, columns: list[int]) -> np.ndarray:
-    """``values`` ``(points, len(columns))`` normalised, column ``c`` being variable
-    ``columns[c]`` -> physical units: :meth:`ZarrDataset.denormalise` of those columns."""
-    return values * dataset.stdev[columns] + dataset.mean[columns]
+    """``values`` ``(points, len(columns))`` normalised, column ``c`` being model output
+    ``columns[c]`` -> physical units: :meth:`ZarrDataset.denormalise_outputs` of those columns."""
+    return values * dataset.output_stdev[columns] + dataset.output_mean[columns]

@@ -75,14 +75,29 @@ def rollout(
     group: GroupLike,
     transport: Transport,
     autocast: AbstractContextManager | None = None,
+    forcings: Tensor | None = None,
 ) -> list[Tensor]:
-    """``steps`` forecasts from ``x`` ``(batch, local points, variables)``, each fed the one
-    before: a list of ``(batch, local points, variables)`` tensors (gradients flow through
-    the whole chain unless called under ``torch.no_grad``), in ``x``'s dtype."""
-    states, state = [], x
-    for _ in range(steps):
+    """``steps`` forecasts from ``x`` ``(batch, local points, inputs)``, each fed the one before:
+    a list of ``(batch, local points, outputs)`` tensors (gradients flow through the whole chain
+    unless called under ``torch.no_grad``), in ``x``'s dtype.
+
+    Step ``k > 0`` is given the prognostic part of forecast ``k - 1`` (its first
+    ``model.num_prognostic`` channels) and ``forcings[k - 1]`` ``(batch, local points,
+    forcings)``; ``forcings`` ``(steps - 1, ...)`` may be None when the model has none."""
+    outputs, state = [], x
+    n = _unwrapped(model).num_prognostic
+    for k in range(steps):
         with autocast or nullcontext():
-            state = model(state, grids, group, transport=transport)
-        state = state.to(x.dtype)  # autocast may leave a lower precision
-        states.append(state)
-    return states
+            output = model(state, grids, group, transport=transport).to(x.dtype)  # autocast may lower it
+        outputs.append(output)
+        if k + 1 < steps:
+            given = forcings[k] if forcings is not None and forcings.shape[-1] else None
+            state = output[..., :n] if given is None else torch.cat([output[..., :n], given], dim=-1)
+    return outputs
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The forecaster inside a data-parallel wrapper (``.module``), or ``model`` itself."""
+    while not hasattr(model, "num_prognostic") and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    return model

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ from processor.distributed import CommCounter, GroupLike, HostStagedTransport, T
 from processor.runtime import Heartbeat, set_freed_memory_policy
 from training.config import DataConfig, RunConfig, TrainerConfig, processor_config, strategy_settings
 from training.data import DatasetError, ZarrDataset
+from training.data.forcings import VariableRoles, computed_forcings
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
 from training.device import rank_device, to_device
@@ -49,13 +51,13 @@ def open_dataset(data: DataConfig, horizon: int = 1) -> ZarrDataset:
     if data.open_dataset:
         from training.data.anemoi_source import AnemoiDataset
 
-        dataset: ZarrDataset = AnemoiDataset(data.open_dataset, data.variables)
+        dataset: ZarrDataset = AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic)
     elif data.path is None:
         raise DatasetError(
             "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
         )
     else:
-        dataset = ZarrDataset(data.path, data.variables)
+        dataset = ZarrDataset(data.path, data.variables, data.forcing, data.diagnostic)
     coordinates = (dataset.point_set, dataset.latitudes, dataset.longitudes)
     if data.grid is None:
         data.grid = infer_grid(*coordinates, dataset.resolution)
@@ -80,13 +82,22 @@ def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1) ->
     return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon)
 
 
-def build_model(cfg: RunConfig, num_variables: int) -> Forecaster:
-    """The forecaster of ``cfg``'s model and strategy, its parameters drawn from torch's generator."""
+def build_model(cfg: RunConfig, roles: VariableRoles) -> Forecaster:
+    """The forecaster of ``cfg``'s model and strategy for variables in ``roles``, its parameters
+    drawn from torch's generator."""
     processor = TransformerProcessor(
         processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
     )
     model = cfg.model
-    return Forecaster(num_variables, model.num_channels, processor, model.mapper, model.mapper_heads)
+    return Forecaster(
+        len(roles.prognostic),
+        model.num_channels,
+        processor,
+        model.mapper,
+        model.mapper_heads,
+        forcings=len(roles.forcing) + len(roles.computed),
+        diagnostics=len(roles.diagnostic),
+    )
 
 
 def check_ranks_agree(cfg: RunConfig, dataset: ZarrDataset, dims: ParallelDims) -> None:
@@ -105,9 +116,18 @@ def check_ranks_agree(cfg: RunConfig, dataset: ZarrDataset, dims: ParallelDims) 
     agree_on_values(values, what="configuration or dataset")
 
 
+class Batch(NamedTuple):
+    """One batch on this rank's points: the model's inputs, the rollout's targets, and the
+    forcings the rollout's later steps are given (:class:`~training.data.forcings.VariableRoles`)."""
+
+    x: torch.Tensor  # (batch, local points, inputs) at each sample's date
+    targets: torch.Tensor  # (steps, batch, local points, outputs) at lead, ..., steps x lead dates on
+    forcings: torch.Tensor  # (steps - 1, batch, local points, forcings) at lead, ..., (steps - 1) x lead
+
+
 class Batches:
     """States of one member for this rank's block of data points: an input and the targets of a
-    rollout, ``lead`` dates apart, on ``device``."""
+    rollout, ``lead`` dates apart, on ``device``; computed forcings at each date."""
 
     def __init__(self, dataset: ZarrDataset, grids: ShardedGrids, lead: int, device: torch.device) -> None:
         self.dataset = dataset
@@ -116,17 +136,46 @@ class Batches:
         layout = grids.data_layout
         self.points = slice(layout.start, layout.stop)
 
-    def __call__(self, samples: list[Sample], steps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` ``(batch, local points, variables)`` at each sample's date and the targets
-        ``(steps, batch, local points, variables)`` at ``lead``, ..., ``steps * lead`` dates on."""
-        x = np.stack([self.dataset.state(t, self.points, m) for t, m in samples])
-        y = np.stack(
+    def __call__(self, samples: list[Sample], steps: int = 1) -> Batch:
+        """The :class:`Batch` of ``samples`` for a rollout of ``steps``."""
+        roles = self.dataset.roles
+        states = np.stack(  # (steps + 1, batch, local points, variables)
             [
                 np.stack([self.dataset.state(t + k * self.lead, self.points, m) for t, m in samples])
-                for k in range(1, steps + 1)
+                for k in range(steps + 1)
             ]
         )
-        return to_device(x, self.device), to_device(y, self.device)
+        dates = np.array([[self.dataset.dates[t + k * self.lead] for t, _ in samples] for k in range(steps + 1)])
+        forcings = np.concatenate([states[..., roles.forcing_columns()], self._computed(dates)], axis=-1)
+        x = np.concatenate([states[0][..., roles.prognostic_columns()], forcings[0]], axis=-1)
+        targets = states[1:][..., roles.output_columns()]
+        return Batch(*(to_device(a, self.device) for a in (x, targets, forcings[1:steps])))
+
+    def forecast_inputs(self, t: int, member: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input ``(1, local points, inputs)`` at date index ``t`` and the forcings ``(steps -
+        1, 1, local points, forcings)`` of a forecast of ``steps`` leads, which may run past the
+        store's last date when every forcing is computed."""
+        dataset, roles = self.dataset, self.dataset.roles
+        lead_s = self.lead * dataset.frequency_s
+        dates = np.array([[dataset.dates[t] + np.timedelta64(k * lead_s, "s")] for k in range(steps)])
+        if roles.forcing and t + (steps - 1) * self.lead >= dataset.n_times:
+            raise DatasetError(
+                f"a forecast of {steps} steps from {dataset.date(t)} needs data.forcing's store variables "
+                f"{list(roles.forcing)} after the store's last date {dataset.date(dataset.n_times - 1)}"
+            )
+        first = dataset.state(t, self.points, member)
+        later = [dataset.state(t + k * self.lead, self.points, member) for k in range(1, steps) if roles.forcing]
+        stored = np.stack([first, *later])[:, None, :, roles.forcing_columns()] if roles.forcing else None
+        computed = self._computed(dates)
+        forcings = computed if stored is None else np.concatenate([stored, computed], axis=-1)
+        x = np.concatenate([first[None][..., roles.prognostic_columns()], forcings[0]], axis=-1)
+        return to_device(x, self.device), to_device(forcings[1:], self.device)
+
+    def _computed(self, dates: np.ndarray) -> np.ndarray:
+        """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64)."""
+        lat, lon = self.dataset.latitudes[self.points], self.dataset.longitudes[self.points]
+        values = computed_forcings(self.dataset.roles.computed, dates.reshape(-1), lat, lon)
+        return values.reshape(*dates.shape, *values.shape[1:])
 
 
 @dataclass
@@ -175,7 +224,7 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
         cfg.model.mapper,
     ).to(device)
     torch.manual_seed(t_cfg.seed)  # the same parameters on every rank, drawn on the CPU
-    model = build_model(cfg, len(dataset.variables)).to(device)
+    model = build_model(cfg, dataset.roles).to(device)
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     samples = dataset_samples(cfg.data, dataset, horizon)
     counter = CommCounter()

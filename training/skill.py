@@ -7,8 +7,11 @@
   uncentred anomaly correlation ``ACC = Σw f'o' / sqrt(Σw f'² Σw o'²)``, anomalies taken from
   a :func:`climatology`; then averaged over samples. ``RMSE = sqrt(mean over samples of MSE)``
   (WB2 convention: not the mean of per-sample RMSEs).
-- Baselines: ``persistence`` (the initial state as forecast for every lead) and ``climatology``
-  (the climatological mean as forecast; its ACC is undefined, NaN).
+- Baselines: ``persistence`` (the initial state as forecast for every lead), ``climatology``
+  (the climatological mean as forecast; its ACC is undefined, NaN), and for sub-daily data the
+  two that know the daily cycle: ``hourly_climatology`` (the mean of the training dates at the
+  valid time's UTC hour, :func:`hourly_climatology`) and ``anomaly_persistence`` (the initial
+  anomaly from the hourly climatology, persisted: ``x0 - c(hour0) + c(valid hour)``).
 
 Sharding: each model-parallel rank holds a contiguous block of points and adds local sums; data-
 parallel replicas add different samples. :meth:`SkillAccumulator.finalize` sums points over the
@@ -31,7 +34,7 @@ import torch.distributed as dist
 
 from processor.distributed.transport import collective_device
 
-KINDS = ("model", "persistence", "climatology")
+KINDS = ("model", "persistence", "climatology", "hourly_climatology", "anomaly_persistence")
 _N_SUMS = 5  # Σw(f-o)², Σw, Σw f'o', Σw f'², Σw o'²
 
 
@@ -49,6 +52,14 @@ def climatology(dataset: Any, dates: list[int], points: slice, member: int = 0) 
     if total is None:
         raise ValueError(f"no date to average: all {len(dates)} date indices given are missing or none were given")
     return total / count
+
+
+def hourly_climatology(
+    dataset: Any, dates_by_hour: dict[float, list[int]], points: slice, member: int = 0
+) -> dict[float, np.ndarray]:
+    """``{UTC hour: (local points, variables)}`` :func:`climatology` of the date indices of each
+    hour of the day (the daily cycle's mean state)."""
+    return {hour: climatology(dataset, dates, points, member) for hour, dates in dates_by_hour.items()}
 
 
 class SkillRow(NamedTuple):

@@ -62,12 +62,16 @@ class TrainStep:
     points_per_replica: int
     weights: Tensor | None = None
 
-    def loss(self, x: Tensor, y: Tensor, grids: Any, group: GroupLike, transport: Transport) -> Tensor:
-        """This rank's share of the replica's loss. ``x`` ``(batch, local points, variables)``;
-        ``y`` the same shape for one step, or ``(steps, batch, local points, variables)`` for a
-        rollout in which each forecast is fed the one before, gradients through all of them."""
+    def loss(
+        self, x: Tensor, y: Tensor, grids: Any, group: GroupLike, transport: Transport, forcings: Tensor | None = None
+    ) -> Tensor:
+        """This rank's share of the replica's loss. ``x`` ``(batch, local points, inputs)``;
+        ``y`` ``(batch, local points, outputs)`` for one step, or ``(steps, batch, local points,
+        outputs)`` for a rollout in which each forecast is fed the one before (and
+        ``forcings[k - 1]`` at step ``k``, see :func:`training.rollout.rollout`), gradients
+        through all of them."""
         targets = y.unsqueeze(0) if y.dim() == x.dim() else y
-        forecasts = rollout(self.model, x, len(targets), grids, group, transport, self.autocast)
+        forecasts = rollout(self.model, x, len(targets), grids, group, transport, self.autocast, forcings)
         total = x.new_zeros((), dtype=torch.float32)
         for forecast, target in zip(forecasts, targets):
             squared = (forecast - target).pow(2)
@@ -82,9 +86,10 @@ class TrainStep:
         group: GroupLike,
         transport: Transport | None = None,
         after_backward: Callable[[], None] | None = None,
+        forcings: Tensor | None = None,
     ) -> Tensor:
         """One step on the batch ``x -> y`` (this rank's data points); returns the loss."""
-        loss = self.loss(x, y, grids, group, transport or Transport())
+        loss = self.loss(x, y, grids, group, transport or Transport(), forcings)
         loss.backward()
         if after_backward is not None:
             after_backward()

@@ -83,9 +83,10 @@ class Trainer:
         self.faults = FaultInjector(cfg.debug, self.t_cfg, dims.rank, dims.world, self.run_dir)
         self.last_step_s = 0.1
         dataset = session.dataset
-        weights = loss_weights(self.t_cfg.loss, dataset.variables, dataset.area_weights, session.points)
+        outputs = dataset.roles.outputs
+        weights = loss_weights(self.t_cfg.loss, outputs, dataset.area_weights, session.points)
         self.device_memory = PeakDeviceMemory(session.device)
-        per_replica = self.t_cfg.batch_size * dataset.n_points * len(dataset.variables)
+        per_replica = self.t_cfg.batch_size * dataset.n_points * len(outputs)
         self.step_fn = TrainStep(
             dims.parallelize(session.model),
             self.optimiser,
@@ -190,10 +191,12 @@ class Trainer:
         lr = self.schedule.get_last_lr()[0]
         s.counter.reset()
         self.device_memory.reset()
-        x, y = s.batches([s.samples.train[i] for i in picks], rollout)
+        batch = s.batches([s.samples.train[i] for i in picks], rollout)
         self.faults.start_step(step, self.last_step_s)
         fault = functools.partial(self.faults.after_backward, step)
-        loss = self.step_fn(x, y, s.grids, s.model_group, s.transport, after_backward=fault)
+        loss = self.step_fn(
+            batch.x, batch.targets, s.grids, s.model_group, s.transport, after_backward=fault, forcings=batch.forcings
+        )
         synchronize(s.device)  # the step's time includes the work queued on the GPU
         elapsed = self.last_step_s = time.perf_counter() - t0
         train_loss, peak, sent, stops = dims.sum_over_world(
@@ -239,7 +242,8 @@ class Trainer:
         val = s.samples.val[: t_cfg.val_batches * t_cfg.batch_size]
         s.model.eval()
         with torch.no_grad():
-            losses = [self.step_fn.loss(*s.batches([v]), s.grids, s.model_group, s.transport).item() for v in val]
+            batches = (s.batches([v]) for v in val)  # one step: no later forcings
+            losses = [self.step_fn.loss(b.x, b.targets, s.grids, s.model_group, s.transport).item() for b in batches]
         s.model.train()
         total = sum(losses) / len(val) * t_cfg.batch_size
         return s.dims.sum_over_world([total])[0] / s.dims.dp
@@ -292,21 +296,23 @@ def _forecast_part(session: Session) -> tuple[np.ndarray, list[tuple[str, int]]]
     name = session.cfg.evaluate.centroid_variable
     lead_h = session.samples.lead * dataset.frequency_s / 3600
     further: list[tuple[str, int]] = []
-    if name in dataset.variables:
+    if name in dataset.roles.outputs:
         last = dataset.n_times - 1 - sample[0]  # dates of truth after the sample's
         for hours in FURTHER_LEADS_H:
             steps = round(hours / lead_h)
             if steps > 1 and abs(steps * lead_h - hours) < 1e-6 and steps * session.samples.lead <= last:
                 further.append((name, steps))
     steps = max([1, *(k for _, k in further)])
-    x, targets = session.batches([sample], steps)
+    x, targets, forcings = session.batches([sample], steps)
     session.model.eval()
     with torch.no_grad():
-        forecasts = rollout(session.model, x, steps, session.grids, session.model_group, session.transport)
+        forecasts = rollout(
+            session.model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
+        )
     session.model.train()
     truth, pred = [targets[0, 0]], [forecasts[0][0]]
     for variable, k in further:
-        column = dataset.variables.index(variable)
+        column = dataset.roles.outputs.index(variable)
         truth.append(targets[k - 1, 0, :, column : column + 1])
         pred.append(forecasts[k - 1][0, :, column : column + 1])
     return np.stack([torch.cat(truth, -1).cpu().numpy(), torch.cat(pred, -1).cpu().numpy()]), further

@@ -16,6 +16,7 @@ from training.config import RunConfig
 from training.data import DatasetError, ZarrDataset
 from training.session import build_model
 from training.settings import from_settings
+from training.skill import KINDS
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 
@@ -29,7 +30,7 @@ def trained(tmp_path_factory, small_dataset):
 def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):
     run_dir, result = trained
     table = result["skill"]
-    assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == {"model", "persistence", "climatology"}
+    assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == set(KINDS)
     for kind in table.kinds:
         assert all(np.isfinite(table.rmse(kind, "tracer")))
     # a row per variable's table, and one in the tracer's centroid table
@@ -94,7 +95,7 @@ def test_predict_writes_forecasts_that_the_reader_opens(trained, tmp_path, small
     np.testing.assert_allclose(store.state(0), source.state(30), rtol=1e-5, atol=1e-5)  # the initial state
 
     state, saved = load_training_checkpoint(checkpoint)
-    model = build_model(from_settings(RunConfig, saved), len(source.variables))
+    model = build_model(from_settings(RunConfig, saved), source.roles)
     model.load_state_dict(state["model"])
     from processor.grids import get_grid
     from training.model import ShardedGrids

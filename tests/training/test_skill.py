@@ -90,7 +90,8 @@ def _case(n_points: int, samples: list[int], seed: int = 7) -> dict:
 
 
 def _accumulate(case: dict, block: slice, samples: list[int]) -> SkillAccumulator:
-    acc = SkillAccumulator(VARIABLES, LEADS, weights=case["weights"][block], climatology=case["clim"][block])
+    kinds = ("model", "persistence", "climatology")
+    acc = SkillAccumulator(VARIABLES, LEADS, kinds, weights=case["weights"][block], climatology=case["clim"][block])
     for s in samples:
         i = case["samples"].index(s)
         for k, kind in enumerate(acc.kinds):

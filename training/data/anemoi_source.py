@@ -23,7 +23,13 @@ class AnemoiDataset(ZarrDataset):
     """A :class:`ZarrDataset` over ``anemoi.datasets.open_dataset(spec)``; ``variables`` picks
     among its variables (after any ``select`` in ``spec``)."""
 
-    def __init__(self, spec: dict[str, Any], variables: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        variables: list[str] | None = None,
+        forcing: list[str] | None = None,
+        diagnostic: list[str] | None = None,
+    ) -> None:
         try:
             from anemoi.datasets import open_dataset
         except ImportError as exc:
@@ -48,6 +54,7 @@ class AnemoiDataset(ZarrDataset):
         self._data = ds
         self._chunks = tuple(getattr(ds, "chunks", None) or (1, *ds.shape[1:]))
         self._setup(names, latitudes, longitudes, dates, statistics["mean"], statistics["stdev"], variables, missing)
+        self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(frequency)
         self.resolution = _resolution(ds)
         self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))

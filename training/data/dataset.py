@@ -27,6 +27,7 @@ import numpy as np
 
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
+from training.data.forcings import VariableRoles
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +65,18 @@ class ZarrDataset:
     ``(time,)`` ``datetime64[s]``, ``frequency_s`` (seconds between dates), ``missing`` (time
     indices with no data), ``n_times``, ``n_members``, ``n_points``, ``resolution`` (or None),
     ``field_shape``, ``mean``/``stdev`` ``(variables,)``; ``point_set`` (the grid read from the
-    coordinates) and ``area_weights`` ``(points,)`` (cell areas, mean 1). Points are in
-    processor order (see the module).
+    coordinates) and ``area_weights`` ``(points,)`` (cell areas, mean 1); ``roles`` (which
+    variables are forcings and diagnostics) and ``output_mean``/``output_stdev`` (of the model's
+    outputs). Points are in processor order (see the module).
     """
 
-    def __init__(self, path: str | Path, variables: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        variables: list[str] | None = None,
+        forcing: list[str] | None = None,
+        diagnostic: list[str] | None = None,
+    ) -> None:
         import zarr
 
         self.path = Path(path)
@@ -95,6 +103,7 @@ class ZarrDataset:
         missing_dates = {np.datetime64(d, "s") for d in attrs.get("missing_dates", [])}
         missing = {i for i, d in enumerate(dates) if d in missing_dates}
         self._setup(names, latitudes, longitudes, dates, mean, stdev, variables, missing)
+        self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(attrs.get("frequency"))
         self.resolution: str | None = attrs.get("resolution")
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
@@ -143,6 +152,20 @@ class ZarrDataset:
         self.dates = dates
         self.missing = frozenset(missing)
         self.n_times, self.n_members, self.n_points = n_time, n_members, n_points
+
+    def assign_roles(self, forcing: list[str] | None, diagnostic: list[str] | None) -> None:
+        """Which variables are forcings (inputs only) and diagnostics (outputs only): ``roles``
+        (:class:`~training.data.forcings.VariableRoles`); a ``DatasetError`` naming the key."""
+        try:
+            self.roles = VariableRoles.build(self.variables, forcing, diagnostic)
+        except ValueError as exc:
+            raise DatasetError(f"{exc} (in {self.path})") from None
+        columns = self.roles.output_columns()
+        self.output_mean, self.output_stdev = self.mean[columns], self.stdev[columns]
+
+    def denormalise_outputs(self, x: np.ndarray) -> np.ndarray:
+        """``(..., outputs)`` normalised model outputs (``roles.outputs``) -> physical units."""
+        return x * self.output_stdev + self.output_mean
 
     def _frequency(self, attribute: Any) -> int:
         """Seconds between dates: the ``frequency`` attribute, checked against ``dates``."""

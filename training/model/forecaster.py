@@ -102,8 +102,12 @@ def make_mapper(kind: str, channels: int, num_heads: int) -> nn.Module:
 
 
 class Forecaster(nn.Module):
-    """Predicts the next state from the current one: ``(b, data points, vars)`` -> same.
+    """Predicts the next state from the current one: ``(b, data points, num_variables +
+    forcings)`` -> ``(b, data points, num_variables + diagnostics)``.
 
+    The first ``num_variables`` channels of input and output are the prognostic state, predicted
+    as an increment of the input's; ``forcings`` more input channels are given and never
+    predicted, ``diagnostics`` more outputs are predicted outright and never given.
     ``mapper``: the encoder's and decoder's kind (:data:`MAPPERS`), ``mapper_heads`` the graph
     transformer's heads."""
 
@@ -114,20 +118,23 @@ class Forecaster(nn.Module):
         processor: TransformerProcessor,
         mapper: str = "graph_transformer",
         mapper_heads: int = 4,
+        forcings: int = 0,
+        diagnostics: int = 0,
     ) -> None:
         super().__init__()
         self.mapper = mapper
-        self.data_embed = nn.Linear(num_variables + 4, num_channels)
+        self.num_prognostic = num_variables
+        self.data_embed = nn.Linear(num_variables + forcings + 4, num_channels)
         self.hidden_embed = nn.Linear(4, num_channels)
         self.encoder = make_mapper(mapper, num_channels, mapper_heads)
         self.processor = processor
         self.decoder = make_mapper(mapper, num_channels, mapper_heads)
-        self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables))
+        self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables + diagnostics))
 
     def forward(
         self, x: Tensor, grids: ShardedGrids, group: GroupLike, *, transport: Transport | None = None
     ) -> Tensor:
-        """``x``: this rank's data points ``(b, local data points, vars)``, normalised.
+        """``x``: this rank's data points ``(b, local data points, inputs)``, normalised.
         ``group``: the model-parallel group, or what ``processor.build_groups`` made of it.
         ``transport``: what sends the halos' and the processor's bytes (e.g. counted)."""
         if grids.mapper != self.mapper:
@@ -145,7 +152,11 @@ class Forecaster(nn.Module):
         hidden = self.processor(hidden, group=model_group, shard_sizes=grids.hidden_layout.sizes, transport=transport)
         src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group, transport)
         data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
-        return x + self.head(data)
+        out = self.head(data)
+        n = self.num_prognostic
+        if out.shape[-1] == n == x.shape[-1]:
+            return x + out
+        return torch.cat([x[..., :n] + out[..., :n], out[..., n:]], dim=-1)
 
 
 def _with_halo(

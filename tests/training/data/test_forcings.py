@@ -1,0 +1,55 @@
+"""Computed forcings against their definitions, and the variables' roles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.data.forcings import COMPUTED, VariableRoles, computed_forcings, day_of_year
+
+
+def _at(*dates: str) -> np.ndarray:
+    return np.array(dates, dtype="datetime64[s]")
+
+
+def test_position_and_time_forcings_follow_their_definitions():
+    lat, lon = np.array([0.0, 60.0, -30.0]), np.array([0.0, 90.0, -45.0])
+    names = ("cos_latitude", "sin_longitude", "cos_local_time", "sin_local_time", "cos_julian_day")
+    values = computed_forcings(names, _at("2021-01-01T12:00", "2021-07-02T06:00"), lat, lon)
+    assert values.shape == (2, 3, 5) and values.dtype == np.float32
+    np.testing.assert_allclose(values[:, :, 0], np.cos(np.radians(lat))[None].repeat(2, 0), atol=1e-7)
+    np.testing.assert_allclose(values[0, :, 1], np.sin(np.radians(lon)), atol=1e-7)
+    local_hours = np.array([[12.0, 18.0, 9.0], [6.0, 12.0, 3.0]])  # UTC + longitude / 15
+    np.testing.assert_allclose(values[:, :, 2], np.cos(2 * np.pi * local_hours / 24), atol=1e-6)
+    np.testing.assert_allclose(values[:, :, 3], np.sin(2 * np.pi * local_hours / 24), atol=1e-6)
+    np.testing.assert_allclose(values[0, :, 4], np.cos(2 * np.pi * 0.5 / 365.25), atol=1e-7)
+    assert day_of_year(_at("2020-12-31T18:00"))[0] == pytest.approx(365.75)  # a leap year
+
+
+def test_insolation_is_the_sun_overhead_at_noon_and_zero_at_night():
+    lat, lon = np.array([0.0, 0.0, 23.4, -23.4, 80.0]), np.array([0.0, 180.0, 0.0, 0.0, 0.0])
+    equinox, june, december = (
+        computed_forcings(("insolation",), _at(d), lat, lon)[0, :, 0]
+        for d in ("2021-03-20T12:00", "2021-06-21T12:00", "2021-12-21T12:00")
+    )
+    assert equinox[0] > 0.99 and equinox[1] == 0  # noon on the equator; midnight on the other side
+    assert june[2] > 0.99 and december[3] > 0.99  # the sun over the tropics at the solstices
+    assert june[4] > 0.5 and december[4] == 0  # polar day and polar night
+    assert (equinox >= 0).all() and (equinox <= 1).all()
+
+
+def test_roles_split_the_variables_and_name_bad_keys():
+    roles = VariableRoles.build(["t2m", "lsm", "tp", "msl"], ["lsm", "insolation", "cos_latitude"], ["tp"])
+    assert roles.prognostic == ("t2m", "msl") and roles.forcing == ("lsm",)
+    assert roles.computed == ("insolation", "cos_latitude") and roles.diagnostic == ("tp",)
+    assert roles.inputs == ["t2m", "msl", "lsm", "insolation", "cos_latitude"]
+    assert roles.outputs == ["t2m", "msl", "tp"] and roles.output_columns() == [0, 3, 2]
+    with pytest.raises(ValueError, match=r"data.forcing names \['sst'\]: neither dataset variables"):
+        VariableRoles.build(["t2m"], ["sst"], None)
+    with pytest.raises(ValueError, match=r"data.diagnostic names \['insolation'\]"):
+        VariableRoles.build(["t2m"], None, ["insolation"])
+    with pytest.raises(ValueError, match=r"\['tp'\] are in both data.forcing and data.diagnostic"):
+        VariableRoles.build(["t2m", "tp"], ["tp"], ["tp"])
+    with pytest.raises(ValueError, match="no prognostic variable left"):
+        VariableRoles.build(["lsm"], ["lsm"], None)
+    assert set(COMPUTED) >= {"cos_julian_day", "sin_local_time", "insolation"}

@@ -1,0 +1,92 @@
+"""Forcings (store and computed) and diagnostics in a training run: 3 model-parallel ranks give
+one rank's losses and parameters through a rollout fed the later dates' forcings; the skill
+table scores the outputs beside the daily-cycle baselines; predictions hold the outputs."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import torch
+
+from processor.grids import get_grid
+from tests.training.conftest import small_config
+from training.app import run
+from training.checkpoint import load_checkpoint
+from training.data import ZarrDataset
+from training.data.forcings import computed_forcings
+from training.evaluation import _baselines
+from training.model import ShardedGrids
+from training.session import Batches
+
+FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one store variable, three computed
+SETTINGS = [
+    f"data.forcing=[{','.join(FORCING)}]",
+    "data.diagnostic=[v]",
+    "trainer.rollout.start=2",
+    "trainer.rollout.max=2",
+    "trainer.steps=3",
+]
+
+
+def test_forcings_and_diagnostics_train_sharded_exactly(tmp_path, small_dataset):
+    sharded = run(
+        small_config(tmp_path / "sharded", small_dataset, *SETTINGS, "trainer.nprocs=3", "trainer.ranks_per_model=3")
+    )
+    single = run(
+        small_config(
+            tmp_path / "single",
+            small_dataset,
+            *SETTINGS,
+            "strategy=none",
+            "trainer.nprocs=1",
+            "trainer.ranks_per_model=1",
+        )
+    )
+    losses = [np.array([m["train/loss"] for _, m in result["history"]]) for result in (sharded, single)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    saved, reference = (
+        load_checkpoint(tmp_path / d / "checkpoints" / "latest.pt")["model"] for d in ("sharded", "single")
+    )
+    prognostic = 3  # psi, u, tracer: zeta is a forcing, v a diagnostic
+    assert reference["data_embed.weight"].shape[1] == prognostic + len(FORCING) + 4  # + the position features
+    assert reference["head.1.weight"].shape[0] == prognostic + 1
+    for name, value in reference.items():
+        if not name.endswith(("k_norm.bias", "lin_key.bias")):  # round-off gradients, scaled up by Adam
+            torch.testing.assert_close(saved[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    with open(tmp_path / "single" / "skill.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["variable"] for r in rows} == {"psi", "u", "tracer", "v"}
+    assert {r["kind"] for r in rows} >= {"model", "persistence", "hourly_climatology", "anomaly_persistence"}
+
+
+def test_anomaly_persistence_carries_the_initial_anomaly_to_the_valid_hour():
+    dates = np.array(["2021-01-01T00", "2021-01-01T06", "2021-01-01T12"], dtype="datetime64[s]")
+    clim = np.full((2, 1), 10.0)
+    hourly = {0.0: np.full((2, 1), 8.0), 6.0: np.full((2, 1), 11.0), 12.0: np.full((2, 1), 14.0)}
+    initial = np.array([[9.0], [7.0]])  # anomalies +1 and -1 at 00 UTC
+    out = _baselines(initial, clim, hourly, dates, 0, 2)
+    np.testing.assert_array_equal(out["hourly_climatology"], hourly[12.0])
+    np.testing.assert_array_equal(out["anomaly_persistence"], [[15.0], [13.0]])
+    np.testing.assert_array_equal(out["persistence"], initial)
+    np.testing.assert_array_equal(out["climatology"], clim)
+
+
+def test_batches_give_the_rollout_the_forcings_of_its_later_dates(small_dataset):
+    dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
+    grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 1, 4, 3)
+    batches = Batches(dataset, grids, lead=1, device=torch.device("cpu"))
+    points, columns = batches.points, dataset.roles.columns
+    x, targets, forcings = batches([(5, 0)], steps=3)
+    n = points.stop - points.start
+    assert x.shape == (1, n, 3 + 4) and targets.shape == (3, 1, n, 4) and forcings.shape == (2, 1, n, 4)
+    state_7, state_8 = dataset.state(7, points), dataset.state(8, points)
+    np.testing.assert_array_equal(forcings[1, 0, :, 0].numpy(), state_7[:, columns["zeta"]])
+    computed = computed_forcings(
+        tuple(FORCING[1:]), dataset.dates[[7]], dataset.latitudes[points], dataset.longitudes[points]
+    )
+    np.testing.assert_array_equal(forcings[1, 0, :, 1:].numpy(), computed[0])
+    np.testing.assert_array_equal(targets[2, 0].numpy(), state_8[:, dataset.roles.output_columns()])
+    given_x, given_forcings = batches.forecast_inputs(5, 0, 3)
+    torch.testing.assert_close(given_x, x, rtol=0, atol=0)
+    torch.testing.assert_close(given_forcings, forcings, rtol=0, atol=0)
