@@ -100,11 +100,11 @@ def prepare(
     if data.path is not None and not data.open_dataset:
         data.path = str(Path(data.path).resolve())
     if data.path and not Path(data.path).exists() and data.generate and int(os.environ.get("RANK", "0")) == 0:
-        from training.data import check_built_in_path, generate_rossby_haurwitz
+        from training.data.generate import check_built_in_path, generate_built_in
 
         check_built_in_path(data.path)  # a typo is not filled with the built-in data
         log.info("writing the built-in dataset to %s", data.path)
-        generate_rossby_haurwitz(data.path, data.grid or "o32", data.generate_steps, data.generate_seed)
+        generate_built_in(data.path, data.grid, data.generate_steps, data.generate_seed)
     from training.session import rollout_horizon, session_hidden_grid
     from training.trainer import check_resumable, open_dataset
 

@@ -57,18 +57,29 @@ def _fields(
 
 
 BUILT_IN_PREFIX = "rossby_haurwitz"  # the built-in dataset is written only at a path named so
+REGIONAL_PREFIX = "regional_t2m"  # the synthetic regional store (training/data/regional_t2m.py)
 
 
 def check_built_in_path(path: str | Path) -> None:
-    """Refuse to write the built-in dataset at a ``data.path`` not named for it: a path that does
+    """Refuse to write a built-in dataset at a ``data.path`` not named for it: a path that does
     not exist is far more often a typo of the user's store than a request for synthetic data."""
     name = Path(path).name
-    if not (name.startswith(BUILT_IN_PREFIX) and name.endswith(".zarr")):
+    if not (name.startswith((BUILT_IN_PREFIX, REGIONAL_PREFIX)) and name.endswith(".zarr")):
         raise DatasetError(
             f"data.path = {path} does not exist: give an existing anemoi-datasets store (the built-in "
-            f"dataset is written only at a path named {BUILT_IN_PREFIX}*.zarr, as the default "
-            f"data/{BUILT_IN_PREFIX}_o32.zarr)"
+            f"datasets are written only at a path named {BUILT_IN_PREFIX}*.zarr or {REGIONAL_PREFIX}*.zarr, "
+            f"as the default data/{BUILT_IN_PREFIX}_o32.zarr)"
         )
+
+
+def generate_built_in(path: str | Path, grid: str | None, steps: int, seed: int) -> Path:
+    """Write the built-in dataset that ``path`` is named for (see :func:`check_built_in_path`):
+    the Rossby-Haurwitz waves on ``grid``, or the regional hourly 2 m temperature."""
+    if Path(path).name.startswith(REGIONAL_PREFIX):
+        from training.data.regional_t2m import generate_regional_t2m
+
+        return generate_regional_t2m(path, steps, seed)
+    return generate_rossby_haurwitz(path, grid or "o32", steps, seed)
 
 
 def generate_rossby_haurwitz(
