@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.spatial import ConvexHull, Delaunay
+from scipy.spatial import ConvexHull, Delaunay, cKDTree
 
 from processor.grids import ECMWF_REDUCED_POINTS, gaussian_latitudes
 
@@ -260,12 +260,25 @@ def _dual_areas(xyz: np.ndarray) -> np.ndarray:
         p, q, r = (flat[triangles[:, i]] for i in range(3))
         shadow = np.abs((q[:, 0] - p[:, 0]) * (r[:, 1] - p[:, 1]) - (q[:, 1] - p[:, 1]) * (r[:, 0] - p[:, 0]))
         triangles = triangles[shadow > 1e-6 * np.median(shadow)]
+        triangles = _within_the_region(xyz, triangles)
     a, b, c = (xyz[triangles[:, i]] for i in range(3))
     area = 0.5 * np.linalg.norm(np.cross(b - a, c - a), axis=1)
     areas = np.zeros(len(xyz))
     for i in range(3):
         np.add.at(areas, triangles[:, i], area / 3)
     return areas
+
+
+def _within_the_region(xyz: np.ndarray, triangles: np.ndarray, reach: float = 3.0) -> np.ndarray:
+    """The triangles that tile the region itself: a Delaunay triangulation fills the points'
+    convex hull, so a region whose edges curve inwards (a projected grid's rows are not great
+    circles) gets triangles across the concavity, much longer than the spacing of the points at
+    their corners. Kept: those whose longest edge is at most ``reach`` times the largest
+    nearest-neighbour distance of their corners (a local spacing: stretched grids keep theirs)."""
+    spacing = cKDTree(xyz).query(xyz, k=2)[0][:, 1]
+    corners = [xyz[triangles[:, i]] for i in range(3)]
+    longest = np.max([np.linalg.norm(corners[i] - corners[(i + 1) % 3], axis=1) for i in range(3)], axis=0)
+    return triangles[longest <= reach * spacing[triangles].max(axis=1)]
 
 
 def hilbert_index(xyz: np.ndarray, bits: int = 16) -> np.ndarray:

@@ -27,4 +27,23 @@ quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-models==0.19.0"
 quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-graphs==0.9.8"
 quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" typeguard networkx
 "$VENV/bin/python" -c "import anemoi.datasets, anemoi.models.layers.processor, anemoi.models.models, processor, zarr; assert zarr.__version__.startswith('2.')"
+# Real GRIB fields for tests/training/data/test_grib_stores.py, from cfgrib's sdist (its
+# tests/sample-data): lat-lon with the poles, regular and reduced Gaussian, Lambert. Optional:
+# without them (no network) those tests are skipped.
+SAMPLES="$VENV/grib-samples"
+GRIB_FILES="era5-levels-members.grib regular_ll_sfc.grib regular_gg_sfc.grib reduced_gg.grib lambert_grid.grib"
+missing_samples() { for f in $GRIB_FILES; do [ -s "$SAMPLES/$f" ] || return 0; done; return 1; }
+if missing_samples; then
+    SDIST_DIR=$(mktemp -d)
+    if quiet "$VENV/bin/python" -m pip download -q --no-deps --no-binary :all: cfgrib==0.9.15.1 -d "$SDIST_DIR" \
+        && mkdir -p "$SAMPLES" \
+        && tar -xzf "$SDIST_DIR/cfgrib-0.9.15.1.tar.gz" -C "$SAMPLES" --strip-components=3 --no-same-owner \
+            $(for f in $GRIB_FILES; do echo "cfgrib-0.9.15.1/tests/sample-data/$f"; done) \
+        && ! missing_samples; then
+        echo "GRIB samples from cfgrib 0.9.15.1 in $SAMPLES"
+    else
+        echo "could not fetch cfgrib's GRIB samples: tests/training/data/test_grib_stores.py will be skipped"
+    fi
+    rm -rf "$SDIST_DIR"
+fi
 echo "gridshard and anemoi installed in $VENV (zarr $("$VENV/bin/python" -c 'import zarr; print(zarr.__version__)'))"
