@@ -194,7 +194,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, small_dataset):
         (
             "data.path=/typo/era5.zarr",
             "error: data.path = /typo/era5.zarr does not exist: give an existing anemoi-datasets store (the built-in "
-            "dataset is written only at a path named rossby_haurwitz*.zarr, as the default "
+            "datasets are written only at a path named rossby_haurwitz*.zarr or regional_t2m*.zarr, as the default "
             "data/rossby_haurwitz_o32.zarr)",
         ),
         ("hydra.run.dir=a_file/run", "error: hydra.run.dir = a_file/run cannot be created: "),
