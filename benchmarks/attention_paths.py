@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.gemm_rate import gemm_flop_rate
 from processor.attention import sliding_window_attention
 from processor.attention.dispatch import AttentionCall, path_problem
 from processor.attention.scores import ScoreMods, alibi_slopes
@@ -159,11 +160,14 @@ def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmu
     return KernelResult(case, seconds, peak)
 
 
-def markdown(results: list[KernelResult]) -> str:
-    """A table: one row per case, time, TFLOP/s and peak memory (MiB), and why a row is empty."""
+def markdown(results: list[KernelResult], gemm_flops: float | None = None) -> str:
+    """A table: one row per case, time, TFLOP/s, its share of the fp32 GEMM rate measured in the
+    same process (``gemm_flops``, FLOP/s; a column only when given) and peak memory (MiB), and
+    why a row is empty."""
+    share = " of GEMM |" if gemm_flops else ""
     lines = [
-        "| N | heads × dim | W | dtype | pass | path | ms | TFLOP/s | peak MiB | note |",
-        "|---:|---|---:|---|---|---|---:|---:|---:|---|",
+        f"| N | heads × dim | W | dtype | pass | path | ms | TFLOP/s |{share} peak MiB | note |",
+        "|---:|---|---:|---|---|---|---:|---:|" + ("---:|" if gemm_flops else "") + "---:|---|",
     ]
     for r in results:
         c = r.case
@@ -171,9 +175,12 @@ def markdown(results: list[KernelResult]) -> str:
         tf = "—" if r.tflops is None else f"{r.tflops:.3g}"
         peak = "—" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
         passes = "fwd+bwd" if c.backward else "fwd"
+        part = ""
+        if gemm_flops:
+            part = " — |" if r.tflops is None else f" {r.tflops * 1e12 / gemm_flops:.2f} |"
         lines.append(
             f"| {c.n} | {c.heads} × {c.head_dim} | {c.window} | {c.dtype} | {passes} | {c.label} | {ms} | {tf} "
-            f"| {peak} | {r.note} |"
+            f"|{part} {peak} | {r.note} |"
         )
     return "\n".join(lines)
 
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
-    parser.add_argument("--paths", nargs="+", default=["flex", "banded", "sdpa_blocks"])
+    parser.add_argument("--paths", nargs="+", default=["native", "flex", "banded", "sdpa_blocks"])
     parser.add_argument("--backward", action="store_true", help="time forward+backward (default: inference)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--softcap", type=float, default=None, help="also time each path with this logit softcap")
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     modded = args.softcap is not None or args.alibi
     device = torch.device(args.device)
+    gemm = gemm_flop_rate(device) if device.type == "cpu" else None  # the same process, the same threads
     results = []
     for n in args.n:
         for d in args.head_dim:
@@ -203,10 +211,11 @@ def main(argv: list[str] | None = None) -> None:
                         for mods in ((None, False), (args.softcap, args.alibi)) if modded else ((None, False),):
                             case = KernelCase(n, args.heads, d, w, dtype, path, args.backward, *mods)
                             results.append(measure_path(case, device, args.repeats))
-                            print(markdown(results[-1:]).splitlines()[-1], flush=True)
+                            print(markdown(results[-1:], gemm).splitlines()[-1], flush=True)
     print()
-    print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(markdown(results))
+    rate = f"; fp32 GEMM {gemm / 1e9:.1f} GFLOP/s" if gemm else ""
+    print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} threads{rate}")
+    print(markdown(results, gemm))
 
 
 if __name__ == "__main__":

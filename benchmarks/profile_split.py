@@ -25,7 +25,8 @@ _MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linea
 
 def bucket(name: str, shapes: list[list[int]], mlp_hidden: int) -> str:
     lowered = name.lower()
-    if "scaled_dot_product" in lowered or "flash_attention" in lowered or "unfold" in lowered:
+    attention = ("scaled_dot_product", "flash_attention", "unfold", "band_attention")  # the last: the C++ kernel
+    if any(k in lowered for k in attention):
         return "attention"
     if lowered.startswith("gridshard/"):  # processor.distributed.ranges: waiting for peers included
         return "communication"

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.config import BenchmarkConfig, strategy_options
+from benchmarks.gemm_rate import gemm_flop_rate
 from benchmarks.local_copy import LocalCopyTransport
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_sizes
@@ -137,20 +138,6 @@ def _to_device(grids, device: torch.device):
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def gemm_flop_rate(device: torch.device, size: int = 2048, repeats: int = 3) -> float:
-    """FLOP/s of a ``size``-cubed fp32 matmul on this rank's threads (best of ``repeats``)."""
-    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        a @ b
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best
 
 
 class _Memory:

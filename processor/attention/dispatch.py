@@ -10,8 +10,11 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
   8 up to 256, no segment ids), when the package is installed.
 - ``flex``: compiled FlexAttention with a block-sparse ``BlockMask`` (:mod:`.flex`). CUDA
   forward and backward; CPU forward only. No dropout.
-- ``banded``: the fused CPU kernel with its own backward (:mod:`.banded`); CPU, fp32/fp64, no
-  dropout.
+- ``native``: the fused C++ CPU kernel (:mod:`.native`, built by ``scripts/setup.sh``): tiles of
+  queries against exactly the keys their band reaches, online softmax, a backward that
+  recomputes the probabilities from the log-sum-exp; CPU, fp32 and bf16, no dropout.
+- ``banded``: PyTorch's fused CPU flash kernel block by block, with its own backward
+  (:mod:`.banded`); CPU, fp32/fp64, no dropout.
 - ``sdpa_blocks``: blocks of queries against their key bands in one SDPA call on strided views
   (any device, dtype and dropout): the fallback.
 - ``scored``: explicit logits in bounded pieces (:mod:`.scored`), any device and dtype, no
@@ -19,13 +22,14 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
   ``flex`` apply.
 
 ``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, else ``flex``, else
-``sdpa_blocks``; on CPU ``banded`` when a gradient is needed (fp32/fp64, no dropout), else
-``sdpa_blocks``. With a softcap or ALiBi (global windows too): ``flex`` where it runs, else
-``scored``. The CPU rules are measured (``python -m benchmarks.attention_paths``, 2-core
-VM, N = 8192, 8 heads of 32 or 64, W = 64/256/1024, forward only): FlexAttention's compiled CPU
-forward was 2.3–5.8x slower than the best path in all 12 cases, fp32 and bf16, so ``auto`` never
-takes it on CPU; for inference the blocked SDPA took 9–20% less time than the banded kernel (6
-of 6 fp32 cases), whose worth is its backward.
+``sdpa_blocks``; on CPU ``native`` where it is built (fp32/bf16, no dropout), else ``banded``
+when a gradient is needed (fp32/fp64, no dropout), else ``sdpa_blocks``. With a softcap or
+ALiBi (global windows too): ``flex`` where it runs, else ``scored``. The CPU rules are measured
+(``python -m benchmarks.attention_paths``, 2-core VM, N = 8192, 8 heads of 32 or 64, W =
+64/256/1024, forward only): FlexAttention's compiled CPU forward was 2.3–5.8x slower than the
+best path in all 12 cases, fp32 and bf16, so ``auto`` never takes it on CPU; without the fused
+kernel, for inference the blocked SDPA took 9–20% less time than the banded kernel (6 of 6 fp32
+cases), whose worth is its backward.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from torch import Tensor
 
 from processor.attention.flash import flash_installed, flash_window_sides
 from processor.attention.flex import flex_available
+from processor.attention.native import native_available
 
-PATHS = ("auto", "dense", "flash_attn", "flex", "banded", "sdpa_blocks", "scored")
+PATHS = ("auto", "dense", "flash_attn", "flex", "native", "banded", "sdpa_blocks", "scored")
 SCORE_MOD_PATHS = ("auto", "flex", "scored")  # the paths that apply a softcap or ALiBi
 _HALF = (torch.float16, torch.bfloat16)
 _FULL = (torch.float32, torch.float64)
@@ -100,11 +105,23 @@ def path_problem(path: str, call: AttentionCall) -> str | None:
         return _flash_problem(call)
     if path == "flex":
         return _flex_problem(call)
+    if path == "native":
+        return _native_problem(call)
     if path == "banded":
         if call.device_type != "cpu" or call.dtype not in _FULL:
             return f"banded runs on CPU in fp32/fp64, not {call.device_type} {call.dtype}; choose sdpa_blocks"
         if call.dropout_p > 0:
             return "banded cannot replay attention dropout; set dropout_p=0 or choose sdpa_blocks"
+    return None
+
+
+def _native_problem(call: AttentionCall) -> str | None:
+    if not native_available():
+        return "native: the fused CPU kernel is not built (python -m processor.attention.native); choose banded"
+    if call.device_type != "cpu" or call.dtype not in (torch.float32, torch.bfloat16):
+        return f"native runs on CPU in fp32/bf16, not {call.device_type} {call.dtype}; choose banded or sdpa_blocks"
+    if call.dropout_p > 0:
+        return "native has no attention dropout; set dropout_p=0 or choose sdpa_blocks"
     return None
 
 
@@ -151,6 +168,8 @@ def choose_path(call: AttentionCall, path: str = "auto") -> str:
             if path_problem(candidate, call) is None:
                 return candidate
         return "sdpa_blocks"
+    if call.device_type == "cpu" and path_problem("native", call) is None:
+        return "native"
     if call.device_type == "cpu" and call.needs_grad and path_problem("banded", call) is None:
         return "banded"
     return "sdpa_blocks"

@@ -29,6 +29,8 @@ each id is attended on its own: its queries gathered against its keys, cost
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -38,6 +40,7 @@ from processor.attention.dispatch import AttentionCall, choose_path
 from processor.attention.flash import flash_window_attention
 from processor.attention.flex import flex_window_attention
 from processor.attention.masks import band_mask, reach_blocks, segment_band_mask
+from processor.attention.native import NativeBandAttention
 from processor.attention.scored import scored_window_attention
 from processor.attention.scores import ScoreMods
 from processor.segments import segment_id_rows, segment_ids_problem
@@ -271,6 +274,9 @@ def sliding_window_attention(
         return flex_window_attention(q, k, v, window, q_offset, scale, ids)
     if chosen == "scored":
         return scored_window_attention(q, k, v, window, q_offset, scale, ids)
+    if chosen == "native":  # every query, edges included, in one call
+        native_scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return NativeBandAttention.apply(q, k, v, window, q_offset, native_scale, ids)
     block = block_size or default_block_size(window)
     if chosen == "dense" or n_q <= 2 * block:  # one masked call: forced, or too short to block
         return _band_attention(q, k, v, window, q_offset, dropout_p, scale, ids)

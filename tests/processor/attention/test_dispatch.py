@@ -22,7 +22,30 @@ def flash(monkeypatch):
 
 @pytest.fixture
 def no_flash(monkeypatch):
+    """Neither flash-attn nor the fused CPU kernel (the rules of a machine without them)."""
     monkeypatch.setattr(dispatch, "flash_installed", lambda: False)
+    monkeypatch.setattr(dispatch, "native_available", lambda: False)
+
+
+@pytest.mark.parametrize(
+    "call,expected",
+    [
+        (_call(), "native"),  # training on CPU
+        (_call(dtype=torch.float64), "banded"),
+        (_call(grad=False), "native"),
+        (_call(dtype=torch.bfloat16), "native"),
+        (_call(dropout=0.1), "sdpa_blocks"),
+        (_call(ids=True), "native"),
+        (_call(device="cuda"), "flex"),
+    ],
+)
+def test_auto_with_the_fused_cpu_kernel_built(monkeypatch, call, expected):
+    monkeypatch.setattr(dispatch, "flash_installed", lambda: False)
+    monkeypatch.setattr(dispatch, "native_available", lambda: True)
+    assert choose_path(call) == expected
+    if expected != "native":
+        with pytest.raises(ValueError, match="attention_path = 'native'"):
+            choose_path(call, "native")
 
 
 @pytest.mark.parametrize(
@@ -93,11 +116,12 @@ def test_forced_paths_run_what_they_name(monkeypatch):
     seen = []
     monkeypatch.setattr(kernel, "banded_flash_attention", lambda *a, **k: seen.append("banded") or a[0])
     monkeypatch.setattr(kernel, "flex_window_attention", lambda *a, **k: seen.append("flex") or a[0])
+    monkeypatch.setattr(dispatch, "native_available", lambda: False)
     q = torch.randn(1, 2, 600, 16, requires_grad=True)
     sliding_window_attention(q, q, q, 40, path="banded")
     with torch.no_grad():
         sliding_window_attention(q, q, q, 40, path="flex")
-    sliding_window_attention(q, q, q, 40)  # auto, with a gradient: banded
+    sliding_window_attention(q, q, q, 40)  # auto, with a gradient, no fused C++ kernel: banded
     assert seen == ["banded", "flex", "banded"]
 
 

@@ -1,0 +1,297 @@
+// Fused sliding-window ("band") attention for the CPU, forward and backward.
+//
+// Query i sits at key position p = q_offset + i and attends to keys j with |p - j| <= window
+// (and, with segment ids, ids[j] == ids[p], or == q_ids[i] when the queries' ids are given: the
+// ring's blocks, whose queries lie outside the keys). Each (batch, head) is one task of at::parallel_for
+// (PyTorch's thread budget); inside it, tiles of kTileRows queries go against exactly the keys
+// their band reaches, in chunks of at most kChunkCols keys with an online softmax, through
+// BLAS sgemm calls (the sgemm_ libtorch exports: MKL in the x86 wheels). The backward
+// recomputes the probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
+// D = rowsum(dO O)): no N x W tensor is ever kept. Tasks own their heads' dq, dk and dv rows,
+// so nothing is reduced across threads.
+//
+// Tensors are (batch, heads, points, head_dim) with any strides whose last dimension is
+// contiguous (the point-major layout the processor uses); float32 is computed in place,
+// other dtypes through float32 copies. Outputs: (out, lse) forward, (dq, dk, dv) backward,
+// with q's (k's) strides. A query that reaches no key gets out = 0 and lse = -inf.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+namespace {
+
+constexpr int64_t kTileRows = 64;
+constexpr int64_t kChunkCols = 2048;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) for the softmax (x <= 0 there), branch-free so that loops of it vectorise (AVX2,
+// AVX-512): Cephes' expf (n = round(x log2 e), Cody-Waite reduction, degree-5 polynomial;
+// about 1 ulp), 0 below -87 (and for -inf: the masked keys).
+inline float fast_exp(float x) {
+  const float clamped = std::max(x, -87.0f);
+  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  const float z = clamped - n * 0.693359375f - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * z + 1.3981999507e-3f;
+  p = p * z + 8.3334519073e-3f;
+  p = p * z + 4.1665795894e-2f;
+  p = p * z + 1.6666665459e-1f;
+  p = p * z + 5.0000001201e-1f;
+  const float y = p * z * z + z + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.0f ? 0.0f : y * scale;
+}
+
+// Row-major C (m x n) = alpha op(A) op(B) + beta C, through column-major BLAS.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+  const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
+  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+  sgemm_(&tb, &ta, &mi, &ni, &ki, &alpha, b, &lb, a, &la, &beta, c, &lc);
+}
+
+// One head's rows: base pointer and the stride between points.
+struct Rows {
+  float* data;
+  int64_t stride;
+  float* row(int64_t i) const { return data + i * stride; }
+};
+
+Rows head_rows(const at::Tensor& t, int64_t b, int64_t h) {
+  return {t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
+}
+
+struct Geometry {
+  int64_t n_q, n_k, dim, window, q_offset;
+  float scale;
+  const int64_t* ids;    // (n_k,) keys' segment ids of this batch element, or nullptr
+  const int64_t* q_ids;  // (n_q,) queries' ids, or nullptr: query i has the id of key q_offset + i
+};
+
+// Keys [lo, hi) that query position p may see (before segment ids).
+inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
+  *lo = std::max<int64_t>(0, p - g.window);
+  *hi = std::min<int64_t>(g.n_k, p + g.window + 1);
+}
+
+// scores (rows x cols) of queries q0.. against keys c0..: scale Q K^T, -inf where not allowed.
+// Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
+void masked_scores(const Geometry& g, const Rows& q, const Rows& k, int64_t q0, int64_t rows, int64_t c0,
+                   int64_t cols, float* s, int64_t* first, int64_t* last) {
+  gemm(false, true, rows, cols, g.dim, g.scale, q.row(q0), q.stride, k.row(c0), k.stride, 0.0f, s, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = g.q_offset + q0 + r;
+    int64_t lo, hi;
+    reach(g, p, &lo, &hi);
+    const int64_t a = std::clamp<int64_t>(lo - c0, 0, cols), z = std::clamp<int64_t>(hi - c0, 0, cols);
+    float* row = s + r * cols;
+    first[r] = a;
+    last[r] = std::max(a, z);
+    for (int64_t j = 0; j < a; ++j) row[j] = kNegInf;
+    for (int64_t j = std::max(a, z); j < cols; ++j) row[j] = kNegInf;
+    if (g.ids != nullptr && a < z) {
+      const int64_t own = g.q_ids != nullptr ? g.q_ids[q0 + r] : g.ids[p];
+      const int64_t* ids = g.ids + c0;
+      for (int64_t j = a; j < z; ++j) row[j] = ids[j] == own ? row[j] : kNegInf;
+    }
+  }
+}
+
+void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, float* lse) {
+  std::vector<float> s(kTileRows * kChunkCols), acc(kTileRows * g.dim), m(kTileRows), l(kTileRows);
+  std::vector<int64_t> first(kTileRows), last(kTileRows);
+  for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
+    const int64_t rows = std::min(kTileRows, g.n_q - q0);
+    int64_t k_lo, k_hi, unused;
+    reach(g, g.q_offset + q0, &k_lo, &unused);
+    reach(g, g.q_offset + q0 + rows - 1, &unused, &k_hi);
+    std::fill(m.begin(), m.end(), kNegInf);
+    std::fill(l.begin(), l.end(), 0.0f);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t c0 = k_lo; c0 < k_hi; c0 += kChunkCols) {
+      const int64_t cols = std::min(kChunkCols, k_hi - c0);
+      masked_scores(g, q, k, q0, rows, c0, cols, s.data(), first.data(), last.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = s.data() + r * cols;
+        float top = m[r];
+#pragma omp simd reduction(max : top)
+        for (int64_t j = first[r]; j < last[r]; ++j) top = std::max(top, row[j]);
+        if (top == kNegInf) {  // nothing allowed yet: this chunk adds nothing for the row
+          std::fill(row, row + cols, 0.0f);
+          continue;
+        }
+        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - top);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < cols; ++j) {
+          const float e = fast_exp(row[j] - top);  // 0 outside the allowed keys (-inf)
+          row[j] = e;
+          sum += e;
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = top;
+        float* a = acc.data() + r * g.dim;
+        for (int64_t d = 0; d < g.dim; ++d) a[d] *= alpha;
+      }
+      gemm(false, false, rows, g.dim, cols, 1.0f, s.data(), cols, v.row(c0), v.stride, 1.0f, acc.data(), g.dim);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      float* o = out.row(q0 + r);
+      const float* a = acc.data() + r * g.dim;
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      for (int64_t d = 0; d < g.dim; ++d) o[d] = a[d] * inv;
+      lse[q0 + r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
+    }
+  }
+}
+
+struct Grads {
+  Rows dq, dk, dv;
+};
+
+void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, const Rows& dout,
+                   const float* lse, const Grads& grads) {
+  std::vector<float> p(kTileRows * kChunkCols), dp(kTileRows * kChunkCols), delta(kTileRows);
+  std::vector<int64_t> first(kTileRows), last(kTileRows);
+  for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
+    const int64_t rows = std::min(kTileRows, g.n_q - q0);
+    for (int64_t r = 0; r < rows; ++r) {  // D = rowsum(dO * O)
+      const float *o = out.row(q0 + r), *d_o = dout.row(q0 + r);
+      float sum = 0.0f;
+      for (int64_t d = 0; d < g.dim; ++d) sum += o[d] * d_o[d];
+      delta[r] = sum;
+    }
+    int64_t k_lo, k_hi, unused;
+    reach(g, g.q_offset + q0, &k_lo, &unused);
+    reach(g, g.q_offset + q0 + rows - 1, &unused, &k_hi);
+    for (int64_t c0 = k_lo; c0 < k_hi; c0 += kChunkCols) {
+      const int64_t cols = std::min(kChunkCols, k_hi - c0);
+      masked_scores(g, q, k, q0, rows, c0, cols, p.data(), first.data(), last.data());
+      for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
+        float* row = p.data() + r * cols;
+        const float shift = lse[q0 + r];
+        if (shift == kNegInf) {
+          std::fill(row, row + cols, 0.0f);
+          continue;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) row[j] = fast_exp(row[j] - shift);
+      }
+      // dV += P^T dO;  dP = dO V^T
+      gemm(true, false, cols, g.dim, rows, 1.0f, p.data(), cols, dout.row(q0), dout.stride, 1.0f,
+           grads.dv.row(c0), grads.dv.stride);
+      gemm(false, true, rows, cols, g.dim, 1.0f, dout.row(q0), dout.stride, v.row(c0), v.stride, 0.0f, dp.data(),
+           cols);
+      for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D), in dp
+        float* ds = dp.data() + r * cols;
+        const float* pr = p.data() + r * cols;
+        const float dr = delta[r];
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) ds[j] = pr[j] * (ds[j] - dr);
+      }
+      // dQ += scale dS K;  dK += scale dS^T Q
+      gemm(false, false, rows, g.dim, cols, g.scale, dp.data(), cols, k.row(c0), k.stride, 1.0f, grads.dq.row(q0),
+           grads.dq.stride);
+      gemm(true, false, cols, g.dim, rows, g.scale, dp.data(), cols, q.row(q0), q.stride, 1.0f, grads.dk.row(c0),
+           grads.dk.stride);
+    }
+  }
+}
+
+void check_ids(const c10::optional<at::Tensor>& ids, int64_t batch, int64_t n, const char* what) {
+  if (!ids.has_value()) return;
+  TORCH_CHECK(ids->dim() == 2 && ids->size(1) == n && ids->scalar_type() == at::kLong && ids->is_contiguous(),
+              "band attention: ", what, " must be contiguous int64 (rows, ", n, ")");
+  TORCH_CHECK(ids->size(0) == 1 || ids->size(0) == batch, "band attention: ", what, " rows must be 1 or batch");
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& ids,
+                  const c10::optional<at::Tensor>& q_ids) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "band attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "band attention: q, k, v must be 4-D");
+  TORCH_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
+              "band attention: q, k, v shapes do not match");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "band attention: float32 tensors (the Python side converts others)");
+  for (const auto* t : {&q, &k, &v}) TORCH_CHECK(t->stride(3) == 1, "band attention: head_dim must be contiguous");
+  check_ids(ids, q.size(0), k.size(2), "segment ids");
+  check_ids(q_ids, q.size(0), q.size(2), "query segment ids");
+  TORCH_CHECK(!q_ids.has_value() || ids.has_value(), "band attention: query ids need the keys' ids");
+}
+
+const int64_t* id_row(const c10::optional<at::Tensor>& ids, int64_t b) {
+  if (!ids.has_value()) return nullptr;
+  return ids->data_ptr<int64_t>() + (ids->size(0) == 1 ? 0 : b) * ids->size(1);
+}
+
+Geometry geometry(const at::Tensor& q, const at::Tensor& k, int64_t window, int64_t q_offset, double scale,
+                  const c10::optional<at::Tensor>& ids, const c10::optional<at::Tensor>& q_ids, int64_t b) {
+  return {q.size(2), k.size(2), q.size(3), window, q_offset, static_cast<float>(scale), id_row(ids, b), id_row(q_ids, b)};
+}
+
+std::vector<at::Tensor> band_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                                     int64_t q_offset, double scale, const c10::optional<at::Tensor>& ids,
+                                     const c10::optional<at::Tensor>& q_ids) {
+  check_inputs(q, k, v, ids, q_ids);
+  auto out = at::empty_like(q);
+  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  const int64_t heads = q.size(1);
+  at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / heads, h = task % heads;
+      const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
+      float* lse_row = lse.data_ptr<float>() + (b * heads + h) * q.size(2);
+      forward_head(g, head_rows(q, b, h), head_rows(k, b, h), head_rows(v, b, h), head_rows(out, b, h), lse_row);
+    }
+  });
+  return {out, lse};
+}
+
+std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                      int64_t window, int64_t q_offset, double scale,
+                                      const c10::optional<at::Tensor>& ids, const c10::optional<at::Tensor>& q_ids) {
+  check_inputs(q, k, v, ids, q_ids);
+  TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() && dout.stride(3) == 1 && out.stride(3) == 1 &&
+                  dout.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "band attention backward: grad and out must be float32 like q, head_dim contiguous");
+  auto lse_c = lse.contiguous();
+  TORCH_CHECK(lse_c.scalar_type() == at::kFloat && lse_c.numel() == q.size(0) * q.size(1) * q.size(2),
+              "band attention backward: lse must be float32 (batch, heads, n_q)");
+  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  const int64_t heads = q.size(1);
+  at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / heads, h = task % heads;
+      const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
+      const float* lse_row = lse_c.data_ptr<float>() + (b * heads + h) * q.size(2);
+      const Grads grads{head_rows(dq, b, h), head_rows(dk, b, h), head_rows(dv, b, h)};
+      backward_head(g, head_rows(q, b, h), head_rows(k, b, h), head_rows(v, b, h), head_rows(out, b, h),
+                    head_rows(dout, b, h), lse_row, grads);
+    }
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &band_forward, "band attention forward: (out, lse)");
+  m.def("backward", &band_backward, "band attention backward: (dq, dk, dv)");
+}
