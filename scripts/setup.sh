@@ -22,5 +22,5 @@ PYTHONWARNINGS="ignore:Editable installation:UserWarning" pip_install -e ".[dev]
 .venv/bin/python -c "import processor, einops, pytest, hypothesis" # and here if the package did not
 # The fused CPU attention kernel (processor/attention/csrc), compiled for this machine; one line
 # either way: without it the Python attention paths run.
-.venv/bin/python -m processor.attention.native || true
+.venv/bin/python -m processor.attention.build_kernel || true
 echo "gridshard installed in .venv (torch $(.venv/bin/python -c 'import torch; print(torch.__version__)'))"

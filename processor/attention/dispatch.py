@@ -117,7 +117,7 @@ def path_problem(path: str, call: AttentionCall) -> str | None:
 
 def _native_problem(call: AttentionCall) -> str | None:
     if not native_available():
-        return "native: the fused CPU kernel is not built (python -m processor.attention.native); choose banded"
+        return "native: the fused CPU kernel is not built (python -m processor.attention.build_kernel); choose banded"
     if call.device_type != "cpu" or call.dtype not in (torch.float32, torch.bfloat16):
         return f"native runs on CPU in fp32/bf16, not {call.device_type} {call.dtype}; choose banded or sdpa_blocks"
     if call.dropout_p > 0:

@@ -1,7 +1,7 @@
 """The fused CPU band-attention kernel (``csrc/band_attention.cpp``): built once on this machine,
 loaded when built, and its autograd function.
 
-``python -m processor.attention.native`` (run by ``scripts/setup.sh``) compiles it with the
+``python -m processor.attention.build_kernel`` (run by ``scripts/setup.sh``) compiles it with the
 machine's g++ against the installed torch (``-O3 -march=native``: built where it runs), into
 ``csrc/build/``, beside a stamp of the source, the flags and the torch version it was built
 from. :func:`native_kernel` loads it only when that stamp matches (a kernel built from other
@@ -15,7 +15,6 @@ import functools
 import hashlib
 import importlib.util
 import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 from types import ModuleType
@@ -170,19 +169,3 @@ class NativeBandAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = native_backward(grad, q, k, v, out, lse, *ctx.geometry)
         return dq, dk, dv, None, None, None, None
-
-
-def main() -> int:
-    """Build the kernel; one line either way (the set-up goes on without it)."""
-    try:
-        library = build()
-    except (RuntimeError, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"the fused CPU attention kernel did not build ({first}); the Python attention paths run instead")
-        return 1
-    print(f"built the fused CPU attention kernel: {library}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The fused C++ CPU kernel against dense float64 attention (fp32 at 1e-5, bf16 at its own error)
 and against the Python banded kernel on random geometries: outputs, log-sum-exp and every
-gradient. Skipped where the kernel is not built (``python -m processor.attention.native``)."""
+gradient. Skipped where the kernel is not built (``python -m processor.attention.build_kernel``)."""
 
 from __future__ import annotations
 
