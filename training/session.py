@@ -146,8 +146,7 @@ class Batches:
             ]
         )
         dates = np.array([[self.dataset.dates[t + k * self.lead] for t, _ in samples] for k in range(steps + 1)])
-        forcings = np.concatenate([states[..., roles.forcing_columns()], self._computed(dates)], axis=-1)
-        x = np.concatenate([states[0][..., roles.prognostic_columns()], forcings[0]], axis=-1)
+        x, forcings = self._inputs(states, dates)
         targets = states[1:][..., roles.output_columns()]
         return Batch(*(to_device(a, self.device) for a in (x, targets, forcings[1:steps])))
 
@@ -164,12 +163,22 @@ class Batches:
                 f"{list(roles.forcing)} after the store's last date {dataset.date(dataset.n_times - 1)}"
             )
         first = dataset.state(t, self.points, member)
-        later = [dataset.state(t + k * self.lead, self.points, member) for k in range(1, steps) if roles.forcing]
-        stored = np.stack([first, *later])[:, None, :, roles.forcing_columns()] if roles.forcing else None
-        computed = self._computed(dates)
-        forcings = computed if stored is None else np.concatenate([stored, computed], axis=-1)
-        x = np.concatenate([first[None][..., roles.prognostic_columns()], forcings[0]], axis=-1)
+        # Later states are read only for store forcings; without any, the first stands in (its
+        # forcing columns are none).
+        later = [
+            dataset.state(t + k * self.lead, self.points, member) if roles.forcing else first for k in range(1, steps)
+        ]
+        x, forcings = self._inputs(np.stack([first, *later])[:, None], dates)
         return to_device(x, self.device), to_device(forcings[1:], self.device)
+
+    def _inputs(self, states: np.ndarray, dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The model's input at the first of ``states`` ``(dates, batch, local points, variables)``
+        and the forcings ``(dates, batch, local points, forcings)`` at every one of ``dates``
+        ``(dates, batch)``: the store's forcing columns, then the computed forcings."""
+        roles = self.dataset.roles
+        forcings = np.concatenate([states[..., roles.forcing_columns()], self._computed(dates)], axis=-1)
+        x = np.concatenate([states[0][..., roles.prognostic_columns()], forcings[0]], axis=-1)
+        return x, forcings
 
     def _computed(self, dates: np.ndarray) -> np.ndarray:
         """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64)."""

@@ -145,9 +145,8 @@ def native_backward(
 
 def _float_rows(t: Tensor) -> Tensor:
     """``t`` in float32 with a contiguous last dimension (itself when it is already)."""
-    if t.dtype == torch.float32 and t.stride(-1) == 1:
-        return t
-    return t.float().contiguous() if t.stride(-1) != 1 else t.float()
+    t = t.float()
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def _ids(ids: Tensor | None) -> Tensor | None:

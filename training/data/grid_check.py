@@ -59,7 +59,7 @@ def _max_distance(a: np.ndarray, b: np.ndarray) -> float:
 def _candidates(resolution: str | None, n_points: int) -> list[str]:
     """Grid names to try: the store's ``resolution`` first, then the oN and fN grids of that size."""
     names = []
-    if resolution and re.fullmatch(r"[ofnOFN]\d+", str(resolution).strip()):
+    if resolution and re.fullmatch(r"[ofOF]\d+", str(resolution).strip()):
         names.append(str(resolution).strip().lower())
     n_octahedral = (-36 + math.isqrt(1296 + 16 * n_points)) // 8
     if n_octahedral > 0 and 4 * n_octahedral**2 + 36 * n_octahedral == n_points:
@@ -106,6 +106,6 @@ def infer_grid(points: PointSet, latitudes: np.ndarray, longitudes: np.ndarray, 
     :func:`processor.point_sets.point_set` gave its coordinates (``n320``, ``regular lat-lon 61
     x 120 with the poles``, ``regional lat-lon 81 x 81 at 0.25 degrees``, ``5000 points``)."""
     for name in _candidates(resolution, len(latitudes)):
-        if not name.startswith("n") and _coordinates_error(latitudes, longitudes, name) is None:
+        if _coordinates_error(latitudes, longitudes, name) is None:
             return name
     return points.name
