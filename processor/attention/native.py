@@ -24,14 +24,17 @@ from torch import Tensor
 
 NAME = "gridshard_band_attention"
 SOURCE = Path(__file__).parent / "csrc" / "band_attention.cpp"
+HEADERS = (Path(__file__).parent / "csrc" / "small_gemm.h",)  # what SOURCE includes: part of the stamp
 BUILD = Path(__file__).parent / "csrc" / "build"
 PROFILE_NAME = "gridshard_band_attention"  # what the profiler calls its calls
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-fPIC")
 
 
 def _stamp() -> str:
-    """What the built module must have been built from: the source, the flags, this torch."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    """What the built module must have been built from: the sources, the flags, this torch."""
+    digest = hashlib.sha256()
+    for path in (SOURCE, *HEADERS):
+        digest.update(path.read_bytes())
     digest.update(" ".join(FLAGS).encode())
     digest.update(torch.__version__.encode())
     return digest.hexdigest()

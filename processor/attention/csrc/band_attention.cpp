@@ -26,14 +26,22 @@
 #include <limits>
 #include <vector>
 
+#include "small_gemm.h"
+
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
                        const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
                        const float* beta, float* c, const int* ldc);
 
 namespace {
 
-constexpr int64_t kTileRows = 64;
-constexpr int64_t kChunkCols = 2048;
+#ifndef GRIDSHARD_TILE_ROWS
+#define GRIDSHARD_TILE_ROWS 64
+#endif
+#ifndef GRIDSHARD_CHUNK_COLS
+#define GRIDSHARD_CHUNK_COLS 2048
+#endif
+constexpr int64_t kTileRows = GRIDSHARD_TILE_ROWS;
+constexpr int64_t kChunkCols = GRIDSHARD_CHUNK_COLS;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) for the softmax (x <= 0 there), branch-free so that loops of it vectorise (AVX2,
@@ -54,6 +62,27 @@ inline float fast_exp(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return x < -87.0f ? 0.0f : y * scale;
+}
+
+// max(x[0 .. n)), -inf for none; four independent AVX2 chains where built with AVX2 (GCC's
+// vectorised max reduction, which keeps NaN semantics, cost as much as the exp pass).
+inline float row_max(const float* x, int64_t n) {
+  float top = kNegInf;
+  int64_t j = 0;
+#if GRIDSHARD_SMALL_GEMM
+  __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0, m2 = m0, m3 = m0;
+  for (; j + 32 <= n; j += 32) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + j));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + j + 8));
+    m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + j + 16));
+    m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + j + 24));
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  for (float lane : lanes) top = std::max(top, lane);
+#endif
+  for (; j < n; ++j) top = std::max(top, x[j]);
+  return top;
 }
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C, through column-major BLAS.
@@ -90,17 +119,107 @@ inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
   *hi = std::min<int64_t>(g.n_k, p + g.window + 1);
 }
 
-// scores (rows x cols) of queries q0.. against keys c0..: scale Q K^T, -inf where not allowed.
-// Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
-void masked_scores(const Geometry& g, const Rows& q, const Rows& k, int64_t q0, int64_t rows, int64_t c0,
-                   int64_t cols, float* s, int64_t* first, int64_t* last) {
-  gemm(false, true, rows, cols, g.dim, g.scale, q.row(q0), q.stride, k.row(c0), k.stride, 0.0f, s, cols);
+// The products a head's tiles need. Where the register-tiled kernels of small_gemm.h serve this
+// head dim, keys and values are first copied once per head into the layouts those read without
+// striding through the (points, heads, dim) tensors: panels of 16 keys (dim x 16 each, zero past
+// the last key) for the scores, and rows of dim floats; a tile then starts at a multiple of 16
+// keys (the columns before its reach are masked like any other). Elsewhere BLAS.
+class Products {
+ public:
+  // What each pass reads: forward S = Q K^T and P V; backward also dP = dO V^T and dS K.
+  Products(const Geometry& g, const Rows& k, const Rows& v, bool backward)
+      : dim_(g.dim), small_(small_gemm::serves(g.dim)) {
+    if (!small_) return;
+    panels(k, g.n_k, &k_panels_);
+    if (backward) {
+      panels(v, g.n_k, &v_panels_);
+      rows(k, g.n_k, &k_rows_);
+    } else {
+      rows(v, g.n_k, &v_rows_);
+    }
+  }
+
+  // The first key column of a tile whose queries reach keys from `lo` on.
+  int64_t first_column(int64_t lo) const { return small_ ? lo - lo % 16 : lo; }
+
+  // A tile's row stride for `cols` keys.
+  int64_t stride(int64_t cols) const { return small_ ? (cols + 15) / 16 * 16 : cols; }
+
+  // s (rows x cols, row stride ld) = alpha A X(c0 .. c0 + cols)^T: A (rows x dim) against the
+  // keys (X = k) or the values (X = v, `values`).
+  void scores(int64_t rows, int64_t cols, float alpha, const float* a, int64_t a_stride, const Rows& x, bool values,
+              int64_t c0, float* s, int64_t ld) const {
+#if GRIDSHARD_SMALL_GEMM
+    if (small_) {
+      const float* panel = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % 16 == 0
+      for (int64_t j = 0; j < ld; j += 16, panel += 16 * dim_) {
+        small_gemm::product<2>(rows, {a, a_stride, 1}, {panel, 16, 1}, dim_, s + j, ld, alpha, false);
+      }
+      return;
+    }
+#endif
+    gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
+  }
+
+  // c (rows x dim) += alpha P X(c0 .. c0 + cols): P (rows x cols, row stride ld) times the keys
+  // (X = k) or the values (`values`).
+  void times_keys(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const Rows& x, bool values,
+                  int64_t c0, float* c, int64_t c_stride) const {
+#if GRIDSHARD_SMALL_GEMM
+    if (small_) {
+      const float* b = (values ? v_rows_ : k_rows_).data() + c0 * dim_;
+      return small_gemm::narrow_product(rows, dim_, {p, ld, 1}, {b, dim_, 1}, cols, c, c_stride, alpha, true);
+    }
+#endif
+    gemm(false, false, rows, dim_, cols, alpha, p, ld, x.row(c0), x.stride, 1.0f, c, c_stride);
+  }
+
+  // c (cols x dim) += alpha P^T B: P (rows x cols, row stride ld) transposed, times B (rows x
+  // dim: the tile's own rows of dO or q, from `b` with stride b_stride).
+  void transposed_times(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const float* b,
+                        int64_t b_stride, float* c, int64_t c_stride) {
+#if GRIDSHARD_SMALL_GEMM
+    if (small_) {
+      scratch_.resize(rows * dim_);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * dim_], b + r * b_stride, dim_ * sizeof(float));
+      return small_gemm::narrow_product(cols, dim_, {p, 1, ld}, {scratch_.data(), dim_, 1}, rows, c, c_stride, alpha,
+                                        true);
+    }
+#endif
+    gemm(true, false, cols, dim_, rows, alpha, p, ld, b, b_stride, 1.0f, c, c_stride);
+  }
+
+ private:
+  void panels(const Rows& t, int64_t n, std::vector<float>* out) const {
+    const int64_t strips = n / 16 + 2;  // a tile's padded columns may run up to 31 past the last key
+    out->assign(strips * 16 * dim_, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      float* panel = out->data() + (j / 16) * 16 * dim_ + j % 16;
+      for (int64_t d = 0; d < dim_; ++d) panel[d * 16] = t.row(j)[d];
+    }
+  }
+
+  void rows(const Rows& t, int64_t n, std::vector<float>* out) const {
+    out->resize(n * dim_);
+    for (int64_t j = 0; j < n; ++j) std::memcpy(out->data() + j * dim_, t.row(j), dim_ * sizeof(float));
+  }
+
+  int64_t dim_;
+  bool small_;
+  std::vector<float> k_panels_, v_panels_, k_rows_, v_rows_, scratch_;
+};
+
+// scores (rows x cols, row stride ld) of queries q0.. against keys c0..: scale Q K^T, -inf where
+// not allowed. Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
+void masked_scores(const Geometry& g, const Products& products, const Rows& q, const Rows& k, int64_t q0, int64_t rows,
+                   int64_t c0, int64_t cols, int64_t ld, float* s, int64_t* first, int64_t* last) {
+  products.scores(rows, cols, g.scale, q.row(q0), q.stride, k, false, c0, s, ld);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t p = g.q_offset + q0 + r;
     int64_t lo, hi;
     reach(g, p, &lo, &hi);
     const int64_t a = std::clamp<int64_t>(lo - c0, 0, cols), z = std::clamp<int64_t>(hi - c0, 0, cols);
-    float* row = s + r * cols;
+    float* row = s + r * ld;
     first[r] = a;
     last[r] = std::max(a, z);
     for (int64_t j = 0; j < a; ++j) row[j] = kNegInf;
@@ -113,43 +232,48 @@ void masked_scores(const Geometry& g, const Rows& q, const Rows& k, int64_t q0, 
   }
 }
 
+// Keys [k_lo, k_hi) that some query of the tile q0 .. q0 + rows reaches (k_lo where `products`
+// wants its tiles to start).
+void tile_reach(const Geometry& g, const Products& products, int64_t q0, int64_t rows, int64_t* k_lo, int64_t* k_hi) {
+  int64_t lo, unused;
+  reach(g, g.q_offset + q0, &lo, &unused);
+  reach(g, g.q_offset + q0 + rows - 1, &unused, k_hi);
+  *k_lo = std::min(products.first_column(lo), *k_hi);
+}
+
 void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, float* lse) {
-  std::vector<float> s(kTileRows * kChunkCols), acc(kTileRows * g.dim), m(kTileRows), l(kTileRows);
+  const Products products(g, k, v, false);
+  std::vector<float> s(kTileRows * products.stride(kChunkCols)), acc(kTileRows * g.dim), m(kTileRows), l(kTileRows);
   std::vector<int64_t> first(kTileRows), last(kTileRows);
   for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, g.n_q - q0);
-    int64_t k_lo, k_hi, unused;
-    reach(g, g.q_offset + q0, &k_lo, &unused);
-    reach(g, g.q_offset + q0 + rows - 1, &unused, &k_hi);
+    int64_t k_lo, k_hi;
+    tile_reach(g, products, q0, rows, &k_lo, &k_hi);
     std::fill(m.begin(), m.end(), kNegInf);
     std::fill(l.begin(), l.end(), 0.0f);
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t c0 = k_lo; c0 < k_hi; c0 += kChunkCols) {
-      const int64_t cols = std::min(kChunkCols, k_hi - c0);
-      masked_scores(g, q, k, q0, rows, c0, cols, s.data(), first.data(), last.data());
+      const int64_t cols = std::min(kChunkCols, k_hi - c0), ld = products.stride(cols);
+      masked_scores(g, products, q, k, q0, rows, c0, cols, ld, s.data(), first.data(), last.data());
       for (int64_t r = 0; r < rows; ++r) {
-        float* row = s.data() + r * cols;
-        float top = m[r];
-#pragma omp simd reduction(max : top)
-        for (int64_t j = first[r]; j < last[r]; ++j) top = std::max(top, row[j]);
+        float* row = s.data() + r * ld;
+        const float top = std::max(m[r], row_max(row + first[r], last[r] - first[r]));
         if (top == kNegInf) {  // nothing allowed yet: this chunk adds nothing for the row
           std::fill(row, row + cols, 0.0f);
           continue;
         }
         const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - top);
-        float sum = 0.0f;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) row[j] = fast_exp(row[j] - top);  // 0 outside the allowed keys (-inf)
+        float sum = 0.0f;  // summed apart: the fused loop took twice the exp's time
 #pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < cols; ++j) {
-          const float e = fast_exp(row[j] - top);  // 0 outside the allowed keys (-inf)
-          row[j] = e;
-          sum += e;
-        }
+        for (int64_t j = 0; j < cols; ++j) sum += row[j];
         l[r] = l[r] * alpha + sum;
         m[r] = top;
         float* a = acc.data() + r * g.dim;
         for (int64_t d = 0; d < g.dim; ++d) a[d] *= alpha;
       }
-      gemm(false, false, rows, g.dim, cols, 1.0f, s.data(), cols, v.row(c0), v.stride, 1.0f, acc.data(), g.dim);
+      products.times_keys(rows, cols, 1.0f, s.data(), ld, v, true, c0, acc.data(), g.dim);
     }
     for (int64_t r = 0; r < rows; ++r) {
       float* o = out.row(q0 + r);
@@ -167,7 +291,9 @@ struct Grads {
 
 void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, const Rows& dout,
                    const float* lse, const Grads& grads) {
-  std::vector<float> p(kTileRows * kChunkCols), dp(kTileRows * kChunkCols), delta(kTileRows);
+  Products products(g, k, v, true);
+  const int64_t size = kTileRows * products.stride(kChunkCols);
+  std::vector<float> p(size), dp(size), delta(kTileRows);
   std::vector<int64_t> first(kTileRows), last(kTileRows);
   for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, g.n_q - q0);
@@ -177,14 +303,13 @@ void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& 
       for (int64_t d = 0; d < g.dim; ++d) sum += o[d] * d_o[d];
       delta[r] = sum;
     }
-    int64_t k_lo, k_hi, unused;
-    reach(g, g.q_offset + q0, &k_lo, &unused);
-    reach(g, g.q_offset + q0 + rows - 1, &unused, &k_hi);
+    int64_t k_lo, k_hi;
+    tile_reach(g, products, q0, rows, &k_lo, &k_hi);
     for (int64_t c0 = k_lo; c0 < k_hi; c0 += kChunkCols) {
-      const int64_t cols = std::min(kChunkCols, k_hi - c0);
-      masked_scores(g, q, k, q0, rows, c0, cols, p.data(), first.data(), last.data());
+      const int64_t cols = std::min(kChunkCols, k_hi - c0), ld = products.stride(cols);
+      masked_scores(g, products, q, k, q0, rows, c0, cols, ld, p.data(), first.data(), last.data());
       for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
-        float* row = p.data() + r * cols;
+        float* row = p.data() + r * ld;
         const float shift = lse[q0 + r];
         if (shift == kNegInf) {
           std::fill(row, row + cols, 0.0f);
@@ -194,22 +319,20 @@ void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& 
         for (int64_t j = 0; j < cols; ++j) row[j] = fast_exp(row[j] - shift);
       }
       // dV += P^T dO;  dP = dO V^T
-      gemm(true, false, cols, g.dim, rows, 1.0f, p.data(), cols, dout.row(q0), dout.stride, 1.0f,
-           grads.dv.row(c0), grads.dv.stride);
-      gemm(false, true, rows, cols, g.dim, 1.0f, dout.row(q0), dout.stride, v.row(c0), v.stride, 0.0f, dp.data(),
-           cols);
+      products.transposed_times(rows, cols, 1.0f, p.data(), ld, dout.row(q0), dout.stride, grads.dv.row(c0),
+                                grads.dv.stride);
+      products.scores(rows, cols, 1.0f, dout.row(q0), dout.stride, v, true, c0, dp.data(), ld);
       for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D), in dp
-        float* ds = dp.data() + r * cols;
-        const float* pr = p.data() + r * cols;
+        float* ds = dp.data() + r * ld;
+        const float* pr = p.data() + r * ld;
         const float dr = delta[r];
 #pragma omp simd
         for (int64_t j = 0; j < cols; ++j) ds[j] = pr[j] * (ds[j] - dr);
       }
       // dQ += scale dS K;  dK += scale dS^T Q
-      gemm(false, false, rows, g.dim, cols, g.scale, dp.data(), cols, k.row(c0), k.stride, 1.0f, grads.dq.row(q0),
-           grads.dq.stride);
-      gemm(true, false, cols, g.dim, rows, g.scale, dp.data(), cols, q.row(q0), q.stride, 1.0f, grads.dk.row(c0),
-           grads.dk.stride);
+      products.times_keys(rows, cols, g.scale, dp.data(), ld, k, false, c0, grads.dq.row(q0), grads.dq.stride);
+      products.transposed_times(rows, cols, g.scale, dp.data(), ld, q.row(q0), q.stride, grads.dk.row(c0),
+                                grads.dk.stride);
     }
   }
 }

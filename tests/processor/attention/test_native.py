@@ -45,14 +45,15 @@ def _against_dense(q, k, v, window, q_offset, ids, rtol):
         assert error < rtol, f"{name}: relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("dim", [8, 16, 24, 32, 64, 128])
 @pytest.mark.parametrize(
     "n_q,left,right,window,with_ids",
     [(300, 0, 0, 20, False), (257, 60, 83, 70, True), (130, 0, 0, 500, True), (64, 5, 0, 0, False)],
 )
 def test_fp32_matches_dense_float64(dim, n_q, left, right, window, with_ids):
-    """Head dims 16-128, windows of 0, inside and wider than a tile (64 rows), edges, queries in
-    a halo-padded key block (``q_offset``), segment ids."""
+    """Head dims 8-128 (8-32 through the register-tiled products, wider through BLAS), windows
+    of 0, inside and wider than a tile (64 rows), edges, queries in a halo-padded key block
+    (``q_offset``), segment ids."""
     q, k, v = _qkv(2, 2, n_q, left + n_q + right, dim, torch.float32, dim)
     ids = _ids(2, left + n_q + right, dim) if with_ids else None
     _against_dense(q, k, v, window, left, ids, rtol=1e-5)
