@@ -13,8 +13,10 @@ with segment ids, if their ids are equal. Query rows are cut into spans: rows th
 key are skipped (output 0, log-sum-exp ``-inf``), rows that reach every key go through one
 unmasked call, the rest in chunks under an additive mask of at most ``_MASK_ELEMENTS``.
 
-On CPU in full precision the calls are PyTorch's fused flash kernel and its backward (the
-ones :mod:`processor.attention.banded` uses); elsewhere, and whenever a softcap or ALiBi
+On CPU in fp32 and bf16, where it is built, the whole block is one call of the fused C++
+kernel (:mod:`processor.attention.native`: any offset between the blocks, the queries' own
+segment ids); in float64 PyTorch's fused flash kernel and its backward (the ones
+:mod:`processor.attention.banded` uses); elsewhere, and whenever a softcap or ALiBi
 (:class:`~processor.attention.scores.ScoreMods`) changes the logits, an explicit chunked
 softmax in float32 or better, at most ``_EXPLICIT_ELEMENTS`` scores per call.
 """
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor
 
 from processor.attention.masks import additive
+from processor.attention.native import native_available, native_backward, native_forward
 from processor.attention.scores import ScoreMods, modify_scores, softcap_backward
 
 _MASK_ELEMENTS = 1 << 21  # per chunk: 8 MiB of float32 mask
@@ -145,6 +148,18 @@ def _fused(q: Tensor, modded: bool) -> bool:
     return not modded and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
 
 
+def _native(q: Tensor, modded: bool) -> bool:
+    """Whether the fused C++ kernel runs the block: CPU, fp32 or bf16, logits unchanged, built."""
+    return not modded and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16) and native_available()
+
+
+def _native_geometry(pair: BlockPair, n_q: int, n_k: int) -> tuple[int, int]:
+    """The kernel's window and query offset for ``pair``: a global window as one that reaches
+    every key of the block from every query."""
+    offset = pair.q_start - pair.k_start
+    return (n_q + n_k + abs(offset) if pair.window is None else pair.window), offset
+
+
 def _modded(mods: ScoreMods | None) -> bool:
     return mods is not None and mods.active
 
@@ -172,6 +187,9 @@ def partial_attention(
     """
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     b, h, n_q, d = q.shape
+    if _native(q, _modded(mods)):
+        window, offset = _native_geometry(pair, n_q, k.shape[2])
+        return native_forward(q, k, v, window, offset, scale, pair.k_ids, pair.q_ids)
     spans = _spans(pair, n_q, k.shape[2], q, _modded(mods))
     if len(spans) == 1 and _covers(spans[0], n_q, k.shape[2]):  # one call: its buffers are the result
         return _span_forward(q, k, v, None, scale, _placed(mods, pair, spans[0], q.device))
@@ -204,6 +222,9 @@ def partial_attention_backward(
     """This block's share of the gradient, given the *merged* ``out`` and ``lse`` over every
     key block (shapes as :func:`partial_attention`): ``dq`` (this block's term), ``dk``, ``dv``."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if _native(q, _modded(mods)):
+        window, offset = _native_geometry(pair, q.shape[2], k.shape[2])
+        return native_backward(grad_out, q, k, v, out, lse, window, offset, scale, pair.k_ids, pair.q_ids)
     spans = _spans(pair, q.shape[2], k.shape[2], q, _modded(mods))
     if len(spans) == 1 and _covers(spans[0], q.shape[2], k.shape[2]):
         placed = _placed(mods, pair, spans[0], q.device)
