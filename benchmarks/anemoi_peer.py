@@ -2,7 +2,8 @@
 side in one process: forward+backward of the same layers, the same weights and input.
 
 ``python -m benchmarks.anemoi_peer`` (in ``.venv-anemoi``, which has anemoi-models 0.19) times,
-interleaved round by round so that a slow spell of a shared machine hits every variant alike:
+interleaved round by round so that a slow spell of a shared machine hits every variant alike
+(each round in another order: what the variant before leaves in memory moves around too):
 
 - ``anemoi``: anemoi-models as it runs on a CPU (no flash-attn): one SDPA call under its
   ``N x N`` sliding-window mask (global attention's cost, whatever the window);
@@ -128,10 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     steps = {name: step for name, step in variants(args, x).items() if name not in args.skip}
     times: dict[str, list[float]] = {name: [] for name in steps}
     outputs = {}
+    names = list(steps)
     for round_ in range(args.rounds + 1):  # round 0 warms up and checks the outputs
-        for name, step in steps.items():
+        turn = round_ % len(names)  # each round starts with another variant: none always follows anemoi's N x N
+        for name in names[turn:] + names[:turn]:
             start = time.perf_counter()
-            out = step()
+            out = steps[name]()
             if round_:
                 times[name].append(time.perf_counter() - start)
             else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -65,6 +65,7 @@ class KernelResult:
     seconds: float | None  # per call: CUDA events over the repeats, or the CPU median; None when it did not run
     peak_bytes: int | None  # CUDA only
     note: str = ""
+    gemm_flops: float | None = None  # CPU: the fp32 GEMM rate (FLOP/s) measured just before and after this case
 
     @property
     def tflops(self) -> float | None:
@@ -162,12 +163,13 @@ def measure_path(case: KernelCase, device: torch.device, repeats: int = 5, warmu
 
 def markdown(results: list[KernelResult], gemm_flops: float | None = None) -> str:
     """A table: one row per case, time, TFLOP/s, its share of the fp32 GEMM rate measured in the
-    same process (``gemm_flops``, FLOP/s; a column only when given) and peak memory (MiB), and
-    why a row is empty."""
-    share = " of GEMM |" if gemm_flops else ""
+    same process (the case's own ``gemm_flops``, else ``gemm_flops``, FLOP/s; a column only when
+    either is there) and peak memory (MiB), and why a row is empty."""
+    shared = gemm_flops is not None or any(r.gemm_flops for r in results)
+    share = " of GEMM |" if shared else ""
     lines = [
         f"| N | heads × dim | W | dtype | pass | path | ms | TFLOP/s |{share} peak MiB | note |",
-        "|---:|---|---:|---|---|---|---:|---:|" + ("---:|" if gemm_flops else "") + "---:|---|",
+        "|---:|---|---:|---|---|---|---:|---:|" + ("---:|" if shared else "") + "---:|---|",
     ]
     for r in results:
         c = r.case
@@ -176,8 +178,9 @@ def markdown(results: list[KernelResult], gemm_flops: float | None = None) -> st
         peak = "—" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
         passes = "fwd+bwd" if c.backward else "fwd"
         part = ""
-        if gemm_flops:
-            part = " — |" if r.tflops is None else f" {r.tflops * 1e12 / gemm_flops:.2f} |"
+        rate = r.gemm_flops or gemm_flops
+        if shared:
+            part = " — |" if r.tflops is None or not rate else f" {r.tflops * 1e12 / rate:.2f} |"
         lines.append(
             f"| {c.n} | {c.heads} × {c.head_dim} | {c.window} | {c.dtype} | {passes} | {c.label} | {ms} | {tf} "
             f"|{part} {peak} | {r.note} |"
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     modded = args.softcap is not None or args.alibi
     device = torch.device(args.device)
-    gemm = gemm_flop_rate(device) if device.type == "cpu" else None  # the same process, the same threads
+    cpu = device.type == "cpu"
     results = []
     for n in args.n:
         for d in args.head_dim:
@@ -210,12 +213,23 @@ def main(argv: list[str] | None = None) -> None:
                     for path in args.paths:
                         for mods in ((None, False), (args.softcap, args.alibi)) if modded else ((None, False),):
                             case = KernelCase(n, args.heads, d, w, dtype, path, args.backward, *mods)
-                            results.append(measure_path(case, device, args.repeats))
-                            print(markdown(results[-1:], gemm).splitlines()[-1], flush=True)
+                            results.append(_measured_beside_gemm(case, device, args.repeats, cpu))
+                            print(markdown(results[-1:]).splitlines()[-1], flush=True)
     print()
-    rate = f"; fp32 GEMM {gemm / 1e9:.1f} GFLOP/s" if gemm else ""
+    rates = [r.gemm_flops / 1e9 for r in results if r.gemm_flops]
+    rate = f"; fp32 GEMM {min(rates):.1f}-{max(rates):.1f} GFLOP/s beside the cases" if rates else ""
     print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} threads{rate}")
-    print(markdown(results, gemm))
+    print(markdown(results))
+
+
+def _measured_beside_gemm(case: KernelCase, device: torch.device, repeats: int, cpu: bool) -> KernelResult:
+    """The case, and on CPU the GEMM rate of the same threads just before and after it (a shared
+    machine's speed drifts within a run: each case is a share of the rate around it)."""
+    before = gemm_flop_rate(device) if cpu else None
+    result = measure_path(case, device, repeats)
+    if before is None:
+        return result
+    return replace(result, gemm_flops=(before + gemm_flop_rate(device)) / 2)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from torch import Tensor
 
 NAME = "gridshard_band_attention"
 SOURCE = Path(__file__).parent / "csrc" / "band_attention.cpp"
-HEADERS = (Path(__file__).parent / "csrc" / "small_gemm.h",)  # what SOURCE includes: part of the stamp
+HEADERS = tuple(Path(__file__).parent / "csrc" / name for name in ("small_gemm.h", "tile_products.h"))  # in the stamp
 BUILD = Path(__file__).parent / "csrc" / "build"
 PROFILE_NAME = "gridshard_band_attention"  # what the profiler calls its calls
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-fPIC")

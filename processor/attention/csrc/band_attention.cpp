@@ -4,8 +4,8 @@
 // (and, with segment ids, ids[j] == ids[p], or == q_ids[i] when the queries' ids are given: the
 // ring's blocks, whose queries lie outside the keys). Each (batch, head) is one task of at::parallel_for
 // (PyTorch's thread budget); inside it, tiles of kTileRows queries go against exactly the keys
-// their band reaches, in chunks of at most kChunkCols keys with an online softmax, through
-// BLAS sgemm calls (the sgemm_ libtorch exports: MKL in the x86 wheels). The backward
+// their band reaches, in chunks of at most kChunkCols keys with an online softmax, their
+// products through tile_products.h (register-tiled for thin heads, else BLAS). The backward
 // recomputes the probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
 // D = rowsum(dO O)): no N x W tensor is ever kept. Tasks own their heads' dq, dk and dv rows,
 // so nothing is reduced across threads.
@@ -26,14 +26,15 @@
 #include <limits>
 #include <vector>
 
-#include "small_gemm.h"
-
-extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-                       const float* beta, float* c, const int* ldc);
+#include "tile_products.h"
 
 namespace {
 
+using tile_products::Products;
+using tile_products::Rows;
+
+// Tile sizes (-D overrides them for tuning runs; measured: 32, 48 and 64 rows alike, 96 and 128
+// slower; chunks of 256 to 2048 keys alike).
 #ifndef GRIDSHARD_TILE_ROWS
 #define GRIDSHARD_TILE_ROWS 64
 #endif
@@ -85,23 +86,6 @@ inline float row_max(const float* x, int64_t n) {
   return top;
 }
 
-// Row-major C (m x n) = alpha op(A) op(B) + beta C, through column-major BLAS.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
-  const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
-  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
-  sgemm_(&tb, &ta, &mi, &ni, &ki, &alpha, b, &lb, a, &la, &beta, c, &lc);
-}
-
-// One head's rows: base pointer and the stride between points.
-struct Rows {
-  float* data;
-  int64_t stride;
-  float* row(int64_t i) const { return data + i * stride; }
-};
-
 Rows head_rows(const at::Tensor& t, int64_t b, int64_t h) {
   return {t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
 }
@@ -118,96 +102,6 @@ inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
   *lo = std::max<int64_t>(0, p - g.window);
   *hi = std::min<int64_t>(g.n_k, p + g.window + 1);
 }
-
-// The products a head's tiles need. Where the register-tiled kernels of small_gemm.h serve this
-// head dim, keys and values are first copied once per head into the layouts those read without
-// striding through the (points, heads, dim) tensors: panels of 16 keys (dim x 16 each, zero past
-// the last key) for the scores, and rows of dim floats; a tile then starts at a multiple of 16
-// keys (the columns before its reach are masked like any other). Elsewhere BLAS.
-class Products {
- public:
-  // What each pass reads: forward S = Q K^T and P V; backward also dP = dO V^T and dS K.
-  Products(const Geometry& g, const Rows& k, const Rows& v, bool backward)
-      : dim_(g.dim), small_(small_gemm::serves(g.dim)) {
-    if (!small_) return;
-    panels(k, g.n_k, &k_panels_);
-    if (backward) {
-      panels(v, g.n_k, &v_panels_);
-      rows(k, g.n_k, &k_rows_);
-    } else {
-      rows(v, g.n_k, &v_rows_);
-    }
-  }
-
-  // The first key column of a tile whose queries reach keys from `lo` on.
-  int64_t first_column(int64_t lo) const { return small_ ? lo - lo % 16 : lo; }
-
-  // A tile's row stride for `cols` keys.
-  int64_t stride(int64_t cols) const { return small_ ? (cols + 15) / 16 * 16 : cols; }
-
-  // s (rows x cols, row stride ld) = alpha A X(c0 .. c0 + cols)^T: A (rows x dim) against the
-  // keys (X = k) or the values (X = v, `values`).
-  void scores(int64_t rows, int64_t cols, float alpha, const float* a, int64_t a_stride, const Rows& x, bool values,
-              int64_t c0, float* s, int64_t ld) const {
-#if GRIDSHARD_SMALL_GEMM
-    if (small_) {
-      const float* panel = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % 16 == 0
-      for (int64_t j = 0; j < ld; j += 16, panel += 16 * dim_) {
-        small_gemm::product<2>(rows, {a, a_stride, 1}, {panel, 16, 1}, dim_, s + j, ld, alpha, false);
-      }
-      return;
-    }
-#endif
-    gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
-  }
-
-  // c (rows x dim) += alpha P X(c0 .. c0 + cols): P (rows x cols, row stride ld) times the keys
-  // (X = k) or the values (`values`).
-  void times_keys(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const Rows& x, bool values,
-                  int64_t c0, float* c, int64_t c_stride) const {
-#if GRIDSHARD_SMALL_GEMM
-    if (small_) {
-      const float* b = (values ? v_rows_ : k_rows_).data() + c0 * dim_;
-      return small_gemm::narrow_product(rows, dim_, {p, ld, 1}, {b, dim_, 1}, cols, c, c_stride, alpha, true);
-    }
-#endif
-    gemm(false, false, rows, dim_, cols, alpha, p, ld, x.row(c0), x.stride, 1.0f, c, c_stride);
-  }
-
-  // c (cols x dim) += alpha P^T B: P (rows x cols, row stride ld) transposed, times B (rows x
-  // dim: the tile's own rows of dO or q, from `b` with stride b_stride).
-  void transposed_times(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const float* b,
-                        int64_t b_stride, float* c, int64_t c_stride) {
-#if GRIDSHARD_SMALL_GEMM
-    if (small_) {
-      scratch_.resize(rows * dim_);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * dim_], b + r * b_stride, dim_ * sizeof(float));
-      return small_gemm::narrow_product(cols, dim_, {p, 1, ld}, {scratch_.data(), dim_, 1}, rows, c, c_stride, alpha,
-                                        true);
-    }
-#endif
-    gemm(true, false, cols, dim_, rows, alpha, p, ld, b, b_stride, 1.0f, c, c_stride);
-  }
-
- private:
-  void panels(const Rows& t, int64_t n, std::vector<float>* out) const {
-    const int64_t strips = n / 16 + 2;  // a tile's padded columns may run up to 31 past the last key
-    out->assign(strips * 16 * dim_, 0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      float* panel = out->data() + (j / 16) * 16 * dim_ + j % 16;
-      for (int64_t d = 0; d < dim_; ++d) panel[d * 16] = t.row(j)[d];
-    }
-  }
-
-  void rows(const Rows& t, int64_t n, std::vector<float>* out) const {
-    out->resize(n * dim_);
-    for (int64_t j = 0; j < n; ++j) std::memcpy(out->data() + j * dim_, t.row(j), dim_ * sizeof(float));
-  }
-
-  int64_t dim_;
-  bool small_;
-  std::vector<float> k_panels_, v_panels_, k_rows_, v_rows_, scratch_;
-};
 
 // scores (rows x cols, row stride ld) of queries q0.. against keys c0..: scale Q K^T, -inf where
 // not allowed. Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
@@ -242,7 +136,7 @@ void tile_reach(const Geometry& g, const Products& products, int64_t q0, int64_t
 }
 
 void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, float* lse) {
-  const Products products(g, k, v, false);
+  const Products products(g.dim, g.n_k, k, v, false);
   std::vector<float> s(kTileRows * products.stride(kChunkCols)), acc(kTileRows * g.dim), m(kTileRows), l(kTileRows);
   std::vector<int64_t> first(kTileRows), last(kTileRows);
   for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
@@ -291,7 +185,7 @@ struct Grads {
 
 void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, const Rows& dout,
                    const float* lse, const Grads& grads) {
-  Products products(g, k, v, true);
+  Products products(g.dim, g.n_k, k, v, true);
   const int64_t size = kTileRows * products.stride(kChunkCols);
   std::vector<float> p(size), dp(size), delta(kTileRows);
   std::vector<int64_t> first(kTileRows), last(kTileRows);

@@ -1,0 +1,125 @@
+// The matrix products of one head's attention tiles: through the register-tiled kernels of
+// small_gemm.h where they serve the head dim, else through BLAS (the sgemm_ libtorch exports:
+// MKL in the x86 wheels).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "small_gemm.h"
+
+extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+                       const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+                       const float* beta, float* c, const int* ldc);
+
+namespace tile_products {
+
+// Row-major C (m x n) = alpha op(A) op(B) + beta C, through column-major BLAS.
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+  const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
+  const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+  sgemm_(&tb, &ta, &mi, &ni, &ki, &alpha, b, &lb, a, &la, &beta, c, &lc);
+}
+
+// One head's rows: base pointer and the stride between points.
+struct Rows {
+  float* data;
+  int64_t stride;
+  float* row(int64_t i) const { return data + i * stride; }
+};
+
+// The products a head's tiles need. Where the register-tiled kernels of small_gemm.h serve this
+// head dim, keys and values are first copied once per head into the layouts those read without
+// striding through the (points, heads, dim) tensors: panels of 16 keys (dim x 16 each, zero past
+// the last key) for the scores, and rows of dim floats; a tile then starts at a multiple of 16
+// keys (the columns before its reach are masked like any other). Elsewhere BLAS.
+class Products {
+ public:
+  // What each pass reads: forward S = Q K^T and P V; backward also dP = dO V^T and dS K.
+  Products(int64_t dim, int64_t n_k, const Rows& k, const Rows& v, bool backward)
+      : dim_(dim), small_(small_gemm::serves(dim)) {
+    if (!small_) return;
+    panels(k, n_k, &k_panels_);
+    if (backward) {
+      panels(v, n_k, &v_panels_);
+      rows(k, n_k, &k_rows_);
+    } else {
+      rows(v, n_k, &v_rows_);
+    }
+  }
+
+  // The first key column of a tile whose queries reach keys from `lo` on.
+  int64_t first_column(int64_t lo) const { return small_ ? lo - lo % 16 : lo; }
+
+  // A tile's row stride for `cols` keys.
+  int64_t stride(int64_t cols) const { return small_ ? (cols + 15) / 16 * 16 : cols; }
+
+  // s (rows x cols, row stride ld) = alpha A X(c0 .. c0 + cols)^T: A (rows x dim) against the
+  // keys (X = k) or the values (X = v, `values`).
+  void scores(int64_t rows, int64_t cols, float alpha, const float* a, int64_t a_stride, const Rows& x, bool values,
+              int64_t c0, float* s, int64_t ld) const {
+#if GRIDSHARD_SMALL_GEMM
+    if (small_) {
+      const float* panel = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % 16 == 0
+      for (int64_t j = 0; j < ld; j += 16, panel += 16 * dim_) {
+        small_gemm::product<2>(rows, {a, a_stride, 1}, {panel, 16, 1}, dim_, s + j, ld, alpha, false);
+      }
+      return;
+    }
+#endif
+    gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
+  }
+
+  // c (rows x dim) += alpha P X(c0 .. c0 + cols): P (rows x cols, row stride ld) times the keys
+  // (X = k) or the values (`values`).
+  void times_keys(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const Rows& x, bool values,
+                  int64_t c0, float* c, int64_t c_stride) const {
+#if GRIDSHARD_SMALL_GEMM
+    if (small_) {
+      const float* b = (values ? v_rows_ : k_rows_).data() + c0 * dim_;
+      return small_gemm::narrow_product(rows, dim_, {p, ld, 1}, {b, dim_, 1}, cols, c, c_stride, alpha, true);
+    }
+#endif
+    gemm(false, false, rows, dim_, cols, alpha, p, ld, x.row(c0), x.stride, 1.0f, c, c_stride);
+  }
+
+  // c (cols x dim) += alpha P^T B: P (rows x cols, row stride ld) transposed, times B (rows x
+  // dim: the tile's own rows of dO or q, from `b` with stride b_stride).
+  void transposed_times(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const float* b,
+                        int64_t b_stride, float* c, int64_t c_stride) {
+#if GRIDSHARD_SMALL_GEMM
+    if (small_) {
+      scratch_.resize(rows * dim_);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * dim_], b + r * b_stride, dim_ * sizeof(float));
+      return small_gemm::narrow_product(cols, dim_, {p, 1, ld}, {scratch_.data(), dim_, 1}, rows, c, c_stride, alpha,
+                                        true);
+    }
+#endif
+    gemm(true, false, cols, dim_, rows, alpha, p, ld, b, b_stride, 1.0f, c, c_stride);
+  }
+
+ private:
+  void panels(const Rows& t, int64_t n, std::vector<float>* out) const {
+    const int64_t strips = n / 16 + 2;  // a tile's padded columns may run up to 31 past the last key
+    out->assign(strips * 16 * dim_, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      float* panel = out->data() + (j / 16) * 16 * dim_ + j % 16;
+      for (int64_t d = 0; d < dim_; ++d) panel[d * 16] = t.row(j)[d];
+    }
+  }
+
+  void rows(const Rows& t, int64_t n, std::vector<float>* out) const {
+    out->resize(n * dim_);
+    for (int64_t j = 0; j < n; ++j) std::memcpy(out->data() + j * dim_, t.row(j), dim_ * sizeof(float));
+  }
+
+  int64_t dim_;
+  bool small_;
+  std::vector<float> k_panels_, v_panels_, k_rows_, v_rows_, scratch_;
+};
+
+}  // namespace tile_products
