@@ -65,8 +65,8 @@ inline float fast_exp(float x) {
   return x < -87.0f ? 0.0f : y * scale;
 }
 
-// max(x[0 .. n)), -inf for none; four independent AVX2 chains where built with AVX2 (GCC's
-// vectorised max reduction, which keeps NaN semantics, cost as much as the exp pass).
+// max(x[0 .. n)), -inf for none; four independent AVX2 chains where the tiled products are built
+// (GCC's vectorised max reduction, which keeps NaN semantics, cost as much as the exp pass there).
 inline float row_max(const float* x, int64_t n) {
   float top = kNegInf;
   int64_t j = 0;
@@ -82,7 +82,8 @@ inline float row_max(const float* x, int64_t n) {
   _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
   for (float lane : lanes) top = std::max(top, lane);
 #endif
-  for (; j < n; ++j) top = std::max(top, x[j]);
+#pragma omp simd reduction(max : top)
+  for (int64_t i = j; i < n; ++i) top = std::max(top, x[i]);
   return top;
 }
 

@@ -1,0 +1,138 @@
+"""The fused CPU attention kernel of the working tree against the same kernel at another git
+revision, both built here and timed side by side in one process.
+
+``python -m benchmarks.kernel_ab --baseline 5c53dd2`` compiles ``processor/attention/csrc`` as it
+is at the baseline revision and as it is now (the same flags as ``scripts/setup.sh``), loads both,
+and times forward+backward of one ``(1, heads, N, head_dim)`` call through each, round after
+round, alternating; each call is a share of the fp32 GEMM rate measured just before and after
+it on the same thread (a shared machine's speed drifts by tens of percent within minutes), and
+the median share of each kernel is printed. Both kernels' outputs and gradients must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch.utils import cpp_extension
+
+from processor.attention import native
+from processor.plan.flops import window_pairs
+
+CSRC = Path(native.__file__).parent / "csrc"
+ROOT = CSRC.parents[2]  # the repository
+
+
+def checkout(revision: str, into: Path) -> Path:
+    """``processor/attention/csrc`` at ``revision``, written into ``into``; its main source."""
+    listing = subprocess.run(
+        ["git", "ls-tree", "--name-only", revision, "processor/attention/csrc/"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.split()
+    for path in listing:
+        text = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True, check=True, cwd=ROOT).stdout
+        (into / Path(path).name).write_bytes(text)
+    return into / native.SOURCE.name
+
+
+def compile_kernel(source: Path, name: str, build: Path) -> ModuleType:
+    """``source`` built as the module ``name`` into ``build`` (the set-up's flags), and loaded."""
+    library = build / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    torch_lib = cpp_extension.library_paths()[0]
+    command = [
+        "g++",
+        *native.FLAGS,
+        "-shared",
+        f"-DTORCH_EXTENSION_NAME={name}",
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{path}" for path in includes),
+        str(source),
+        f"-L{torch_lib}",
+        f"-Wl,-rpath,{torch_lib}",
+        "-lc10",
+        "-ltorch",
+        "-ltorch_cpu",
+        "-ltorch_python",
+        "-o",
+        str(library),
+    ]
+    subprocess.run(command, check=True, capture_output=True)
+    spec = importlib.util.spec_from_file_location(name, library)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def gemm_rate(size: int = 1024, repeats: int = 4) -> float:
+    """FLOP/s of ``size``-cubed fp32 matmuls on this thread."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return repeats * 2 * size**3 / (time.perf_counter() - start)
+
+
+def one_call(kernel: ModuleType, tensors: tuple[torch.Tensor, ...], window: int) -> tuple[float, list[torch.Tensor]]:
+    """Seconds of one forward+backward, and (out, dq, dk, dv)."""
+    q, k, v, grad = tensors
+    scale = q.shape[-1] ** -0.5
+    start = time.perf_counter()
+    out, lse = kernel.forward(q, k, v, window, 0, scale, None, None)
+    grads = kernel.backward(grad, q, k, v, out, lse, window, 0, scale, None, None)
+    return time.perf_counter() - start, [out, *grads]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="a git revision whose kernel is the baseline")
+    parser.add_argument("--n", type=int, default=40320)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        kernels = {
+            args.baseline: compile_kernel(checkout(args.baseline, work), "kernel_baseline", work),
+            "working tree": compile_kernel(native.SOURCE, "kernel_working_tree", work),
+        }
+    print(
+        f"fwd+bwd, N = {args.n}, {args.heads} heads, W = {args.window}, {torch.get_num_threads()} thread(s); "
+        f"median share of the GEMM rate around each call over {args.rounds} alternating rounds"
+    )
+    print("| head dim | " + " | ".join(kernels) + " | working tree / baseline |\n|---:|---:|---:|---:|")
+    for dim in args.head_dim:
+        g = torch.Generator().manual_seed(0)
+        tensors = tuple(torch.randn(1, args.n, args.heads, dim, generator=g).transpose(1, 2) for _ in range(4))
+        flops = 3 * 4 * args.heads * dim * window_pairs(args.n, args.window)
+        shares: dict[str, list[float]] = {name: [] for name in kernels}
+        results = {}
+        for _ in range(args.rounds):
+            for name, kernel in kernels.items():
+                before = gemm_rate()
+                seconds, results[name] = one_call(kernel, tensors, args.window)
+                shares[name].append(flops / seconds / ((before + gemm_rate()) / 2))
+        for a, b in zip(*results.values()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        median = [statistics.median(s) for s in shares.values()]
+        print(f"| {dim} | " + " | ".join(f"{m:.3f}" for m in median) + f" | {median[1] / median[0]:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
