@@ -22,7 +22,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from torch.utils import cpp_extension
 
 from processor.attention import native
 from processor.plan.flops import window_pairs
@@ -47,29 +46,9 @@ def checkout(revision: str, into: Path) -> Path:
 
 
 def compile_kernel(source: Path, name: str, build: Path) -> ModuleType:
-    """``source`` built as the module ``name`` into ``build`` (the set-up's flags), and loaded."""
+    """``source`` built as the module ``name`` into ``build`` (the set-up's command), and loaded."""
     library = build / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
-    torch_lib = cpp_extension.library_paths()[0]
-    command = [
-        "g++",
-        *native.FLAGS,
-        "-shared",
-        f"-DTORCH_EXTENSION_NAME={name}",
-        "-DTORCH_API_INCLUDE_EXTENSION_H",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        *(f"-I{path}" for path in includes),
-        str(source),
-        f"-L{torch_lib}",
-        f"-Wl,-rpath,{torch_lib}",
-        "-lc10",
-        "-ltorch",
-        "-ltorch_cpu",
-        "-ltorch_python",
-        "-o",
-        str(library),
-    ]
-    subprocess.run(command, check=True, capture_output=True)
+    subprocess.run(native.compile_command(source, name, library), check=True, capture_output=True)
     spec = importlib.util.spec_from_file_location(name, library)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -44,24 +44,22 @@ def _library() -> Path:
     return BUILD / f"{NAME}{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
-def build() -> Path:
-    """Compile the kernel into :data:`BUILD`; raises ``RuntimeError`` with the compiler's words."""
+def compile_command(source: Path, name: str, output: Path) -> list[str]:
+    """The g++ command that builds ``source`` as the Python module ``name`` into ``output``
+    (against this torch, with :data:`FLAGS`)."""
     from torch.utils import cpp_extension
 
-    BUILD.mkdir(parents=True, exist_ok=True)
-    library = _library()
-    partial = library.with_suffix(".partial")
     includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
     torch_lib = cpp_extension.library_paths()[0]
-    command = [
+    return [
         "g++",
         *FLAGS,
         "-shared",
-        f"-DTORCH_EXTENSION_NAME={NAME}",
+        f"-DTORCH_EXTENSION_NAME={name}",
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *(f"-I{path}" for path in includes),
-        str(SOURCE),
+        str(source),
         f"-L{torch_lib}",
         f"-Wl,-rpath,{torch_lib}",
         "-lc10",
@@ -69,9 +67,16 @@ def build() -> Path:
         "-ltorch_cpu",
         "-ltorch_python",
         "-o",
-        str(partial),
+        str(output),
     ]
-    done = subprocess.run(command, capture_output=True, text=True)
+
+
+def build() -> Path:
+    """Compile the kernel into :data:`BUILD`; raises ``RuntimeError`` with the compiler's words."""
+    BUILD.mkdir(parents=True, exist_ok=True)
+    library = _library()
+    partial = library.with_suffix(".partial")
+    done = subprocess.run(compile_command(SOURCE, NAME, partial), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"g++ failed ({done.returncode}): {done.stderr.strip()[-3000:]}")
     partial.replace(library)  # never a half-written library under the real name
