@@ -65,13 +65,26 @@ def anemoi_settings(args: argparse.Namespace) -> dict:
     }
 
 
+def anemoi_names() -> tuple[type, type, type]:
+    """anemoi-models' ``TransformerProcessor``, ``DotDict`` and ``GraphShardInfo``; without the
+    package, a one-line error that says where it is installed."""
+    try:
+        from anemoi.models.distributed.shapes import GraphShardInfo
+        from anemoi.models.layers.processor import TransformerProcessor as AnemoiProcessor
+        from anemoi.utils.config import DotDict
+    except ImportError as exc:
+        raise SystemExit(
+            f"benchmarks.anemoi_peer needs anemoi-models ({exc}): run it with .venv-anemoi/bin/python "
+            "(bash scripts/setup_anemoi.sh makes it)"
+        ) from None
+    return AnemoiProcessor, DotDict, GraphShardInfo
+
+
 def anemoi_model(settings: dict, attention_path: str | None) -> nn.Module:
     """anemoi-models' TransformerProcessor; with ``attention_path``, its attention calls gridshard's kernel."""
-    from anemoi.models.layers.processor import TransformerProcessor as AnemoiProcessor
-    from anemoi.utils.config import DotDict
-
+    anemoi_processor, dot_dict, _ = anemoi_names()
     torch.manual_seed(0)
-    model = AnemoiProcessor(**settings, layer_kernels=DotDict())
+    model = anemoi_processor(**settings, layer_kernels=dot_dict())
     if attention_path is not None:
         for module in model.modules():
             if hasattr(module, "attention") and hasattr(module, "lin_q"):  # a MultiHeadSelfAttention
@@ -81,8 +94,7 @@ def anemoi_model(settings: dict, attention_path: str | None) -> nn.Module:
 
 def variants(args: argparse.Namespace, x: torch.Tensor) -> dict[str, Step]:
     """Each variant's step on ``x`` ``(points, C)`` (batch 1), every model with anemoi's weights."""
-    from anemoi.models.distributed.shapes import GraphShardInfo
-
+    graph_shard_info = anemoi_names()[2]
     settings = anemoi_settings(args)
     steps: dict[str, Step] = {}
     reference = anemoi_model(settings, None)
@@ -90,7 +102,7 @@ def variants(args: argparse.Namespace, x: torch.Tensor) -> dict[str, Step]:
         if path == "native" and not _native_built():
             continue
         model = reference if path is None else anemoi_model(settings, path)
-        steps[name] = _step(lambda t, m=model: m(t, batch_size=1, shard_info=GraphShardInfo(nodes=None)), model, x)
+        steps[name] = _step(lambda t, m=model: m(t, batch_size=1, shard_info=graph_shard_info(nodes=None)), model, x)
     for name, path in (("gridshard", "auto"), ("gridshard + banded", "banded")):
         ours = TransformerProcessor(**processor_kwargs_from_anemoi(settings), attention_path=path)
         ours.load_state_dict(from_anemoi_state_dict(reference.state_dict()))
