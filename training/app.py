@@ -36,6 +36,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,11 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, giv
         lock.close()
 
 
+# Seconds a torchrun follower waits before exiting on a command-line error that rank 0 reports
+# (seen: rank 1 exited first and torchrun's SIGTERM reached rank 0 before its line).
+FOLLOWER_GRACE_S = 10.0
+
+
 def follower_overrides(scratch: str) -> list[str]:
     """Hydra overrides for torchrun ranks other than 0: the current directory as output directory
     (nothing is created), no ``.hydra`` record, logs to stdout only, and a ``--multirun`` sweep
@@ -260,8 +266,9 @@ def main(hydra_main: Callable[[], Any] | None = None, training_schema: bool = Tr
         try:  # before Hydra makes a run directory: a misspelt key or option is one line
             check_overrides(sys.argv[1:])
         except ConfigValueError as exc:
-            if torchrun_rank() != 0:
-                sys.exit(EXIT_USER_ERROR)  # rank 0 reports it
+            if torchrun_rank() != 0:  # rank 0 reports it; torchrun stops every rank once one exits,
+                time.sleep(FOLLOWER_GRACE_S)  # so a follower leaving first could cut rank 0's line off
+                sys.exit(EXIT_USER_ERROR)
             exit_on_user_error(exc)
             raise
     scratch = None
