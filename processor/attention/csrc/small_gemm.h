@@ -99,11 +99,11 @@ inline void narrow_product(int64_t m, int64_t n, const Operand& a, const Operand
   if (j < n) product<1>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
 }
 
-// C (m x n) = alpha A B, n a multiple of 16 (B's columns padded so), A (a tile of queries, d
-// wide) kept in L1 across the column strips.
-inline void wide_product(int64_t m, int64_t n, const Operand& a, const Operand& b, int64_t depth, float* c,
+// C (m x n) = alpha A B, n a multiple of 16, B in panels of 16 columns (`panel` floats apart, each
+// depth x 16, rows 16 floats apart); A (a tile of queries, d wide) stays in L1 across the panels.
+inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b, int64_t panel, int64_t depth, float* c,
                          int64_t c_row, float alpha) {
-  for (int64_t j = 0; j < n; j += 16) product<2>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, false);
+  for (int64_t j = 0; j < n; j += 16, b += panel) product<2>(m, a, {b, 16, 1}, depth, c + j, c_row, alpha, false);
 }
 
 #endif

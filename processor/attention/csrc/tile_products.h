@@ -16,8 +16,8 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 namespace tile_products {
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C, through column-major BLAS.
-inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
   const int mi = static_cast<int>(n), ni = static_cast<int>(m), ki = static_cast<int>(k);
@@ -64,11 +64,8 @@ class Products {
               int64_t c0, float* s, int64_t ld) const {
 #if GRIDSHARD_SMALL_GEMM
     if (small_) {
-      const float* panel = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % 16 == 0
-      for (int64_t j = 0; j < ld; j += 16, panel += 16 * dim_) {
-        small_gemm::product<2>(rows, {a, a_stride, 1}, {panel, 16, 1}, dim_, s + j, ld, alpha, false);
-      }
-      return;
+      const float* panels = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % 16 == 0
+      return small_gemm::wide_product(rows, ld, {a, a_stride, 1}, panels, 16 * dim_, dim_, s, ld, alpha);
     }
 #endif
     gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
