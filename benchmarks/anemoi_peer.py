@@ -29,6 +29,7 @@ from torch import nn
 
 from processor import TransformerProcessor
 from processor.attention import sliding_window_attention
+from processor.attention.native import native_available
 from processor.interop.anemoi import from_anemoi_state_dict, processor_kwargs_from_anemoi
 
 Step = Callable[[], torch.Tensor]  # one forward+backward; returns the output (batch * points, C)
@@ -99,7 +100,7 @@ def variants(args: argparse.Namespace, x: torch.Tensor) -> dict[str, Step]:
     steps: dict[str, Step] = {}
     reference = anemoi_model(settings, None)
     for name, path in (("anemoi", None), ("anemoi + banded", "banded"), ("anemoi + native", "native")):
-        if path == "native" and not _native_built():
+        if path == "native" and not native_available():
             continue
         model = reference if path is None else anemoi_model(settings, path)
         steps[name] = _step(lambda t, m=model: m(t, batch_size=1, shard_info=graph_shard_info(nodes=None)), model, x)
@@ -108,12 +109,6 @@ def variants(args: argparse.Namespace, x: torch.Tensor) -> dict[str, Step]:
         ours.load_state_dict(from_anemoi_state_dict(reference.state_dict()))
         steps[name] = _step(lambda t, m=ours: m(t.unsqueeze(0)).squeeze(0), ours, x)
     return steps
-
-
-def _native_built() -> bool:
-    from processor.attention.native import native_available
-
-    return native_available()
 
 
 def _step(forward: Callable[[torch.Tensor], torch.Tensor], model: nn.Module, x: torch.Tensor) -> Step:

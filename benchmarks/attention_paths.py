@@ -204,7 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     modded = args.softcap is not None or args.alibi
     device = torch.device(args.device)
-    cpu = device.type == "cpu"
     results = []
     for n in args.n:
         for d in args.head_dim:
@@ -213,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                     for path in args.paths:
                         for mods in ((None, False), (args.softcap, args.alibi)) if modded else ((None, False),):
                             case = KernelCase(n, args.heads, d, w, dtype, path, args.backward, *mods)
-                            results.append(_measured_beside_gemm(case, device, args.repeats, cpu))
+                            results.append(_measured_beside_gemm(case, device, args.repeats))
                             print(markdown(results[-1:]).splitlines()[-1], flush=True)
     print()
     rates = [r.gemm_flops / 1e9 for r in results if r.gemm_flops]
@@ -222,10 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown(results))
 
 
-def _measured_beside_gemm(case: KernelCase, device: torch.device, repeats: int, cpu: bool) -> KernelResult:
+def _measured_beside_gemm(case: KernelCase, device: torch.device, repeats: int) -> KernelResult:
     """The case, and on CPU the GEMM rate of the same threads just before and after it (a shared
     machine's speed drifts within a run: each case is a share of the rate around it)."""
-    before = gemm_flop_rate(device) if cpu else None
+    before = gemm_flop_rate(device) if device.type == "cpu" else None
     result = measure_path(case, device, repeats)
     if before is None:
         return result

@@ -23,11 +23,13 @@ from types import ModuleType
 
 import torch
 
+from benchmarks.gemm_rate import gemm_flop_rate
 from processor.attention import native
 from processor.plan.flops import window_pairs
 
 CSRC = Path(native.__file__).parent / "csrc"
 ROOT = CSRC.parents[2]  # the repository
+CPU = torch.device("cpu")
 
 
 def checkout(revision: str, into: Path) -> Path:
@@ -54,16 +56,6 @@ def compile_kernel(source: Path, name: str, build: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def gemm_rate(size: int = 1024, repeats: int = 4) -> float:
-    """FLOP/s of ``size``-cubed fp32 matmuls on this thread."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return repeats * 2 * size**3 / (time.perf_counter() - start)
 
 
 def one_call(kernel: ModuleType, tensors: tuple[torch.Tensor, ...], window: int) -> tuple[float, list[torch.Tensor]]:
@@ -104,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         results = {}
         for _ in range(args.rounds):
             for name, kernel in kernels.items():
-                before = gemm_rate()
+                before = gemm_flop_rate(CPU, size=1024)
                 seconds, results[name] = one_call(kernel, tensors, args.window)
-                shares[name].append(flops / seconds / ((before + gemm_rate()) / 2))
+                shares[name].append(flops / seconds / ((before + gemm_flop_rate(CPU, size=1024)) / 2))
         for a, b in zip(*results.values()):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         median = [statistics.median(s) for s in shares.values()]
