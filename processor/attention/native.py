@@ -24,7 +24,9 @@ from torch import Tensor
 
 NAME = "gridshard_band_attention"
 SOURCE = Path(__file__).parent / "csrc" / "band_attention.cpp"
-HEADERS = tuple(Path(__file__).parent / "csrc" / name for name in ("small_gemm.h", "tile_products.h"))  # in the stamp
+HEADERS = tuple(  # in the stamp too
+    Path(__file__).parent / "csrc" / name for name in ("small_gemm.h", "tile_products.h", "row_passes.h")
+)
 BUILD = Path(__file__).parent / "csrc" / "build"
 PROFILE_NAME = "gridshard_band_attention"  # what the profiler calls its calls
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-fPIC")

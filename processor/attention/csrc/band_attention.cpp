@@ -26,6 +26,7 @@
 #include <limits>
 #include <vector>
 
+#include "row_passes.h"
 #include "tile_products.h"
 
 namespace {
@@ -43,49 +44,9 @@ using tile_products::Rows;
 #endif
 constexpr int64_t kTileRows = GRIDSHARD_TILE_ROWS;
 constexpr int64_t kChunkCols = GRIDSHARD_CHUNK_COLS;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// exp(x) for the softmax (x <= 0 there), branch-free so that loops of it vectorise (AVX2,
-// AVX-512): Cephes' expf (n = round(x log2 e), Cody-Waite reduction, degree-5 polynomial;
-// about 1 ulp), 0 below -87 (and for -inf: the masked keys).
-inline float fast_exp(float x) {
-  const float clamped = std::max(x, -87.0f);
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
-  const float z = clamped - n * 0.693359375f - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * z + 1.3981999507e-3f;
-  p = p * z + 8.3334519073e-3f;
-  p = p * z + 4.1665795894e-2f;
-  p = p * z + 1.6666665459e-1f;
-  p = p * z + 5.0000001201e-1f;
-  const float y = p * z * z + z + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? 0.0f : y * scale;
-}
-
-// max(x[0 .. n)), -inf for none; four independent AVX2 chains where the tiled products are built
-// (GCC's vectorised max reduction, which keeps NaN semantics, cost as much as the exp pass there).
-inline float row_max(const float* x, int64_t n) {
-  float top = kNegInf;
-  int64_t j = 0;
-#if GRIDSHARD_SMALL_GEMM
-  __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0, m2 = m0, m3 = m0;
-  for (; j + 32 <= n; j += 32) {
-    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + j));
-    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + j + 8));
-    m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + j + 16));
-    m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + j + 24));
-  }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
-  for (float lane : lanes) top = std::max(top, lane);
-#endif
-#pragma omp simd reduction(max : top)
-  for (int64_t i = j; i < n; ++i) top = std::max(top, x[i]);
-  return top;
-}
+using row_passes::kNegInf;
+constexpr float kLog2e = 1.44269504088896341f;  // scores are computed in base 2 (row_passes.h)
+constexpr float kLn2 = 0.693147180559945309f;
 
 Rows head_rows(const at::Tensor& t, int64_t b, int64_t h) {
   return {t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1), t.stride(2)};
@@ -104,11 +65,11 @@ inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
   *hi = std::min<int64_t>(g.n_k, p + g.window + 1);
 }
 
-// scores (rows x cols, row stride ld) of queries q0.. against keys c0..: scale Q K^T, -inf where
-// not allowed. Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
+// scores (rows x cols, row stride ld) of queries q0.. against keys c0.., in base 2:
+// log2(e) scale Q K^T, -inf where not allowed. Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
 void masked_scores(const Geometry& g, const Products& products, const Rows& q, const Rows& k, int64_t q0, int64_t rows,
                    int64_t c0, int64_t cols, int64_t ld, float* s, int64_t* first, int64_t* last) {
-  products.scores(rows, cols, g.scale, q.row(q0), q.stride, k, false, c0, s, ld);
+  products.scores(rows, cols, g.scale * kLog2e, q.row(q0), q.stride, k, false, c0, s, ld);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t p = g.q_offset + q0 + r;
     int64_t lo, hi;
@@ -152,17 +113,13 @@ void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v
       masked_scores(g, products, q, k, q0, rows, c0, cols, ld, s.data(), first.data(), last.data());
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s.data() + r * ld;
-        const float top = std::max(m[r], row_max(row + first[r], last[r] - first[r]));
+        const float top = std::max(m[r], row_passes::row_max(row + first[r], last[r] - first[r]));
         if (top == kNegInf) {  // nothing allowed yet: this chunk adds nothing for the row
           std::fill(row, row + cols, 0.0f);
           continue;
         }
-        const float alpha = m[r] == kNegInf ? 0.0f : std::exp(m[r] - top);
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) row[j] = fast_exp(row[j] - top);  // 0 outside the allowed keys (-inf)
-        float sum = 0.0f;  // summed apart: the fused loop took twice the exp's time
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < cols; ++j) sum += row[j];
+        const float alpha = m[r] == kNegInf ? 0.0f : std::exp2(m[r] - top);
+        const float sum = row_passes::exp2_and_sum(row, cols, top);  // 0 outside the allowed keys (-inf)
         l[r] = l[r] * alpha + sum;
         m[r] = top;
         float* a = acc.data() + r * g.dim;
@@ -175,7 +132,7 @@ void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v
       const float* a = acc.data() + r * g.dim;
       const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
       for (int64_t d = 0; d < g.dim; ++d) o[d] = a[d] * inv;
-      lse[q0 + r] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
+      lse[q0 + r] = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : kNegInf;
     }
   }
 }
@@ -203,28 +160,20 @@ void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& 
     for (int64_t c0 = k_lo; c0 < k_hi; c0 += kChunkCols) {
       const int64_t cols = std::min(kChunkCols, k_hi - c0), ld = products.stride(cols);
       masked_scores(g, products, q, k, q0, rows, c0, cols, ld, p.data(), first.data(), last.data());
-      for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
-        float* row = p.data() + r * ld;
-        const float shift = lse[q0 + r];
+      products.scores(rows, cols, 1.0f, dout.row(q0), dout.stride, v, true, c0, dp.data(), ld);  // dP = dO V^T
+      for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse) in p; dS = P (dP - D) in dp
+        float *pr = p.data() + r * ld, *ds = dp.data() + r * ld;
+        const float shift = lse[q0 + r] * kLog2e;
         if (shift == kNegInf) {
-          std::fill(row, row + cols, 0.0f);
+          std::fill(pr, pr + cols, 0.0f);
+          std::fill(ds, ds + cols, 0.0f);
           continue;
         }
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) row[j] = fast_exp(row[j] - shift);
+        row_passes::probabilities_and_ds(pr, ds, cols, shift, delta[r]);
       }
-      // dV += P^T dO;  dP = dO V^T
+      // dV += P^T dO;  dQ += scale dS K;  dK += scale dS^T Q
       products.transposed_times(rows, cols, 1.0f, p.data(), ld, dout.row(q0), dout.stride, grads.dv.row(c0),
                                 grads.dv.stride);
-      products.scores(rows, cols, 1.0f, dout.row(q0), dout.stride, v, true, c0, dp.data(), ld);
-      for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D), in dp
-        float* ds = dp.data() + r * ld;
-        const float* pr = p.data() + r * ld;
-        const float dr = delta[r];
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) ds[j] = pr[j] * (ds[j] - dr);
-      }
-      // dQ += scale dS K;  dK += scale dS^T Q
       products.times_keys(rows, cols, g.scale, dp.data(), ld, k, false, c0, grads.dq.row(q0), grads.dq.stride);
       products.transposed_times(rows, cols, g.scale, dp.data(), ld, q.row(q0), q.stride, grads.dk.row(c0),
                                 grads.dk.stride);
