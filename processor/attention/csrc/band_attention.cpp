@@ -5,8 +5,9 @@
 // ring's blocks, whose queries lie outside the keys). Each (batch, head) is one task of at::parallel_for
 // (PyTorch's thread budget); inside it, tiles of kTileRows queries go against exactly the keys
 // their band reaches, in chunks of at most kChunkCols keys with an online softmax, their
-// products through tile_products.h (register-tiled for thin heads, else BLAS). The backward
-// recomputes the probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
+// products through tile_products.h (register-tiled for thin heads, else BLAS), the softmax in
+// base 2 through row_passes.h (lse is returned in natural units). The backward recomputes the
+// probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
 // D = rowsum(dO O)): no N x W tensor is ever kept. Tasks own their heads' dq, dk and dv rows,
 // so nothing is reduced across threads.
 //
@@ -113,7 +114,7 @@ void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v
       masked_scores(g, products, q, k, q0, rows, c0, cols, ld, s.data(), first.data(), last.data());
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s.data() + r * ld;
-        const float top = std::max(m[r], row_passes::row_max(row + first[r], last[r] - first[r]));
+        const float top = std::max(row_passes::row_max(row + first[r], last[r] - first[r]), m[r]);  // NaN kept
         if (top == kNegInf) {  // nothing allowed yet: this chunk adds nothing for the row
           std::fill(row, row + cols, 0.0f);
           continue;
@@ -130,9 +131,9 @@ void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v
     for (int64_t r = 0; r < rows; ++r) {
       float* o = out.row(q0 + r);
       const float* a = acc.data() + r * g.dim;
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];  // l is NaN after a NaN score: kept
       for (int64_t d = 0; d < g.dim; ++d) o[d] = a[d] * inv;
-      lse[q0 + r] = l[r] > 0.0f ? (m[r] + std::log2(l[r])) * kLn2 : kNegInf;
+      lse[q0 + r] = l[r] == 0.0f ? kNegInf : (m[r] + std::log2(l[r])) * kLn2;
     }
   }
 }

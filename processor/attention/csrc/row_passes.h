@@ -4,11 +4,12 @@
 //
 // exp2 here: t = n + f with n = round(t), f in [-0.5, 0.5]; 2^f by Cephes' exp2f polynomial
 // (degree 6, about 1 ulp); 2^n added to the exponent bits. Below -126 (the smallest normal, and
-// -inf: a masked key) the result is exactly 0. Where small_gemm.h builds its AVX2 kernels these
+// -inf: a masked key) the result is exactly 0; NaN stays NaN (a diverged run must show it). Where small_gemm.h builds its AVX2 kernels these
 // passes are AVX2 too; elsewhere the same arithmetic in loops the compiler vectorises.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -23,7 +24,7 @@ constexpr float kExp2[7] = {1.535336188319500e-4f, 1.339887440266574e-3f, 9.6184
                             5.550332471162809e-2f, 2.402264791363012e-1f, 6.931472028550421e-1f, 1.0f};
 
 inline float exp2(float t) {
-  const float n = std::nearbyint(std::max(t, kLowest - 1.0f));  // -inf has no integer
+  const float n = std::isnan(t) ? 0.0f : std::nearbyint(std::max(t, kLowest - 1.0f));  // -inf has no integer
   const float f = t - n;
   float p = kExp2[0];
   for (int i = 1; i < 7; ++i) p = p * f + kExp2[i];
@@ -43,7 +44,7 @@ inline __m256 exp2(__m256 t) {
   for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2[i]));
   const __m256i exponent = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
   p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent));
-  return _mm256_and_ps(p, _mm256_cmp_ps(t, _mm256_set1_ps(kLowest), _CMP_GE_OQ));
+  return _mm256_and_ps(p, _mm256_cmp_ps(t, _mm256_set1_ps(kLowest), _CMP_NLT_UQ));  // 0 below; NaN kept
 }
 
 inline float lane_sum(__m256 x) {
@@ -55,7 +56,7 @@ inline float lane_sum(__m256 x) {
 }
 #endif
 
-// max(x[0 .. n)), -inf for none (four independent chains: the compiler's vectorised max
+// max(x[0 .. n)), -inf for none, NaN for a row of -inf and NaN (four independent chains: the compiler's vectorised max
 // reduction, which keeps NaN semantics, cost as much as the exp pass).
 inline float row_max(const float* x, int64_t n) {
   float top = kNegInf;
@@ -74,6 +75,10 @@ inline float row_max(const float* x, int64_t n) {
 #endif
 #pragma omp simd reduction(max : top)
   for (int64_t i = j; i < n; ++i) top = std::max(top, x[i]);
+  if (top == kNegInf) {  // the max passes drop NaNs: a row of them must not read as masked
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(x[i])) return x[i];
+  }
   return top;
 }
 

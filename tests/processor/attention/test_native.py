@@ -73,6 +73,25 @@ def test_a_query_that_reaches_no_key_gets_zero_and_minus_infinity():
     assert torch.isfinite(lse[0, 0, reached]).all()
 
 
+@pytest.mark.parametrize("dim", [16, 64])  # the tiled products and BLAS
+def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(dim):
+    """A diverged input must show: a row of NaN scores must not read as a row of masked keys.
+    Outputs are NaN exactly where a NaN query or key is seen; gradients NaN there too (and,
+    through the tiles' masked zeros times NaN, possibly beside it, as in any dense product),
+    finite in a tile of queries that sees no NaN."""
+    q, k, v = _qkv(1, 1, 300, 300, dim, torch.float32, 3)
+    with torch.no_grad():
+        q[0, 0, 5, 0] = math.nan  # query 5: its whole row of scores
+        k[0, 0, 200, 0] = math.nan  # key 200: one score of each query within 20 of it
+    out = NativeBandAttention.apply(q, k, v, 20, 0, dim**-0.5, None)
+    dq = torch.autograd.grad(out.sum(), q)[0][0, 0]
+    seen = torch.zeros(300, dtype=torch.bool)
+    seen[5] = True
+    seen[180:221] = True
+    assert out[0, 0, seen].isnan().all() and out[0, 0, ~seen].isfinite().all()
+    assert dq[seen].isnan().all() and dq[64:128].isfinite().all()
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n_q=st.integers(1, 260),
