@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -200,7 +200,7 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, giv
         check_local_ranks(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.trainer.debug_share_gpu)
     except (TorchrunSetupError, ConfigValueError):  # before the group exists: rank 0 reports it
         if torchrun_rank() != 0:
-            sys.exit(EXIT_USER_ERROR)
+            follower_exit()
         raise
     rank_device(device)  # NCCL and its object collectives use the current CUDA device
     init_torchrun_group(backend_for(device, cfg.trainer.debug_share_gpu), cfg.trainer.timeout_s)
@@ -215,7 +215,7 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, giv
             agree_on_values(flatten(OmegaConf.to_container(cfg, resolve=False)), what="composed configurations")
         except ValueError as exc:  # the same on every rank: rank 0 reports it
             if dist.get_rank() != 0:
-                sys.exit(EXIT_USER_ERROR)
+                follower_exit()
             raise ConfigValueError(str(exc)) from None
         payload: list[Any] = [None]
         if dist.get_rank() == 0:
@@ -230,7 +230,7 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, giv
             if dist.get_rank() != 0 and isinstance(value, RunFinished):
                 sys.exit(0)  # rank 0 says so
             if dist.get_rank() != 0 and user_error(value) is not None:
-                sys.exit(EXIT_USER_ERROR)  # rank 0 reports it
+                follower_exit()  # rank 0 reports it
             raise value
         return rank_main(value)
     finally:
@@ -238,9 +238,17 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, giv
         lock.close()
 
 
-# Seconds a torchrun follower waits before exiting on a command-line error that rank 0 reports
-# (seen: rank 1 exited first and torchrun's SIGTERM reached rank 0 before its line).
+# Seconds a torchrun follower waits before exiting on an error that rank 0 reports (seen: rank 1
+# exited first and torchrun's SIGTERM reached rank 0 before its line).
 FOLLOWER_GRACE_S = 10.0
+
+
+def follower_exit() -> NoReturn:
+    """Exit a torchrun rank other than 0 on an error that rank 0 reports: after
+    :data:`FOLLOWER_GRACE_S` (torchrun stops it sooner, once rank 0 has exited), so that rank 0's
+    one line is out before torchrun stops every rank."""
+    time.sleep(FOLLOWER_GRACE_S)
+    sys.exit(EXIT_USER_ERROR)
 
 
 def follower_overrides(scratch: str) -> list[str]:
@@ -266,9 +274,8 @@ def main(hydra_main: Callable[[], Any] | None = None, training_schema: bool = Tr
         try:  # before Hydra makes a run directory: a misspelt key or option is one line
             check_overrides(sys.argv[1:])
         except ConfigValueError as exc:
-            if torchrun_rank() != 0:  # rank 0 reports it; torchrun stops every rank once one exits,
-                time.sleep(FOLLOWER_GRACE_S)  # so a follower leaving first could cut rank 0's line off
-                sys.exit(EXIT_USER_ERROR)
+            if torchrun_rank() != 0:  # rank 0 reports it
+                follower_exit()
             exit_on_user_error(exc)
             raise
     scratch = None
