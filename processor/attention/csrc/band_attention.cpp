@@ -67,7 +67,8 @@ inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
 }
 
 // scores (rows x cols, row stride ld) of queries q0.. against keys c0.., in base 2:
-// log2(e) scale Q K^T, -inf where not allowed. Returns, per row, the allowed column range in `first`/`last` (empty: first == last).
+// log2(e) scale Q K^T, -inf where not allowed. Returns, per row, the allowed column range in
+// `first`/`last` (empty: first == last).
 void masked_scores(const Geometry& g, const Products& products, const Rows& q, const Rows& k, int64_t q0, int64_t rows,
                    int64_t c0, int64_t cols, int64_t ld, float* s, int64_t* first, int64_t* last) {
   products.scores(rows, cols, g.scale * kLog2e, q.row(q0), q.stride, k, false, c0, s, ld);

@@ -4,8 +4,9 @@
 //
 // exp2 here: t = n + f with n = round(t), f in [-0.5, 0.5]; 2^f by Cephes' exp2f polynomial
 // (degree 6, about 1 ulp); 2^n added to the exponent bits. Below -126 (the smallest normal, and
-// -inf: a masked key) the result is exactly 0; NaN stays NaN (a diverged run must show it). Where small_gemm.h builds its AVX2 kernels these
-// passes are AVX2 too; elsewhere the same arithmetic in loops the compiler vectorises.
+// -inf: a masked key) the result is exactly 0; NaN stays NaN (a diverged run must show it).
+// Where small_gemm.h builds its AVX2 kernels these passes are AVX2 too; elsewhere the same
+// arithmetic in loops the compiler vectorises.
 #pragma once
 
 #include <algorithm>
@@ -56,8 +57,8 @@ inline float lane_sum(__m256 x) {
 }
 #endif
 
-// max(x[0 .. n)), -inf for none, NaN for a row of -inf and NaN (four independent chains: the compiler's vectorised max
-// reduction, which keeps NaN semantics, cost as much as the exp pass).
+// max(x[0 .. n)), -inf for none, NaN for a row of -inf and NaN (four independent chains: the
+// compiler's vectorised max reduction, which keeps NaN semantics, cost as much as the exp pass).
 inline float row_max(const float* x, int64_t n) {
   float top = kNegInf;
   int64_t j = 0;
