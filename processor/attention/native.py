@@ -25,7 +25,7 @@ from torch import Tensor
 NAME = "gridshard_band_attention"
 SOURCE = Path(__file__).parent / "csrc" / "band_attention.cpp"
 HEADERS = tuple(  # in the stamp too
-    Path(__file__).parent / "csrc" / name for name in ("small_gemm.h", "tile_products.h", "row_passes.h")
+    Path(__file__).parent / "csrc" / name for name in ("simd.h", "small_gemm.h", "tile_products.h", "row_passes.h")
 )
 BUILD = Path(__file__).parent / "csrc" / "build"
 PROFILE_NAME = "gridshard_band_attention"  # what the profiler calls its calls

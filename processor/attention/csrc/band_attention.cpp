@@ -16,6 +16,8 @@
 // other dtypes through float32 copies. Outputs: (out, lse) forward, (dq, dk, dv) backward,
 // with q's (k's) strides. A query that reaches no key gets out = 0 and lse = -inf.
 
+#include "simd.h"  // first: it sets the vector width ATen's headers are read with
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -263,4 +265,6 @@ std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &band_forward, "band attention forward: (out, lse)");
   m.def("backward", &band_backward, "band attention backward: (dq, dk, dv)");
+  m.def("isa", []() { return std::string(GRIDSHARD_ISA); }, "the vector instructions this build's micro-kernels use");
+  m.def("serves", &small_gemm::serves, "whether the register-tiled products serve this head dim");
 }

@@ -5,8 +5,8 @@
 // exp2 here: t = n + f with n = round(t), f in [-0.5, 0.5]; 2^f by Cephes' exp2f polynomial
 // (degree 6, about 1 ulp); 2^n added to the exponent bits. Below -126 (the smallest normal, and
 // -inf: a masked key) the result is exactly 0; NaN stays NaN (a diverged run must show it).
-// Where small_gemm.h builds its AVX2 kernels these passes are AVX2 too; elsewhere the same
-// arithmetic in loops the compiler vectorises.
+// Where simd.h has vectors (AVX2, AVX-512) these passes use them; elsewhere the same arithmetic
+// in loops the compiler vectorises.
 #pragma once
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <limits>
 
-#include "small_gemm.h"  // GRIDSHARD_SMALL_GEMM, <immintrin.h>
+#include "simd.h"
 
 namespace row_passes {
 
@@ -36,24 +36,17 @@ inline float exp2(float t) {
   return t < kLowest ? 0.0f : p;
 }
 
-#if GRIDSHARD_SMALL_GEMM
-inline __m256 exp2(__m256 t) {
-  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(t, n);
-  __m256 p = _mm256_set1_ps(kExp2[0]);
+#if GRIDSHARD_SIMD
+inline simd::Vec exp2(simd::Vec t) {
+  using simd::Vec;
+  const Vec n = t.round();  // to nearest
+  const Vec f = t - n;
+  Vec p(kExp2[0]);
 #pragma GCC unroll 6
-  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2[i]));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), exponent));
-  return _mm256_and_ps(p, _mm256_cmp_ps(t, _mm256_set1_ps(kLowest), _CMP_NLT_UQ));  // 0 below; NaN kept
-}
-
-inline float lane_sum(__m256 x) {
-  float lanes[8];
-  _mm256_storeu_ps(lanes, x);
-  float sum = 0.0f;
-  for (float lane : lanes) sum += lane;
-  return sum;
+  for (int i = 1; i < 7; ++i) p = at::vec::fmadd(p, f, Vec(kExp2[i]));
+  const simd::IntVec exponent = at::vec::convert_to_int_of_same_size(n) << simd::IntVec(23);
+  p = at::vec::cast<float>(at::vec::cast<int32_t>(p) + exponent);
+  return Vec::blendv(p, Vec(0.0f), t < Vec(kLowest));  // 0 below; NaN (unordered) kept
 }
 #endif
 
@@ -62,16 +55,18 @@ inline float lane_sum(__m256 x) {
 inline float row_max(const float* x, int64_t n) {
   float top = kNegInf;
   int64_t j = 0;
-#if GRIDSHARD_SMALL_GEMM
-  __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0, m2 = m0, m3 = m0;
-  for (; j + 32 <= n; j += 32) {
-    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + j));
-    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + j + 8));
-    m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + j + 16));
-    m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + j + 24));
+#if GRIDSHARD_SIMD
+  using simd::kLanes;
+  using simd::Vec;
+  Vec m0(kNegInf), m1 = m0, m2 = m0, m3 = m0;  // clamp_min is the plain max instruction
+  for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
+    m0 = at::vec::clamp_min(Vec::loadu(x + j), m0);
+    m1 = at::vec::clamp_min(Vec::loadu(x + j + kLanes), m1);
+    m2 = at::vec::clamp_min(Vec::loadu(x + j + 2 * kLanes), m2);
+    m3 = at::vec::clamp_min(Vec::loadu(x + j + 3 * kLanes), m3);
   }
-  float lanes[8];
-  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  float lanes[kLanes];
+  at::vec::clamp_min(at::vec::clamp_min(m0, m1), at::vec::clamp_min(m2, m3)).store(lanes);
   for (float lane : lanes) top = std::max(top, lane);
 #endif
 #pragma omp simd reduction(max : top)
@@ -87,18 +82,20 @@ inline float row_max(const float* x, int64_t n) {
 inline float exp2_and_sum(float* x, int64_t n, float shift) {
   float sum = 0.0f;
   int64_t j = 0;
-#if GRIDSHARD_SMALL_GEMM
-  const __m256 s = _mm256_set1_ps(shift);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  for (; j + 16 <= n; j += 16) {
-    const __m256 p0 = exp2(_mm256_sub_ps(_mm256_loadu_ps(x + j), s));
-    const __m256 p1 = exp2(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), s));
-    _mm256_storeu_ps(x + j, p0);
-    _mm256_storeu_ps(x + j + 8, p1);
-    acc0 = _mm256_add_ps(acc0, p0);
-    acc1 = _mm256_add_ps(acc1, p1);
+#if GRIDSHARD_SIMD
+  using simd::kLanes;
+  using simd::Vec;
+  const Vec s(shift);
+  Vec acc0(0.0f), acc1(0.0f);
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    const Vec p0 = exp2(Vec::loadu(x + j) - s);
+    const Vec p1 = exp2(Vec::loadu(x + j + kLanes) - s);
+    p0.store(x + j);
+    p1.store(x + j + kLanes);
+    acc0 = acc0 + p0;
+    acc1 = acc1 + p1;
   }
-  sum = lane_sum(_mm256_add_ps(acc0, acc1));
+  sum = at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, acc0 + acc1);
 #endif
 #pragma omp simd
   for (int64_t i = j; i < n; ++i) x[i] = exp2(x[i] - shift);
@@ -110,12 +107,14 @@ inline float exp2_and_sum(float* x, int64_t n, float shift) {
 // ds[j] = p[j] (ds[j] - delta) (dS from dP), both in place.
 inline void probabilities_and_ds(float* p, float* ds, int64_t n, float shift, float delta) {
   int64_t j = 0;
-#if GRIDSHARD_SMALL_GEMM
-  const __m256 s = _mm256_set1_ps(shift), d = _mm256_set1_ps(delta);
-  for (; j + 8 <= n; j += 8) {
-    const __m256 pj = exp2(_mm256_sub_ps(_mm256_loadu_ps(p + j), s));
-    _mm256_storeu_ps(p + j, pj);
-    _mm256_storeu_ps(ds + j, _mm256_mul_ps(pj, _mm256_sub_ps(_mm256_loadu_ps(ds + j), d)));
+#if GRIDSHARD_SIMD
+  using simd::kLanes;
+  using simd::Vec;
+  const Vec s(shift), d(delta);
+  for (; j + kLanes <= n; j += kLanes) {
+    const Vec pj = exp2(Vec::loadu(p + j) - s);
+    pj.store(p + j);
+    (pj * (Vec::loadu(ds + j) - d)).store(ds + j);
   }
 #endif
 #pragma omp simd

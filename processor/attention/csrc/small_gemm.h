@@ -1,27 +1,27 @@
-// Register-tiled products for thin head dimensions (AVX2 + FMA), where BLAS runs at half its
-// rate: measured here (one thread, 64-row tiles against 1088 keys), MKL's sgemm reached 36-45
+// Register-tiled products for thin head dimensions, where BLAS runs well below its rate:
+// measured on AMD Zen 3 (one thread, 64-row tiles against 1088 keys), MKL's sgemm reached 36-45
 // GFLOP/s for products with a side of 16 against 68-75 for large squares, and those products
-// are most of the kernel's work at head dims 16-32.
+// are most of the kernel's work at head dims 16-32. Written once in ATen's Vectorized (simd.h):
+// 8 lanes on AVX2, 16 on AVX-512.
 //
 // One micro-kernel does every product the attention needs:
-//   C(m, 0:8NV) = alpha * sum_k A(m, k) B(k, 0:8NV)   (+ C(m, :) when accumulating)
-// with A(m, k) = a[m * a_row + k * a_col] (so A may be read transposed), B's rows 8NV contiguous
-// floats b + k * b_row, C's rows c + m * c_row. An MR x 8NV block of C stays in registers for
-// the whole k loop: per k, NV loads of B and MR broadcasts of A feed MR * NV FMAs.
+//   C(m, 0:L*NV) = alpha * sum_k A(m, k) B(k, 0:L*NV)   (+ C(m, :) when accumulating)
+// with L = simd::kLanes, A(m, k) = a[m * a_row + k * a_col] (so A may be read transposed), B's
+// rows L*NV contiguous floats b + k * b_row, C's rows c + m * c_row. An MR x L*NV block of C
+// stays in registers for the whole k loop: per k, NV loads of B and MR broadcasts of A feed
+// MR * NV FMAs.
 #pragma once
 
 #include <cstdint>
 
-// Built for AVX2 machines only: where the compiler targets AVX-512, MKL's sgemm runs 16-wide and
-// these 8-wide kernels are not measured against it; the kernel keeps BLAS there.
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-#include <immintrin.h>
-#define GRIDSHARD_SMALL_GEMM 1
-#else
-#define GRIDSHARD_SMALL_GEMM 0
-#endif
+#include "simd.h"
 
 namespace small_gemm {
+
+using simd::kLanes;
+using simd::Vec;
+
+constexpr int64_t kPanel = 16;  // keys per panel of the scores' B (small_gemm::wide_product)
 
 struct Operand {
   const float* data;
@@ -29,11 +29,14 @@ struct Operand {
   int64_t col;  // step between columns (1 for B and C)
 };
 
-#if GRIDSHARD_SMALL_GEMM
+#if GRIDSHARD_SIMD
 
-// Rows of C per register block for NV vectors of 8 columns: MR * NV accumulators, NV vectors of
-// B and one broadcast within the 16 ymm registers (6 x 16 as in BLAS's AVX2 kernels).
-constexpr int rows_for(int nv) { return nv == 1 ? 8 : 6; }
+// Rows of C per register block for NV vectors of columns: MR * NV accumulators, NV vectors of B
+// and a broadcast within the registers (AVX2: 6 x 16 as in BLAS's kernels; AVX-512: 14 x 32).
+constexpr int rows_for(int nv) {
+  if (simd::kRegisters == 32) return nv == 1 ? 16 : 14;
+  return nv == 1 ? 8 : 6;
+}
 
 template <int MR, int NV>
 inline void block(const Operand& a, const Operand& b, int64_t depth, float* c, int64_t c_row, float alpha,
@@ -41,30 +44,30 @@ inline void block(const Operand& a, const Operand& b, int64_t depth, float* c, i
   const int64_t a_row = a.row, a_col = a.col, b_row = b.row;  // in registers, not re-read each step
   const float* ak = a.data;
   const float* bk = b.data;
-  __m256 acc[MR][NV];
-#pragma GCC unroll 8
+  Vec acc[MR][NV];
+#pragma GCC unroll 16
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_setzero_ps();
+    for (int v = 0; v < NV; ++v) acc[m][v] = Vec(0.0f);
   for (int64_t k = 0; k < depth; ++k, ak += a_col, bk += b_row) {
-    __m256 bv[NV];
+    Vec bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(bk + 8 * v);
-#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = Vec::loadu(bk + kLanes * v);
+#pragma GCC unroll 16
     for (int m = 0; m < MR; ++m) {
-      const __m256 am = _mm256_broadcast_ss(ak + m * a_row);
+      const Vec am(ak[m * a_row]);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[m][v] = _mm256_fmadd_ps(am, bv[v], acc[m][v]);
+      for (int v = 0; v < NV; ++v) acc[m][v] = at::vec::fmadd(am, bv[v], acc[m][v]);
     }
   }
-  const __m256 scale = _mm256_set1_ps(alpha);
-#pragma GCC unroll 8
+  const Vec scale(alpha);
+#pragma GCC unroll 16
   for (int m = 0; m < MR; ++m)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      float* out = c + m * c_row + 8 * v;
-      const __m256 add = accumulate ? _mm256_loadu_ps(out) : _mm256_setzero_ps();
-      _mm256_storeu_ps(out, _mm256_fmadd_ps(acc[m][v], scale, add));
+      float* out = c + m * c_row + kLanes * v;
+      const Vec add = accumulate ? Vec::loadu(out) : Vec(0.0f);
+      at::vec::fmadd(acc[m][v], scale, add).store(out);
     }
 }
 
@@ -78,7 +81,7 @@ inline void tail(int rows, const Operand& a, const Operand& b, int64_t depth, fl
   }
 }
 
-// C (m x 8NV) = alpha A B (+ C): every row, MR at a time.
+// C (m x L*NV) = alpha A B (+ C): every row, MR at a time.
 template <int NV>
 void product(int64_t m, const Operand& a, const Operand& b, int64_t depth, float* c, int64_t c_row, float alpha,
              bool accumulate) {
@@ -91,24 +94,33 @@ void product(int64_t m, const Operand& a, const Operand& b, int64_t depth, float
                    accumulate);
 }
 
-// C (m x n) = alpha A B (+ C) for n a multiple of 8: strips of 16 columns (one of 8 last).
+// C (m x n) = alpha A B (+ C) for n a multiple of L: strips of 2L columns (one of L last).
 inline void narrow_product(int64_t m, int64_t n, const Operand& a, const Operand& b, int64_t depth, float* c,
                            int64_t c_row, float alpha, bool accumulate) {
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) product<2>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    product<2>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
+  }
   if (j < n) product<1>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
 }
 
-// C (m x n) = alpha A B, n a multiple of 16, B in panels of 16 columns (`panel` floats apart, each
-// depth x 16, rows 16 floats apart); A (a tile of queries, d wide) stays in L1 across the panels.
+// C (m x n) = alpha A B, n a multiple of kPanel, B in panels of kPanel columns (`panel` floats
+// apart, each depth x kPanel, rows kPanel floats apart); A (a tile of queries, d wide) stays in
+// L1 across the panels.
 inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b, int64_t panel, int64_t depth, float* c,
                          int64_t c_row, float alpha) {
-  for (int64_t j = 0; j < n; j += 16, b += panel) product<2>(m, a, {b, 16, 1}, depth, c + j, c_row, alpha, false);
+  for (int64_t j = 0; j < n; j += kPanel, b += panel) {
+    product<kPanel / kLanes>(m, a, {b, kPanel, 1}, depth, c + j, c_row, alpha, false);
+  }
 }
 
 #endif
 
+// The widest head dim the register-tiled products serve (measured against BLAS: AVX2 on Zen 3
+// up to 32; AVX-512 on Zen 4 up to 64).
+constexpr int64_t kMaxDim = kLanes == 16 ? 64 : 32;
+
 // Whether the register-tiled products serve head dimension `dim` on this build.
-inline bool serves(int64_t dim) { return GRIDSHARD_SMALL_GEMM && dim % 8 == 0 && dim >= 8 && dim <= 32; }
+inline bool serves(int64_t dim) { return GRIDSHARD_SIMD && dim % kLanes == 0 && dim >= kLanes && dim <= kMaxDim; }
 
 }  // namespace small_gemm

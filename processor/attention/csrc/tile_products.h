@@ -15,6 +15,8 @@ extern "C" void sgemm_(const char* transa, const char* transb, const int* m, con
 
 namespace tile_products {
 
+using small_gemm::kPanel;
+
 // Row-major C (m x n) = alpha op(A) op(B) + beta C, through column-major BLAS.
 inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -34,8 +36,8 @@ struct Rows {
 
 // The products a head's tiles need. Where the register-tiled kernels of small_gemm.h serve this
 // head dim, keys and values are first copied once per head into the layouts those read without
-// striding through the (points, heads, dim) tensors: panels of 16 keys (dim x 16 each, zero past
-// the last key) for the scores, and rows of dim floats; a tile then starts at a multiple of 16
+// striding through the (points, heads, dim) tensors: panels of kPanel (16) keys (dim x 16 each, zero
+// past the last key) for the scores, and rows of dim floats; a tile then starts at a multiple of 16
 // keys (the columns before its reach are masked like any other). Elsewhere BLAS.
 class Products {
  public:
@@ -53,19 +55,19 @@ class Products {
   }
 
   // The first key column of a tile whose queries reach keys from `lo` on.
-  int64_t first_column(int64_t lo) const { return small_ ? lo - lo % 16 : lo; }
+  int64_t first_column(int64_t lo) const { return small_ ? lo - lo % kPanel : lo; }
 
   // A tile's row stride for `cols` keys.
-  int64_t stride(int64_t cols) const { return small_ ? (cols + 15) / 16 * 16 : cols; }
+  int64_t stride(int64_t cols) const { return small_ ? (cols + kPanel - 1) / kPanel * kPanel : cols; }
 
   // s (rows x cols, row stride ld) = alpha A X(c0 .. c0 + cols)^T: A (rows x dim) against the
   // keys (X = k) or the values (X = v, `values`).
   void scores(int64_t rows, int64_t cols, float alpha, const float* a, int64_t a_stride, const Rows& x, bool values,
               int64_t c0, float* s, int64_t ld) const {
-#if GRIDSHARD_SMALL_GEMM
+#if GRIDSHARD_SIMD
     if (small_) {
-      const float* panels = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % 16 == 0
-      return small_gemm::wide_product(rows, ld, {a, a_stride, 1}, panels, 16 * dim_, dim_, s, ld, alpha);
+      const float* panels = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % kPanel == 0
+      return small_gemm::wide_product(rows, ld, {a, a_stride, 1}, panels, kPanel * dim_, dim_, s, ld, alpha);
     }
 #endif
     gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
@@ -75,7 +77,7 @@ class Products {
   // (X = k) or the values (`values`).
   void times_keys(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const Rows& x, bool values,
                   int64_t c0, float* c, int64_t c_stride) const {
-#if GRIDSHARD_SMALL_GEMM
+#if GRIDSHARD_SIMD
     if (small_) {
       const float* b = (values ? v_rows_ : k_rows_).data() + c0 * dim_;
       return small_gemm::narrow_product(rows, dim_, {p, ld, 1}, {b, dim_, 1}, cols, c, c_stride, alpha, true);
@@ -88,7 +90,7 @@ class Products {
   // dim: the tile's own rows of dO or q, from `b` with stride b_stride).
   void transposed_times(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const float* b,
                         int64_t b_stride, float* c, int64_t c_stride) {
-#if GRIDSHARD_SMALL_GEMM
+#if GRIDSHARD_SIMD
     if (small_) {
       scratch_.resize(rows * dim_);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * dim_], b + r * b_stride, dim_ * sizeof(float));
@@ -101,11 +103,11 @@ class Products {
 
  private:
   void panels(const Rows& t, int64_t n, std::vector<float>* out) const {
-    const int64_t strips = n / 16 + 2;  // a tile's padded columns may run up to 31 past the last key
-    out->assign(strips * 16 * dim_, 0.0f);
+    const int64_t strips = n / kPanel + 2;  // a tile's padded columns may run up to 2 kPanel - 1 past the last key
+    out->assign(strips * kPanel * dim_, 0.0f);
     for (int64_t j = 0; j < n; ++j) {
-      float* panel = out->data() + (j / 16) * 16 * dim_ + j % 16;
-      for (int64_t d = 0; d < dim_; ++d) panel[d * 16] = t.row(j)[d];
+      float* panel = out->data() + (j / kPanel) * kPanel * dim_ + j % kPanel;
+      for (int64_t d = 0; d < dim_; ++d) panel[d * kPanel] = t.row(j)[d];
     }
   }
 
