@@ -24,10 +24,10 @@ from types import ModuleType
 import torch
 
 from benchmarks.gemm_rate import gemm_flop_rate
-from processor.attention import native
+from processor.attention import native_build
 from processor.plan.flops import window_pairs
 
-CSRC = Path(native.__file__).parent / "csrc"
+CSRC = native_build.CSRC
 ROOT = CSRC.parents[2]  # the repository
 CPU = torch.device("cpu")
 
@@ -44,13 +44,14 @@ def checkout(revision: str, into: Path) -> Path:
     for path in listing:
         text = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True, check=True, cwd=ROOT).stdout
         (into / Path(path).name).write_bytes(text)
-    return into / native.SOURCE.name
+    return into / native_build.SOURCE.name
 
 
-def compile_kernel(source: Path, name: str, build: Path) -> ModuleType:
-    """``source`` built as the module ``name`` into ``build`` (the set-up's command), and loaded."""
+def compile_kernel(source: Path, name: str, build: Path, variant: str) -> ModuleType:
+    """``source`` built as the module ``name`` into ``build`` (the set-up's command for
+    ``variant``), and loaded."""
     library = build / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    subprocess.run(native.compile_command(source, name, library), check=True, capture_output=True)
+    subprocess.run(native_build.compile_command(source, name, library, variant), check=True, capture_output=True)
     spec = importlib.util.spec_from_file_location(name, library)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -76,15 +77,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--variant",
+        default="native",
+        choices=list(native_build.VARIANT_FLAGS),
+        help="build both kernels as this ISA variant (avx2 on an AVX-512 host: what an AVX2 host runs)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         kernels = {
-            args.baseline: compile_kernel(checkout(args.baseline, work), "kernel_baseline", work),
-            "working tree": compile_kernel(native.SOURCE, "kernel_working_tree", work),
+            args.baseline: compile_kernel(checkout(args.baseline, work), "kernel_baseline", work, args.variant),
+            "working tree": compile_kernel(native_build.SOURCE, "kernel_working_tree", work, args.variant),
         }
     print(
-        f"fwd+bwd, N = {args.n}, {args.heads} heads, W = {args.window}, {torch.get_num_threads()} thread(s); "
+        f"{args.variant} build, fwd+bwd, N = {args.n}, {args.heads} heads, W = {args.window}, "
+        f"{torch.get_num_threads()} thread(s); "
         f"median share of the GEMM rate around each call over {args.rounds} alternating rounds"
     )
     print("| head dim | " + " | ".join(kernels) + " | working tree / baseline |\n|---:|---:|---:|---:|")

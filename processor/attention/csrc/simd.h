@@ -2,7 +2,7 @@
 // the compiler targets (-march=native where the set-up builds; a variant's flags elsewhere).
 // Vectorized is ATen's own CPU-dispatch layer (its 256-bit AVX2 and 512-bit AVX-512 classes);
 // ATen compiles one copy per ISA and picks at run time, a build of this kernel picks at compile
-// time, so one source serves every x86 host: kLanes floats a vector, kRegisters of them.
+// time, so one source serves every x86 host: kLanes floats a vector.
 //
 // Must be the first include of the kernel: ATen's vec headers read CPU_CAPABILITY_* when first
 // included, and torch/extension.h includes them too.
@@ -32,7 +32,5 @@ namespace simd {
 using Vec = at::vec::Vectorized<float>;
 using IntVec = at::vec::Vectorized<int32_t>;
 constexpr int kLanes = Vec::size();
-// Architectural vector registers: 32 zmm with AVX-512, 16 ymm with AVX2.
-constexpr int kRegisters = kLanes == 16 ? 32 : 16;
 
 }  // namespace simd

@@ -32,11 +32,17 @@ struct Operand {
 #if GRIDSHARD_SIMD
 
 // Rows of C per register block for NV vectors of columns: MR * NV accumulators, NV vectors of B
-// and a broadcast within the registers (AVX2: 6 x 16 as in BLAS's kernels; AVX-512: 14 x 32).
-constexpr int rows_for(int nv) {
-  if (simd::kRegisters == 32) return nv == 1 ? 16 : 14;
-  return nv == 1 ? 8 : 6;
-}
+// and a broadcast (6 x 16 on AVX2, as in BLAS's kernels). AVX-512's 32 registers would hold 14 x
+// 32, but on AMD Zen 4 (512-bit FMAs issued as two 256-bit halves) blocks of 16 and 14 rows ran
+// at 0.51 / 0.60 of the GEMM at head dims 16 / 32 and these 8 and 6 at 0.61 / 0.67 (12 / 10:
+// 0.56 / 0.61; 4 / 4: 0.62 / 0.51), fwd+bwd, N = 16384: the same blocks for both widths.
+#ifndef GRIDSHARD_ROWS_1  // -D overrides for tuning runs
+#define GRIDSHARD_ROWS_1 8
+#endif
+#ifndef GRIDSHARD_ROWS_2
+#define GRIDSHARD_ROWS_2 6
+#endif
+constexpr int rows_for(int nv) { return nv == 1 ? GRIDSHARD_ROWS_1 : GRIDSHARD_ROWS_2; }
 
 template <int MR, int NV>
 inline void block(const Operand& a, const Operand& b, int64_t depth, float* c, int64_t c_row, float alpha,

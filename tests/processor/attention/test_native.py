@@ -1,6 +1,8 @@
-"""The fused C++ CPU kernel against dense float64 attention (fp32 at 1e-5, bf16 at its own error)
-and against the Python banded kernel on random geometries: outputs, log-sum-exp and every
-gradient. Skipped where the kernel is not built (``python -m processor.attention.build_kernel``)."""
+"""The fused C++ CPU kernel against dense float64 attention (fp32 at 1e-5, bf16 at its own error),
+each ISA variant built here (AVX-512, AVX2, scalar: the code paths users' CPUs take), and the
+``native`` build against the Python banded kernel on random geometries: outputs, log-sum-exp
+and every gradient. Skipped where the kernel is not built
+(``python -m processor.attention.build_kernel``)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.attention import dense_window_attention, sliding_window_attention
-from processor.attention.native import NativeBandAttention, native_available, native_forward
+from processor.attention.native import NativeBandAttention, native_available, native_backward, native_forward
+from processor.attention.native_build import built_variants, load
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the fused CPU kernel is not built")
+VARIANTS = built_variants() or ["native"]
 
 
 def _qkv(batch, heads, n_q, n_k, dim, dtype, seed):
@@ -32,11 +36,23 @@ def _ids(batch, n_k, seed, rate=0.03):
     return torch.cumsum((torch.rand(batch, n_k, generator=g) < rate).long(), dim=1)
 
 
-def _against_dense(q, k, v, window, q_offset, ids, rtol):
-    out = NativeBandAttention.apply(q, k, v, window, q_offset, 1 / math.sqrt(q.shape[-1]), ids)
+def _variant_call(q, k, v, window, q_offset, scale, ids, variant, cotangent=None):
+    """``variant``'s output and, given a cotangent, its ``(dq, dk, dv)``; ``native`` through its
+    autograd function."""
+    if variant == "native":
+        out = NativeBandAttention.apply(q, k, v, window, q_offset, scale, ids)
+        cotangent = torch.randn_like(out) if cotangent is None else cotangent
+        return out, torch.autograd.grad(out, (q, k, v), cotangent), cotangent
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = native_forward(q, k, v, window, q_offset, scale, ids, variant=variant)
+    cotangent = torch.randn_like(out) if cotangent is None else cotangent
+    grads = native_backward(cotangent, q, k, v, out, lse, window, q_offset, scale, ids, variant=variant)
+    return out, grads, cotangent
+
+
+def _against_dense(q, k, v, window, q_offset, ids, rtol, variant="native"):
+    out, grads, cotangent = _variant_call(q, k, v, window, q_offset, 1 / math.sqrt(q.shape[-1]), ids, variant)
     assert out.dtype == q.dtype and out.stride() == q.stride()  # point-major in, point-major out
-    cotangent = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), cotangent)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = dense_window_attention(q64, k64, v64, window, q_offset, ids)
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), cotangent.double())
@@ -45,23 +61,34 @@ def _against_dense(q, k, v, window, q_offset, ids, rtol):
         assert error < rtol, f"{name}: relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("dim", [8, 16, 24, 32, 64, 128])
+def test_the_variants_have_the_widths_they_are_named_for():
+    """``native`` is this host's widest; ``avx2`` and ``scalar``, where built, are what they say."""
+    for variant in VARIANTS:
+        isa = load(variant).isa()
+        assert isa == {"native": isa, "avx2": "avx2", "scalar": "scalar"}[variant]
+    if torch.backends.cpu.get_cpu_capability() == "AVX512" and "native" in VARIANTS:
+        assert load("native").isa() == "avx512"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dim", [8, 16, 24, 32, 48, 64, 128])
 @pytest.mark.parametrize(
     "n_q,left,right,window,with_ids",
     [(300, 0, 0, 20, False), (257, 60, 83, 70, True), (130, 0, 0, 500, True), (64, 5, 0, 0, False)],
 )
-def test_fp32_matches_dense_float64(dim, n_q, left, right, window, with_ids):
-    """Head dims 8-128 (8-32 through the register-tiled products, wider through BLAS), windows
-    of 0, inside and wider than a tile (64 rows), edges, queries in a halo-padded key block
-    (``q_offset``), segment ids."""
+def test_fp32_matches_dense_float64(variant, dim, n_q, left, right, window, with_ids):
+    """Head dims 8-128 (through the register-tiled products where the build's vectors serve
+    them, AVX2 8-32 and AVX-512 16-64, else BLAS), windows of 0, inside and wider than a tile (64
+    rows), edges, queries in a halo-padded key block (``q_offset``), segment ids; each variant."""
     q, k, v = _qkv(2, 2, n_q, left + n_q + right, dim, torch.float32, dim)
     ids = _ids(2, left + n_q + right, dim) if with_ids else None
-    _against_dense(q, k, v, window, left, ids, rtol=1e-5)
+    _against_dense(q, k, v, window, left, ids, rtol=1e-5, variant=variant)
 
 
-def test_bf16_matches_dense_to_its_own_error():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bf16_matches_dense_to_its_own_error(variant):
     q, k, v = _qkv(1, 2, 200, 260, 32, torch.bfloat16, 1)
-    _against_dense(q, k, v, 33, 30, _ids(1, 260, 1), rtol=2e-2)
+    _against_dense(q, k, v, 33, 30, _ids(1, 260, 1), rtol=2e-2, variant=variant)
 
 
 def test_a_query_that_reaches_no_key_gets_zero_and_minus_infinity():
@@ -73,8 +100,9 @@ def test_a_query_that_reaches_no_key_gets_zero_and_minus_infinity():
     assert torch.isfinite(lse[0, 0, reached]).all()
 
 
-@pytest.mark.parametrize("dim", [16, 64])  # the tiled products and BLAS
-def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(dim):
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dim", [16, 64, 128])  # the tiled products (64: AVX-512's) and BLAS
+def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(variant, dim):
     """A diverged input must show: a row of NaN scores must not read as a row of masked keys.
     Outputs are NaN exactly where a NaN query or key is seen; gradients NaN there too (and,
     through the tiles' masked zeros times NaN, possibly beside it, as in any dense product),
@@ -83,8 +111,8 @@ def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(dim):
     with torch.no_grad():
         q[0, 0, 5, 0] = math.nan  # query 5: its whole row of scores
         k[0, 0, 200, 0] = math.nan  # key 200: one score of each query within 20 of it
-    out = NativeBandAttention.apply(q, k, v, 20, 0, dim**-0.5, None)
-    dq = torch.autograd.grad(out.sum(), q)[0][0, 0]
+    out, grads, _ = _variant_call(q, k, v, 20, 0, dim**-0.5, None, variant, torch.ones(1, 1, 300, dim))
+    dq = grads[0][0, 0]
     seen = torch.zeros(300, dtype=torch.bool)
     seen[5] = True
     seen[180:221] = True
