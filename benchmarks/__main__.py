@@ -39,7 +39,8 @@ from benchmarks.results import (
     append_row,
 )
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
-from processor.runtime.torchrun import torchrun_rank
+from processor.runtime.torchrun import torchrun_rank, under_torchrun
+from training.auto_attention import resolve_attention_path
 from training.settings import to_settings
 
 log = logging.getLogger(__name__)
@@ -74,10 +75,23 @@ def done_line(overrides: str, row: dict[str, Any]) -> str:
     )
 
 
+def _resolve_attention(cfg: BenchmarkConfig) -> None:
+    """``model.attention_path=auto``: the fastest path for one rank's call, measured or cached
+    (training/auto_attention.py); under torchrun each rank would time on its own, so there the
+    static rule stays."""
+    if under_torchrun():
+        return
+    from processor.grids import grid_points
+
+    resolve_attention_path(cfg.model, cfg.strategy, grid_points(cfg.grid), cfg.ranks, cfg.batch_size,
+                           cfg.precision, cfg.device, cfg.threads_per_rank)  # fmt: skip
+
+
 @hydra.main(config_path="pkg://configs.benchmark", config_name="benchmark", version_base=None)
 def main(composed: DictConfig) -> None:
     cfg = point_config(composed)
     check_point(cfg)
+    _resolve_attention(cfg)
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     directory = Path(hc.sweep.dir if multirun else hc.runtime.output_dir)

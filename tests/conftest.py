@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# attention_path=auto keeps its static rule in every run a test makes (and in the processes they
+# spawn): which path a loaded machine times fastest must not change a test's numbers. The
+# probe's own tests turn it back on.
+os.environ["GRIDSHARD_ATTENTION_PROBE"] = "0"
 
 from tests.rank_pool import RankPool
 

@@ -36,6 +36,12 @@ from training.settings import (
 __all__ = ["ConfigValueError", "RunConfig", "check_config", "processor_config", "run_config"]
 
 FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
+# The launcher's own keys of every model section (training/auto_attention.py): not the processor's.
+LAUNCH_KEYS = ("attention_probe", "attention_auto")
+LAUNCH_FIELDS = [
+    ("attention_probe", bool, field(default=True)),  # attention_path=auto: measure the paths (false: the static rule)
+    ("attention_auto", Any, field(default=None)),  # filled by attention_path=auto: its pick and each path's time
+]
 
 
 def processor_schema(
@@ -49,7 +55,7 @@ def processor_schema(
     defaults = defaults or {}
     specs: list[tuple[str, Any, Any]] = [
         (key, kind, value if isinstance(value, dataclasses.Field) else field(default=value))
-        for key, kind, value in extra
+        for key, kind, value in [*extra, *LAUNCH_FIELDS]
     ]
     for f in dataclasses.fields(ProcessorConfig):
         if f.name != "strategy":
@@ -116,7 +122,7 @@ def processor_config(
         ValueError: naming the config key (``key_prefix`` + field, ``strategy_key``, or
             ``option_prefix`` + option).
     """
-    settings = {k: v for k, v in to_settings(model).items() if k not in FORECASTER_KEYS}
+    settings = {k: v for k, v in to_settings(model).items() if k not in FORECASTER_KEYS + LAUNCH_KEYS}
     set_options = {k: v for k, v in (options or {}).items() if v is not None}
     try:
         built = resolve_strategy(strategy, set_options) if strategy in BUILT_IN else strategy

@@ -1,0 +1,205 @@
+"""``attention_path=auto`` by measurement: time the eligible paths once per host and call shape,
+keep the winner on disk, reuse it in every later run (as cuDNN's benchmark mode and Triton's
+autotuner do).
+
+The static rule of :func:`~processor.attention.dispatch.choose_path` guesses from the device
+alone; on CPUs it was tuned on one kind (AMD Zen 3), and on another kind (Intel with AVX-512
+and AMX) it picked the slowest of the three CPU paths. :func:`fastest_path` instead runs the
+call shape (forward, and backward when training) through each path that can take it, a few
+alternating rounds on random tensors, and picks the least median time. The result is cached in
+a JSON file (:func:`default_cache_file`) under a key naming the host (CPU model and vector
+width, or GPU), torch's version, the native kernel's build and the call shape; a cached choice
+costs nothing. Callers that run several ranks decide once (the launching process, before any
+rank starts) and hand every rank the concrete path, so a group never mixes kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from processor.attention.dispatch import AttentionCall, path_problem
+from processor.attention.kernel import sliding_window_attention
+from processor.attention.native_build import load
+
+# What may win, per device: every windowed path but those that cannot pay off (``dense`` and
+# ``scored`` build O(N·W) or O(N^2) logits; ``flex`` on CPU compiles for 10-14 s per shape and
+# has no backward there).
+CANDIDATES = {"cpu": ("native", "banded", "sdpa_blocks"), "cuda": ("flash_attn", "flex", "sdpa_blocks")}
+CACHE_NAME = "attention_paths.json"
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    """One rank's attention call: q ``(batch, heads, n_q, head_dim)``, keys ``n_k`` (a halo
+    around the queries when ``n_k > n_q``: the queries start at ``(n_k - n_q) // 2``)."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+    window: int | None
+    dtype: str = "float32"
+    needs_grad: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.batch, self.heads, self.n_q, self.head_dim) < 1 or self.n_k < self.n_q:
+            raise ValueError(f"attention probe shape {self} is empty or has fewer keys than queries")
+
+    @property
+    def q_offset(self) -> int:
+        return (self.n_k - self.n_q) // 2
+
+    def call(self, device: torch.device) -> AttentionCall:
+        window = self.n_k if self.window is None else self.window
+        return AttentionCall(
+            device.type,
+            getattr(torch, self.dtype),
+            self.head_dim,
+            self.n_q,
+            self.n_k,
+            window,
+            self.q_offset,
+            False,
+            0.0,
+            self.needs_grad,
+        )
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    """What :func:`fastest_path` picked, each candidate's median seconds, and whether from the cache."""
+
+    path: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    cached: bool = False
+    host: str = ""
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        if not self.seconds:
+            return f"attention_path=auto: {self.path} (the only path for this call)"
+        times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in sorted(self.seconds.items(), key=lambda i: i[1]))
+        source = "cached" if self.cached else "probed now"
+        return f"attention_path=auto on {self.host}: picked {self.path} ({source}; {times})"
+
+
+def host_name(device: torch.device) -> str:
+    """The host's kind as its kernels see it: the GPU's name, or the CPU's model and vector width."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def cache_key(shape: ProbeShape, device: torch.device) -> str:
+    """The host, torch, the native kernel's build and the call: what a cached choice holds for."""
+    kernel = load("native")
+    build = "none" if kernel is None else kernel.isa()
+    text = json.dumps([host_name(device), torch.__version__, build, device.type, asdict(shape)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def default_cache_file() -> Path:
+    """``$GRIDSHARD_CACHE_DIR/attention_paths.json``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    root = os.environ.get("GRIDSHARD_CACHE_DIR")
+    if root is None:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gridshard")
+    return Path(root) / CACHE_NAME
+
+
+def eligible_paths(shape: ProbeShape, device: torch.device) -> list[str]:
+    """The candidates that can run this call here (``dense`` alone when the window holds every key)."""
+    call = shape.call(device)
+    if call.window >= call.n_k:
+        return ["dense"]
+    return [path for path in CANDIDATES.get(device.type, ()) if path_problem(path, call) is None] or ["sdpa_blocks"]
+
+
+def time_paths(shape: ProbeShape, paths: list[str], device: torch.device, rounds: int = 3) -> dict[str, float]:
+    """Median seconds of one call (forward, and backward when ``shape.needs_grad``) through each
+    path, after a warm-up call each; the paths alternate round by round, so a shared machine's
+    drift falls on all of them."""
+    g = torch.Generator(device=device).manual_seed(0)
+    dtype = getattr(torch, shape.dtype)
+
+    def tensor(n: int) -> torch.Tensor:  # point-major, as the processor lays them out
+        t = torch.randn(shape.batch, n, shape.heads, shape.head_dim, generator=g, device=device, dtype=dtype)
+        return t.transpose(1, 2).requires_grad_(shape.needs_grad)
+
+    q, k, v = tensor(shape.n_q), tensor(shape.n_k), tensor(shape.n_k)
+    cotangent = torch.randn_like(q)
+    times: dict[str, list[float]] = {path: [] for path in paths}
+    for round_ in range(rounds + 1):
+        for path in paths if round_ % 2 == 0 else reversed(paths):
+            seconds = _one_call(q, k, v, cotangent, shape, path)
+            if round_ > 0:  # round 0 warms up (allocations, a compiled path's first call)
+                times[path].append(seconds)
+    return {path: statistics.median(t) for path, t in times.items()}
+
+
+def _one_call(q, k, v, cotangent, shape: ProbeShape, path: str) -> float:
+    synchronize = torch.cuda.synchronize if q.device.type == "cuda" else (lambda: None)
+    synchronize()
+    start = time.perf_counter()
+    with torch.set_grad_enabled(shape.needs_grad):
+        out = sliding_window_attention(q, k, v, shape.window, q_offset=shape.q_offset, path=path)
+        if shape.needs_grad:
+            torch.autograd.grad(out, (q, k, v), cotangent)
+    synchronize()
+    return time.perf_counter() - start
+
+
+def fastest_path(shape: ProbeShape, device: torch.device, cache_file: Path | None = None) -> PathChoice:
+    """The fastest eligible path for ``shape`` on this host: from ``cache_file`` (default
+    :func:`default_cache_file`) when this host has measured it, else measured now and saved."""
+    cache_file = default_cache_file() if cache_file is None else cache_file
+    host = host_name(device)
+    paths = eligible_paths(shape, device)
+    if len(paths) == 1:
+        return PathChoice(paths[0], host=host)
+    key = cache_key(shape, device)
+    cache = _read(cache_file)
+    entry = cache.get(key)
+    if isinstance(entry, dict) and entry.get("path") in paths:
+        return PathChoice(entry["path"], dict(entry.get("seconds", {})), cached=True, host=host)
+    seconds = time_paths(shape, paths, device)
+    choice = PathChoice(min(seconds, key=seconds.__getitem__), seconds, host=host)
+    cache[key] = {"path": choice.path, "seconds": seconds, "host": host, "torch": torch.__version__, **asdict(shape)}
+    _write(cache_file, cache)
+    return choice
+
+
+def _read(cache_file: Path) -> dict:
+    try:
+        data = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: measure again
+    return data if isinstance(data, dict) else {}
+
+
+def _write(cache_file: Path, cache: dict) -> None:
+    """Atomically (a run that reads it meanwhile sees the old file or the new, never half)."""
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache_file.with_suffix(f".{os.getpid()}.partial")
+        partial.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        partial.replace(cache_file)
+    except OSError:
+        pass  # a read-only home: the choice still holds for this run
