@@ -30,6 +30,7 @@ from torch import nn
 from processor import TransformerProcessor
 from processor.attention import sliding_window_attention
 from processor.attention.native import native_available
+from processor.host import cpu_name
 from processor.interop.anemoi import from_anemoi_state_dict, processor_kwargs_from_anemoi
 
 Step = Callable[[], torch.Tensor]  # one forward+backward; returns the output (batch * points, C)
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     ours = median.get("gridshard")
     print(
         f"processor fwd+bwd, {args.layers} layers, N = {args.points}, C = {args.channels}, H = {args.heads}, "
-        f"W = {args.window}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of "
+        f"W = {args.window}, {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of "
         f"{args.rounds} interleaved rounds; outputs equal to {next(iter(outputs))}'s to 1e-4"
     )
     print("| variant | step (s) | gridshard's speed-up |\n|---|---:|---:|")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from processor import TransformerProcessor
+from processor.host import cpu_name
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {},
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
     print(
         f"processor fwd+bwd, {args.layers} layers, N = {args.points}, C = {args.channels}, H = {args.heads}, "
-        f"W = {args.window}, {torch.get_num_threads()} thread(s), median of {args.rounds} interleaved rounds"
+        f"W = {args.window}, {cpu_name()}, {torch.get_num_threads()} thread(s), "
+        f"median of {args.rounds} interleaved rounds"
     )
     print("| setting | step (ms) | x plain |\n|---|---:|---:|")
     for name in VARIANTS:

@@ -22,6 +22,7 @@ from benchmarks.gemm_rate import gemm_flop_rate
 from processor.attention import sliding_window_attention
 from processor.attention.dispatch import AttentionCall, path_problem
 from processor.attention.scores import ScoreMods, alibi_slopes
+from processor.host import device_name
 from processor.plan.flops import window_pairs
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     rates = [r.gemm_flops / 1e9 for r in results if r.gemm_flops]
     rate = f"; fp32 GEMM {min(rates):.1f}-{max(rates):.1f} GFLOP/s beside the cases" if rates else ""
-    print(f"{device}, torch {torch.__version__}, {torch.get_num_threads()} threads{rate}")
+    print(f"{device_name(device)}, torch {torch.__version__}, {torch.get_num_threads()} threads{rate}")
     print(markdown(results))
 
 

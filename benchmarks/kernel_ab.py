@@ -25,6 +25,7 @@ import torch
 
 from benchmarks.gemm_rate import gemm_flop_rate
 from processor.attention import native_build
+from processor.host import cpu_name
 from processor.plan.flops import window_pairs
 
 CSRC = native_build.CSRC
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             "working tree": compile_kernel(native_build.SOURCE, "kernel_working_tree", work, args.variant),
         }
     print(
-        f"{args.variant} build, fwd+bwd, N = {args.n}, {args.heads} heads, W = {args.window}, "
+        f"{cpu_name()}, {args.variant} build, fwd+bwd, N = {args.n}, {args.heads} heads, W = {args.window}, "
         f"{torch.get_num_threads()} thread(s); "
         f"median share of the GEMM rate around each call over {args.rounds} alternating rounds"
     )

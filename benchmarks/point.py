@@ -9,6 +9,7 @@ from typing import Any
 
 from benchmarks.config import BenchmarkConfig
 from benchmarks.worker import measure
+from processor.host import cpu_name
 from processor.plan import Workload, processor_bytes, processor_flops, saved_activation_bytes, segment_id_bytes
 from processor.strategies import SingleRank, Strategy, resolve_strategy, strategy_options
 from processor.strategies.traffic import halo_bytes
@@ -136,7 +137,7 @@ def machine() -> dict[str, Any]:
 
     return {
         "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),  # model and vector extensions: figures from other CPU kinds differ
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

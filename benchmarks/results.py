@@ -100,7 +100,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         f"| points/s | GFLOP/s | {PEAK_COLUMN} |{f' {DEVICE_PEAK_COLUMN} |' if device else ''} {SENT_LAYER_COLUMN} "
         f"| {ANALYTIC_LAYER_COLUMN} |"
     )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    lines = [host_line(ok), "", head, "|" + "---|" * (head.count("|") - 1)]
     for r in ok:
         node_cell = f" {r.get('nodes', 1)} |" if nodes else ""
         device_cell = f" {_device_peak(r)} |" if device else ""
@@ -112,6 +112,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['analytic_bytes_per_layer_max'] / MIB:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def host_line(rows: list[dict[str, Any]]) -> str:
+    """Where the rows were measured: each CPU (model and vector extensions), torch, and the
+    devices, so that a reader knows which kind of machine a figure is from."""
+    cpus = sorted({str(r["cpu"]) for r in rows if r.get("cpu")}) or ["unknown CPU"]
+    torches = sorted({str(r["torch"]) for r in rows if r.get("torch")})
+    devices = sorted({str(r.get("device", "cpu")) for r in rows})
+    return f"Measured on {'; '.join(cpus)}, torch {', '.join(torches) or '?'}, device {', '.join(devices)}."
 
 
 def _device_peak(row: dict[str, Any]) -> str:

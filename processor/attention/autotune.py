@@ -18,22 +18,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
 from processor.attention.dispatch import AttentionCall, path_problem
 from processor.attention.kernel import sliding_window_attention
 from processor.attention.native_build import load
+from processor.host import cpu_name, device_name
 
 # What may win, per device: every windowed path but those that cannot pay off (``dense`` and
 # ``scored`` build O(N·W) or O(N^2) logits; ``flex`` on CPU compiles for 10-14 s per shape and
 # has no backward there).
-CANDIDATES = {"cpu": ("native", "banded", "sdpa_blocks"), "cuda": ("flash_attn", "flex", "sdpa_blocks")}
+CANDIDATES = MappingProxyType(
+    {"cpu": ("native", "banded", "sdpa_blocks"), "cuda": ("flash_attn", "flex", "sdpa_blocks")}
+)
 CACHE_NAME = "attention_paths.json"
 
 
@@ -94,18 +97,11 @@ class PathChoice:
 
 
 def host_name(device: torch.device) -> str:
-    """The host's kind as its kernels see it: the GPU's name, or the CPU's model and vector width."""
+    """The host's kind as its kernels see it (:func:`processor.host.device_name`), and the vector
+    width torch's own CPU kernels run at."""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model} ({torch.backends.cpu.get_cpu_capability()})"
+        return device_name(device)
+    return f"{cpu_name()}, torch {torch.backends.cpu.get_cpu_capability()}"
 
 
 def cache_key(shape: ProbeShape, device: torch.device) -> str:

@@ -20,7 +20,7 @@ import platform
 import subprocess
 import sysconfig
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 
 import torch
 
@@ -31,11 +31,13 @@ BUILD = CSRC / "build"
 NAME = "gridshard_band_attention"
 FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-fPIC")
 # What each variant adds to FLAGS; GCC drops every extension that needs the one switched off.
-VARIANT_FLAGS = {
-    "native": ("-march=native",),
-    "avx2": ("-march=native", "-mno-avx512f"),
-    "scalar": ("-march=native", "-mno-avx2"),
-}
+VARIANT_FLAGS = MappingProxyType(
+    {
+        "native": ("-march=native",),
+        "avx2": ("-march=native", "-mno-avx512f"),
+        "scalar": ("-march=native", "-mno-avx2"),
+    }
+)
 
 
 def host_variants() -> list[str]:

@@ -18,9 +18,16 @@ ROW = {
 
 
 def test_results_md_names_the_per_layer_unit():
-    head, _, line = markdown_table([ROW]).splitlines()
+    host, _, head, _, line = markdown_table([ROW]).splitlines()
+    assert host.startswith("Measured on ") and ", torch " in host  # which kind of machine the figures are from
     assert "| peak/rank (MiB) | sent/rank/layer (MiB) | analytic/rank/layer (MiB) |" in head
     assert line.endswith("| 582 | 0.50 | 0.50 |")
+
+
+def test_results_md_names_each_cpu_its_rows_ran_on():
+    rows = [ROW | {"cpu": "AMD EPYC (AVX2)", "torch": "2.13.0"}, ROW | {"cpu": "Intel Xeon (AVX2, AVX-512, AMX)"}]
+    host = markdown_table(rows).splitlines()[0]
+    assert "AMD EPYC (AVX2); Intel Xeon (AVX2, AVX-512, AMX)" in host and "torch 2.13.0" in host
 
 
 def test_the_console_says_per_step_and_per_layer():

@@ -1,0 +1,54 @@
+"""What kind of machine this is, as the kernels and every benchmark table name it: the CPU's model
+and its vector extensions (AVX2, AVX-512, AVX512-BF16, AMX), or the GPU's name. The machines our
+users have differ by these (a kernel tuned on one can be slow on another), so a figure without
+them cannot be compared."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+import torch
+
+# /proc/cpuinfo flags -> the names the docs use, in order of width.
+ISA_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX"))
+
+
+@functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and flags (Linux; elsewhere the platform's processor and no flags)."""
+    model, flags = platform.processor() or platform.machine(), frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif key.strip() in ("flags", "Features"):
+            flags = frozenset(value.split())
+        if model and flags:
+            break
+    return model, flags
+
+
+def cpu_isa() -> list[str]:
+    """The vector extensions of :data:`ISA_FLAGS` this CPU has, e.g. ``["AVX2", "AVX-512"]``."""
+    flags = _cpuinfo()[1]
+    return [name for flag, name in ISA_FLAGS if flag in flags]
+
+
+def cpu_name() -> str:
+    """The CPU's model and extensions: ``"AMD EPYC (AVX2, AVX-512, AVX512-BF16)"``."""
+    model = _cpuinfo()[0]
+    isa = cpu_isa()
+    return f"{model} ({', '.join(isa)})" if isa else model
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name for a CUDA device, else :func:`cpu_name`."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
