@@ -28,7 +28,7 @@ import torch
 
 from processor.attention.dispatch import AttentionCall, path_problem
 from processor.attention.kernel import sliding_window_attention
-from processor.attention.native_build import load
+from processor.attention.native_build import build_stamp
 from processor.host import cpu_name, device_name
 
 # What may win, per device: every windowed path but those that cannot pay off (``dense`` and
@@ -106,8 +106,7 @@ def host_name(device: torch.device) -> str:
 
 def cache_key(shape: ProbeShape, device: torch.device) -> str:
     """The host, torch, the native kernel's build and the call: what a cached choice holds for."""
-    kernel = load("native")
-    build = "none" if kernel is None else kernel.isa()
+    build = build_stamp("native") or "none"  # a changed kernel is timed anew
     text = json.dumps([host_name(device), torch.__version__, build, device.type, asdict(shape)], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -21,7 +21,9 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
   dropout: the one CPU path for a softcap or ALiBi (:mod:`.scores`), which only it and
   ``flex`` apply.
 
-``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, else ``flex``, else
+A run's launcher replaces ``auto`` by the path it measured fastest on its host
+(:mod:`.autotune`); the rules here are ``auto`` where nothing was measured (probing off, a
+library call). ``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, else ``flex``, else
 ``sdpa_blocks``; on CPU ``native`` where it is built (fp32/bf16, no dropout), else ``banded``
 when a gradient is needed (fp32/fp64, no dropout), else ``sdpa_blocks``. With a softcap or
 ALiBi (global windows too): ``flex`` where it runs, else ``scored``. The CPU rules are measured

@@ -60,7 +60,7 @@ def _stamp_path(variant: str) -> Path:
     return BUILD / ("stamp" if variant == "native" else f"stamp_{variant}")
 
 
-def _stamp(variant: str) -> str:
+def _stamp(variant: str = "native") -> str:
     """What a variant's build must have been built from: the sources, its flags, this torch."""
     digest = hashlib.sha256()
     for path in (SOURCE, *HEADERS):
@@ -137,6 +137,11 @@ def load(variant: str = "native") -> ModuleType | None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def build_stamp(variant: str = "native") -> str | None:
+    """The loaded build's stamp (its sources, flags and torch), or None when it is not built."""
+    return None if load(variant) is None else _stamp(variant)
 
 
 def built_variants() -> list[str]:
