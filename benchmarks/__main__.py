@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 import benchmarks.config  # noqa: F401 - registers the schema
-from benchmarks.config import BenchmarkConfig, check_point, point_config, skip_reason
+from benchmarks.config import BenchmarkConfig, check_point, point_config, skip_reason, strategy_options
 from benchmarks.point import machine, run_point
 from benchmarks.results import (
     ANALYTIC_LAYER_COLUMN,
@@ -40,7 +40,8 @@ from benchmarks.results import (
 )
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
 from processor.runtime.torchrun import torchrun_rank, under_torchrun
-from training.auto_attention import resolve_attention_path
+from training.auto_attention import rank_probe_shape, resolve_attention_path
+from training.config import processor_config
 from training.settings import to_settings
 
 log = logging.getLogger(__name__)
@@ -79,12 +80,13 @@ def _resolve_attention(cfg: BenchmarkConfig) -> None:
     """``model.attention_path=auto``: the fastest path for one rank's call, measured or cached
     (training/auto_attention.py); under torchrun each rank would time on its own, so there the
     static rule stays."""
-    if under_torchrun():
+    if under_torchrun() or cfg.model.attention_path != "auto":
         return
     from processor.grids import grid_points
 
-    resolve_attention_path(cfg.model, cfg.strategy, grid_points(cfg.grid), cfg.ranks, cfg.batch_size,
-                           cfg.precision, cfg.device, cfg.threads_per_rank)  # fmt: skip
+    strategy = processor_config(cfg.model, cfg.strategy, strategy_key="strategy", **strategy_options(cfg)).strategy
+    shape = rank_probe_shape(cfg.model, strategy, grid_points(cfg.grid), cfg.ranks, cfg.batch_size, cfg.precision)
+    resolve_attention_path(cfg.model, shape, cfg.device, cfg.threads_per_rank)
 
 
 @hydra.main(config_path="pkg://configs.benchmark", config_name="benchmark", version_base=None)

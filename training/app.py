@@ -51,7 +51,7 @@ from processor.runtime.torchrun import (
     torchrun_rank,
     under_torchrun,
 )
-from training.auto_attention import resolve_attention_path
+from training.auto_attention import resolve_run_attention
 from training.auto_strategy import resolve_auto
 from training.cli_check import check_overrides, discard_refused_run_dir
 from training.config import ConfigValueError, RunConfig, check_config, run_config
@@ -115,9 +115,7 @@ def prepare(
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
         check_config(cfg, world)
-    t = cfg.trainer  # attention_path=auto: the fastest path here, measured (or cached), kept for MLflow
-    resolve_attention_path(cfg.model, cfg.strategy.name, hidden.n_points, t.ranks_per_model, t.batch_size,
-                           t.precision, t.device, t.threads_per_rank)  # fmt: skip
+    resolve_run_attention(cfg, hidden.n_points, training=adopt is None)  # auto: measured (or cached) here
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)

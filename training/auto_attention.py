@@ -1,12 +1,12 @@
 """``model.attention_path=auto``: the launching process measures which attention path runs this
 run's attention call fastest on this host (:func:`processor.attention.autotune.fastest_path`,
-cached on disk per host, torch and call shape), before any rank starts, and hands every rank
-the concrete path, so a model group never mixes kernels. The pick and each candidate's time are
-printed and kept under ``model.attention_auto`` (logged to MLflow with the other parameters, as
-``model.attention_auto.*``). ``model.attention_probe=false`` keeps the static rule of
-:func:`processor.attention.dispatch.choose_path` (each call picks by device and dtype), and so
-does the environment variable ``GRIDSHARD_ATTENTION_PROBE=0``, which test suites set: their
-runs must not depend on which path a loaded machine happened to time fastest.
+cached on disk per host, torch, threads and call shape), before any rank starts, and hands
+every rank the concrete path, so a model group never mixes kernels. The pick and each
+candidate's time are printed and kept under ``model.attention_auto`` (logged to MLflow with the
+other parameters, as ``model.attention_auto.*``). ``model.attention_probe=false`` keeps the
+static rule of :func:`processor.attention.dispatch.choose_path` (each call picks by device and
+dtype), and so does the environment variable ``GRIDSHARD_ATTENTION_PROBE=0``, which test suites
+set: their runs must not depend on which path a loaded machine happened to time fastest.
 """
 
 from __future__ import annotations
@@ -18,25 +18,26 @@ from typing import Any
 import torch
 
 from processor.attention.autotune import PathChoice, ProbeShape, fastest_path
-
-# Strategies whose ranks split the heads and see every point (the rest split the points).
-HEAD_SPLITTING = ("shard_heads",)
+from processor.strategies import Strategy
+from training.config import RunConfig, processor_config, strategy_settings
 
 
 def rank_probe_shape(
-    model: Any, strategy: str, points: int, ranks: int, batch: int, precision: str, needs_grad: bool = True
+    model: Any, strategy: Strategy, points: int, ranks: int, batch: int, precision: str, needs_grad: bool = True
 ) -> ProbeShape:
-    """One rank's attention call in this run: its heads and points (with a halo of ``window``
-    keys each side where the points are split), head dim, window and dtype."""
+    """One rank's attention call in this run, as the strategy lays the ranks out
+    (:meth:`~processor.strategies.Strategy.degrees`): its share of the heads (split by the heads
+    and channels axes), its block of points with a halo of ``window`` keys each side where the
+    points are split, the head dim, window and dtype."""
+    dims = strategy.degrees(model.num_heads, ranks)
     channels = model.attn_channels or model.num_channels
-    heads, window = model.num_heads, model.window_size
-    if ranks > 1 and strategy in HEAD_SPLITTING:
-        return ProbeShape(batch, math.ceil(heads / ranks), points, points, channels // heads, window,
-                          _dtype(precision), needs_grad)  # fmt: skip
-    n_q = math.ceil(points / ranks)
-    halo = 0 if ranks == 1 or window is None else 2 * window
+    window = model.window_size
+    n_q = math.ceil(points / dims.points)
+    halo = 0 if dims.points == 1 or window is None else 2 * window
+    heads = math.ceil(model.num_heads / (dims.heads * dims.channels))
+    dtype = "bfloat16" if precision == "bf16" else "float32"
     n_k = min(points, n_q + halo)
-    return ProbeShape(batch, heads, n_q, n_k, channels // heads, window, _dtype(precision), needs_grad)
+    return ProbeShape(batch, heads, n_q, n_k, channels // model.num_heads, window, dtype, needs_grad)
 
 
 def probing(model: Any) -> bool:
@@ -45,19 +46,13 @@ def probing(model: Any) -> bool:
     return bool(model.attention_probe) and os.environ.get("GRIDSHARD_ATTENTION_PROBE", "1") != "0"
 
 
-def _dtype(precision: str) -> str:
-    return "bfloat16" if precision == "bf16" else "float32"
-
-
-def resolve_attention_path(
-    model: Any, strategy: str, points: int, ranks: int, batch: int, precision: str, device: str, threads: int
-) -> PathChoice | None:
-    """Replace ``model.attention_path`` ``auto`` by the measured pick (``model.attention_auto``
-    keeps the figures) and return it; None, changing nothing, when the path is set, probing is
-    off or the window is global (one path: the fused dense kernel)."""
+def resolve_attention_path(model: Any, shape: ProbeShape, device: str, threads: int) -> PathChoice | None:
+    """Replace ``model.attention_path`` ``auto`` by the path measured fastest for ``shape`` on
+    ``threads`` threads (``model.attention_auto`` keeps the figures) and return it; None,
+    changing nothing, when the path is set, probing is off or the window is global (one path:
+    the fused dense kernel)."""
     if model.attention_path != "auto" or not probing(model) or model.window_size is None:
         return None
-    shape = rank_probe_shape(model, strategy, points, ranks, batch, precision)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # as fast as a rank runs it
     try:
@@ -73,3 +68,14 @@ def resolve_attention_path(
         "seconds": {path: round(s, 6) for path, s in choice.seconds.items()},
     }
     return choice
+
+
+def resolve_run_attention(cfg: RunConfig, hidden_points: int, training: bool) -> PathChoice | None:
+    """:func:`resolve_attention_path` for a training run (``training``: forward and backward) or
+    an evaluation (forward only) on ``hidden_points`` points."""
+    t = cfg.trainer
+    if cfg.model.attention_path != "auto" or not probing(cfg.model):
+        return None
+    strategy = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy)).strategy
+    shape = rank_probe_shape(cfg.model, strategy, hidden_points, t.ranks_per_model, t.batch_size, t.precision, training)
+    return resolve_attention_path(cfg.model, shape, t.device, t.threads_per_rank)

@@ -34,7 +34,9 @@ from training.settings import to_settings
 log = logging.getLogger(__name__)
 
 # Settings that do not change the parameters: a checkpoint continues under other values (noted).
-_RUNTIME_MODEL_KEYS = ("num_chunks",)
+# The attention path (and attention_path=auto's switch and record) picks a kernel, not weights:
+# a run continues under another (a checkpoint from before these keys existed included).
+_RUNTIME_MODEL_KEYS = ("num_chunks", "attention_path", "attention_probe", "attention_auto")
 _NOTED_DATA_KEYS = ("lead_time", "members")
 
 

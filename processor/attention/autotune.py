@@ -15,6 +15,7 @@ rank starts) and hand every rank the concrete path, so a group never mixes kerne
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -105,9 +106,12 @@ def host_name(device: torch.device) -> str:
 
 
 def cache_key(shape: ProbeShape, device: torch.device) -> str:
-    """The host, torch, the native kernel's build and the call: what a cached choice holds for."""
+    """The host, torch, the native kernel's build, this process's threads and the call: what a
+    cached choice holds for."""
     build = build_stamp("native") or "none"  # a changed kernel is timed anew
-    text = json.dumps([host_name(device), torch.__version__, build, device.type, asdict(shape)], sort_keys=True)
+    threads = torch.get_num_threads()  # the ranking of paths can change with the thread count
+    parts = [host_name(device), torch.__version__, build, threads, device.type, asdict(shape)]
+    text = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -170,14 +174,13 @@ def fastest_path(shape: ProbeShape, device: torch.device, cache_file: Path | Non
     if len(paths) == 1:
         return PathChoice(paths[0], host=host)
     key = cache_key(shape, device)
-    cache = _read(cache_file)
-    entry = cache.get(key)
+    entry = _read(cache_file).get(key)
     if isinstance(entry, dict) and entry.get("path") in paths:
         return PathChoice(entry["path"], dict(entry.get("seconds", {})), cached=True, host=host)
     seconds = time_paths(shape, paths, device)
     choice = PathChoice(min(seconds, key=seconds.__getitem__), seconds, host=host)
-    cache[key] = {"path": choice.path, "seconds": seconds, "host": host, "torch": torch.__version__, **asdict(shape)}
-    _write(cache_file, cache)
+    entry = {"path": choice.path, "seconds": seconds, "host": host, "torch": torch.__version__, **asdict(shape)}
+    _add(cache_file, key, entry)
     return choice
 
 
@@ -189,12 +192,18 @@ def _read(cache_file: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write(cache_file: Path, cache: dict) -> None:
-    """Atomically (a run that reads it meanwhile sees the old file or the new, never half)."""
+def _add(cache_file: Path, key: str, entry: dict) -> None:
+    """Add ``entry`` under ``key``: under a lock, the file read again and replaced atomically,
+    so that runs probing at once (a sweep's members, jobs sharing a home) keep each other's
+    entries and a reader sees the old file or the new, never half."""
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache_file.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        partial.replace(cache_file)
+        with open(cache_file.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cache = _read(cache_file)
+            cache[key] = entry
+            partial = cache_file.with_suffix(f".{os.getpid()}.partial")
+            partial.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            partial.replace(cache_file)
     except OSError:
         pass  # a read-only home: the choice still holds for this run

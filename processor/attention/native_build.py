@@ -24,12 +24,16 @@ from types import MappingProxyType, ModuleType
 
 import torch
 
+from processor.host import cpu_name
+
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "band_attention.cpp"
 HEADERS = tuple(CSRC / name for name in ("simd.h", "small_gemm.h", "tile_products.h", "row_passes.h"))
 BUILD = CSRC / "build"
 NAME = "gridshard_band_attention"
-FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-fPIC")
+# -fvisibility=hidden: each variant keeps its own micro-kernels (same names, other bodies) even
+# where libraries are loaded RTLD_GLOBAL; pybind11 exports the module's init function itself.
+FLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-fPIC", "-fvisibility=hidden")
 # What each variant adds to FLAGS; GCC drops every extension that needs the one switched off.
 VARIANT_FLAGS = MappingProxyType(
     {
@@ -61,12 +65,15 @@ def _stamp_path(variant: str) -> Path:
 
 
 def _stamp(variant: str = "native") -> str:
-    """What a variant's build must have been built from: the sources, its flags, this torch."""
+    """What a variant's build must have been built from: the sources, its flags, this torch,
+    and this CPU (a ``-march=native`` build from a node of another kind, on a shared file
+    system, would stop the process on an illegal instruction rather than fail to load)."""
     digest = hashlib.sha256()
     for path in (SOURCE, *HEADERS):
         digest.update(path.read_bytes())
     digest.update(" ".join((*FLAGS, *VARIANT_FLAGS[variant])).encode())
     digest.update(torch.__version__.encode())
+    digest.update(cpu_name().encode())
     return digest.hexdigest()
 
 

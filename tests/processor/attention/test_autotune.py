@@ -44,6 +44,16 @@ def test_another_shape_is_probed_anew_and_both_stay_in_the_cache(tmp_path):
     assert len(json.loads(cache.read_text())) == 2
 
 
+def test_an_entry_another_run_wrote_meanwhile_is_kept(tmp_path):
+    """Runs that probe at once (a sweep's members) add to the file under a lock, read anew."""
+    cache = tmp_path / "paths.json"
+    fastest_path(SHAPE, CPU, cache)
+    written = json.loads(cache.read_text())
+    cache.write_text(json.dumps(written | {"another run's key": {"path": "banded", "seconds": {}}}))
+    fastest_path(ProbeShape(1, 2, 200, 200, 32, 16, needs_grad=False), CPU, cache)
+    assert "another run's key" in json.loads(cache.read_text()) and len(json.loads(cache.read_text())) == 3
+
+
 def test_an_unreadable_cache_is_measured_again_and_replaced(tmp_path):
     cache = tmp_path / "paths.json"
     cache.write_text("{not json")
@@ -85,7 +95,13 @@ def test_a_shape_with_fewer_keys_than_queries_is_refused():
         ProbeShape(batch=1, heads=2, n_q=100, n_k=50, head_dim=16, window=8)
 
 
-def test_the_key_names_the_host_torch_and_the_call():
+def test_the_key_names_the_host_torch_the_threads_and_the_call():
     assert cache_key(SHAPE, CPU) == cache_key(ProbeShape(1, 2, 300, 364, 16, 32), CPU)
     assert cache_key(SHAPE, CPU) != cache_key(ProbeShape(1, 2, 300, 364, 16, 64), CPU)
+    threads, key = torch.get_num_threads(), cache_key(SHAPE, CPU)
+    try:
+        torch.set_num_threads(threads + 1)
+        assert cache_key(SHAPE, CPU) != key  # a pick timed on one thread is not one for two
+    finally:
+        torch.set_num_threads(threads)
     assert torch.backends.cpu.get_cpu_capability() in host_name(CPU)
