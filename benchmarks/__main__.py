@@ -126,7 +126,8 @@ def main(composed: DictConfig) -> None:
     tracker = tracker_for(cfg.logging, cfg.results_root)
     if tracker is not None and row["status"] != "skipped":
         parent = parent_run_id(directory) if multirun else None
-        tags = {"status": row["status"], "strategy": row["strategy"], "grid": row["grid"]}
+        tags = {"status": row["status"], "strategy": row["strategy"], "grid": row["grid"], "host": str(row["cpu"])}
+        tags["attention_path"] = str(row.get("attention_path"))  # auto's measured pick where it probed
         if parent:
             tags["mlflow.parentRunId"] = parent
         run = tracker.start_run(overrides or "default", {k: row[k] for k in POINT_KEYS}, tags)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from processor.host import cpu_name
 from training.config import RunConfig
 from training.data import ZarrDataset
 from training.metrics_file import read_history
@@ -43,6 +44,8 @@ def open_tracker(cfg: RunConfig, dims: ParallelDims, start: int, tags: dict[str,
         "device": str(cfg.trainer.device),
         "grid": cfg.data.grid,
         "hidden_grid": cfg.model.hidden_grid,
+        "attention_path": cfg.model.attention_path,  # auto's measured pick (model.attention_auto.* has its times)
+        "host": cpu_name(),  # the CPU kind: figures from another kind differ
         "git_commit": git_commit(),
         "resumed_from_step": str(start),
         **(tags or {}),

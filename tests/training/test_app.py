@@ -10,6 +10,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from processor.host import cpu_name
 from tests.training.conftest import small_config
 from training.app import run
 from training.checkpoint import CheckpointError, load_checkpoint
@@ -61,6 +62,22 @@ def test_resume_after_interruption_is_exact(sequence_run, tmp_path, small_datase
         assert torch.equal(resumed["model"][name], value), name
 
 
+def test_auto_measures_hands_every_rank_the_pick_and_records_it(tmp_path, small_dataset, monkeypatch):
+    """With the probe on, the launcher times the paths once and the run's ranks, its saved
+    settings and MLflow hold the concrete path (the figures under ``model.attention_auto``)."""
+    monkeypatch.setenv("GRIDSHARD_ATTENTION_PROBE", "1")
+    monkeypatch.setenv("GRIDSHARD_CACHE_DIR", str(tmp_path / "cache"))
+    result = run(small_config(tmp_path / "run", small_dataset, "strategy=none", "trainer.nprocs=1",
+                              "trainer.ranks_per_model=1", "trainer.steps=2"))  # fmt: skip
+    assert (tmp_path / "cache" / "attention_paths.json").exists()
+    mlrun = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}").get_run(result["run_id"])
+    picked = mlrun.data.tags["attention_path"]
+    assert picked in ("native", "banded", "sdpa_blocks")
+    assert mlrun.data.params["model.attention_path"] == mlrun.data.params["model.attention_auto.choice"] == picked
+    assert float(mlrun.data.params[f"model.attention_auto.seconds.{picked}"]) > 0
+    assert f"attention_path: {picked}" in (tmp_path / "run" / "config.yaml").read_text()
+
+
 def test_resume_with_another_model_is_refused(sequence_run, tmp_path, small_dataset):
     import shutil
 
@@ -78,6 +95,8 @@ def test_mlflow_holds_params_metrics_and_artifacts(sequence_run):
     assert mlrun.data.params["strategy.name"] == "shard_sequence"
     assert mlrun.data.tags["strategy"] == "shard_sequence" and mlrun.data.tags["ranks"] == "2"
     assert "git_commit" in mlrun.data.tags
+    assert mlrun.data.tags["attention_path"] == "auto"  # the static rule: the suite turns the probe off
+    assert mlrun.data.tags["host"] == cpu_name()
     losses = client.get_metric_history(result["run_id"], "train/loss")
     assert [m.step for m in losses] == list(range(6))
     assert len(client.get_metric_history(result["run_id"], "val/loss")) == 2
