@@ -40,7 +40,7 @@ from benchmarks.results import (
 )
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
 from processor.runtime.torchrun import torchrun_rank, under_torchrun
-from training.auto_attention import rank_probe_shape, resolve_attention_path
+from training.auto_attention import rank_probe_shape, resolve_attention_path, wants_probe
 from training.config import processor_config
 from training.settings import to_settings
 
@@ -80,7 +80,7 @@ def _resolve_attention(cfg: BenchmarkConfig) -> None:
     """``model.attention_path=auto``: the fastest path for one rank's call, measured or cached
     (training/auto_attention.py); under torchrun each rank would time on its own, so there the
     static rule stays."""
-    if under_torchrun() or cfg.model.attention_path != "auto":
+    if under_torchrun() or not wants_probe(cfg.model):
         return
     from processor.grids import grid_points
 

@@ -40,18 +40,19 @@ def rank_probe_shape(
     return ProbeShape(batch, heads, n_q, n_k, channels // model.num_heads, window, dtype, needs_grad)
 
 
-def probing(model: Any) -> bool:
-    """Whether ``attention_path=auto`` measures: ``model.attention_probe``, unless the
+def wants_probe(model: Any) -> bool:
+    """Whether this model's attention path is to be measured: ``auto``, a window that cuts (a
+    global one has one path, the fused dense kernel) and ``model.attention_probe``, unless the
     environment says ``GRIDSHARD_ATTENTION_PROBE=0``."""
-    return bool(model.attention_probe) and os.environ.get("GRIDSHARD_ATTENTION_PROBE", "1") != "0"
+    probing = bool(model.attention_probe) and os.environ.get("GRIDSHARD_ATTENTION_PROBE", "1") != "0"
+    return model.attention_path == "auto" and model.window_size is not None and probing
 
 
 def resolve_attention_path(model: Any, shape: ProbeShape, device: str, threads: int) -> PathChoice | None:
     """Replace ``model.attention_path`` ``auto`` by the path measured fastest for ``shape`` on
     ``threads`` threads (``model.attention_auto`` keeps the figures) and return it; None,
-    changing nothing, when the path is set, probing is off or the window is global (one path:
-    the fused dense kernel)."""
-    if model.attention_path != "auto" or not probing(model) or model.window_size is None:
+    changing nothing, where :func:`wants_probe` says no."""
+    if not wants_probe(model):
         return None
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)  # as fast as a rank runs it
@@ -74,7 +75,7 @@ def resolve_run_attention(cfg: RunConfig, hidden_points: int, training: bool) ->
     """:func:`resolve_attention_path` for a training run (``training``: forward and backward) or
     an evaluation (forward only) on ``hidden_points`` points."""
     t = cfg.trainer
-    if cfg.model.attention_path != "auto" or not probing(cfg.model):
+    if not wants_probe(cfg.model):
         return None
     strategy = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy)).strategy
     shape = rank_probe_shape(cfg.model, strategy, hidden_points, t.ranks_per_model, t.batch_size, t.precision, training)

@@ -8,9 +8,11 @@ and AMX) it picked the slowest of the three CPU paths. :func:`fastest_path` inst
 call shape (forward, and backward when training) through each path that can take it, a few
 alternating rounds on random tensors, and picks the least median time. The result is cached in
 a JSON file (:func:`default_cache_file`) under a key naming the host (CPU model and vector
-width, or GPU), torch's version, the native kernel's build and the call shape; a cached choice
-costs nothing. Callers that run several ranks decide once (the launching process, before any
-rank starts) and hand every rank the concrete path, so a group never mixes kernels.
+width, or GPU), torch's version, the native kernel's build, the thread count and the call
+shape; a cached choice costs nothing. A path that fails on the probe's tensors (out of memory,
+a compiler error) is left out of the choice, and named. Callers that run several ranks decide
+once (the launching process, before any rank starts) and hand every rank the concrete path, so
+a group never mixes kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -92,7 +95,8 @@ class PathChoice:
         """One line for the run's log."""
         if not self.seconds:
             return f"attention_path=auto: {self.path} (the only path for this call)"
-        times = ", ".join(f"{path} {s * 1e3:.1f} ms" for path, s in sorted(self.seconds.items(), key=lambda i: i[1]))
+        ranked = sorted(self.seconds.items(), key=lambda i: i[1])
+        times = ", ".join(f"{path} failed" if math.isinf(s) else f"{path} {s * 1e3:.1f} ms" for path, s in ranked)
         source = "cached" if self.cached else "probed now"
         return f"attention_path=auto on {self.host}: picked {self.path} ({source}; {times})"
 
@@ -134,7 +138,7 @@ def eligible_paths(shape: ProbeShape, device: torch.device) -> list[str]:
 def time_paths(shape: ProbeShape, paths: list[str], device: torch.device, rounds: int = 3) -> dict[str, float]:
     """Median seconds of one call (forward, and backward when ``shape.needs_grad``) through each
     path, after a warm-up call each; the paths alternate round by round, so a shared machine's
-    drift falls on all of them."""
+    drift falls on all of them. A path whose call raises gets ``inf``."""
     g = torch.Generator(device=device).manual_seed(0)
     dtype = getattr(torch, shape.dtype)
 
@@ -145,12 +149,17 @@ def time_paths(shape: ProbeShape, paths: list[str], device: torch.device, rounds
     q, k, v = tensor(shape.n_q), tensor(shape.n_k), tensor(shape.n_k)
     cotangent = torch.randn_like(q)
     times: dict[str, list[float]] = {path: [] for path in paths}
+    failed: set[str] = set()
     for round_ in range(rounds + 1):
-        for path in paths if round_ % 2 == 0 else reversed(paths):
-            seconds = _one_call(q, k, v, cotangent, shape, path)
+        for path in [p for p in (paths if round_ % 2 == 0 else reversed(paths)) if p not in failed]:
+            try:
+                seconds = _one_call(q, k, v, cotangent, shape, path)
+            except (RuntimeError, ValueError, MemoryError):  # torch's OutOfMemoryError is a RuntimeError
+                failed.add(path)
+                continue
             if round_ > 0:  # round 0 warms up (allocations, a compiled path's first call)
                 times[path].append(seconds)
-    return {path: statistics.median(t) for path, t in times.items()}
+    return {path: math.inf if path in failed else statistics.median(t) for path, t in times.items()}
 
 
 def _one_call(q, k, v, cotangent, shape: ProbeShape, path: str) -> float:
@@ -178,6 +187,8 @@ def fastest_path(shape: ProbeShape, device: torch.device, cache_file: Path | Non
     if isinstance(entry, dict) and entry.get("path") in paths:
         return PathChoice(entry["path"], dict(entry.get("seconds", {})), cached=True, host=host)
     seconds = time_paths(shape, paths, device)
+    if all(math.isinf(s) for s in seconds.values()):
+        raise RuntimeError(f"attention_path=auto: every path failed on a call of shape {shape} ({', '.join(paths)})")
     choice = PathChoice(min(seconds, key=seconds.__getitem__), seconds, host=host)
     entry = {"path": choice.path, "seconds": seconds, "host": host, "torch": torch.__version__, **asdict(shape)}
     _add(cache_file, key, entry)

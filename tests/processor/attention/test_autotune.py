@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from processor.attention.autotune import (
+    PathChoice,
     ProbeShape,
     cache_key,
     eligible_paths,
@@ -88,6 +89,15 @@ def test_the_candidates_are_the_cpu_paths_that_can_run_the_call():
 def test_the_timings_are_of_each_path_forward_and_backward():
     seconds = time_paths(SHAPE, ["sdpa_blocks", "banded"], CPU, rounds=1)
     assert set(seconds) == {"sdpa_blocks", "banded"} and all(s > 0 for s in seconds.values())
+
+
+def test_a_path_that_fails_on_the_probe_is_left_out_and_named(tmp_path):
+    """A path that raises on the probe's call (out of memory, a compiler error; here a path
+    that does not exist) gets ``inf``, is never picked, and the log line says it failed."""
+    seconds = time_paths(SHAPE, ["sdpa_blocks", "no_such_path"], CPU, rounds=1)
+    assert seconds["no_such_path"] == float("inf") and 0 < seconds["sdpa_blocks"] < float("inf")
+    line = PathChoice(min(seconds, key=seconds.__getitem__), seconds, host="here").describe()
+    assert "picked sdpa_blocks" in line and "no_such_path failed" in line
 
 
 def test_a_shape_with_fewer_keys_than_queries_is_refused():
