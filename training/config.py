@@ -37,11 +37,11 @@ __all__ = ["ConfigValueError", "RunConfig", "check_config", "processor_config", 
 
 FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
 # The launcher's own keys of every model section (training/auto_attention.py): not the processor's.
-LAUNCH_KEYS = ("attention_probe", "attention_auto")
 LAUNCH_FIELDS = (
     ("attention_probe", bool, field(default=True)),  # attention_path=auto: measure the paths (false: the static rule)
     ("attention_auto", Any, field(default=None)),  # filled by attention_path=auto: its pick and each path's time
 )
+LAUNCH_KEYS = tuple(name for name, _, _ in LAUNCH_FIELDS)
 
 
 def processor_schema(
