@@ -11,9 +11,11 @@ list or repeated; default: all, in this order), each within its time budget:
   sizes, against the bf16 and fp32 GEMM measured in the same process (goal: bf16 >= 40%);
 - ``train``: the default training run on the GPU (one rank, bf16; then the 2-rank
   shard_sequence setting sharing the GPU, if time allows), as a subprocess;
-- ``sweep``: a benchmark sweep over layer counts and grids, one rank, bf16.
+- ``sweep``: a benchmark sweep over layer counts and grids, one rank, bf16;
+- ``parity``: ``python -m training.parity``, each strategy on 2 ranks sharing the GPU against
+  one rank, fp32 and bf16.
 
-``train`` and ``sweep`` need Hydra, MLflow and zarr (``scripts/gpu_wheels.sh``); the others
+``train``, ``sweep`` and ``parity`` need Hydra, MLflow and zarr (``scripts/gpu_wheels.sh``); the others
 need only torch, einops, numpy and pytest. Each part writes its own block of the day's section
 for the device in ``docs/benchmarks.md`` (:mod:`benchmarks.gpu.section`), replacing only that
 block; a part that fails writes why in one line there, and the other parts still run.
@@ -38,6 +40,7 @@ import torch
 from benchmarks.gpu.common import ROOT, Context, PartFailed, device_name
 from benchmarks.gpu.cuda_tests import tests_part
 from benchmarks.gpu.kernels import kernel_part, processor_part
+from benchmarks.gpu.parity import parity_part
 from benchmarks.gpu.section import BEGIN, compose, write_section
 from benchmarks.gpu.sweep import sweep_part
 from benchmarks.gpu.train import train_part
@@ -48,6 +51,7 @@ PARTS: dict[str, Callable[[Context], str]] = {
     "processor": processor_part,
     "train": train_part,
     "sweep": sweep_part,
+    "parity": parity_part,
 }
 TITLES = {
     "tests": "CUDA tests",
@@ -55,6 +59,7 @@ TITLES = {
     "processor": "Processor forward+backward on one device",
     "train": "Training run on the device",
     "sweep": "Benchmark sweep on one device",
+    "parity": "Parity: every strategy against one rank",
 }
 BUDGET_S = 480.0  # each part's, so that it ends within 9 minutes on an H100
 

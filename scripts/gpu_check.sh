@@ -7,7 +7,7 @@
 # (elsewhere), and this installs them first, offline, into a folder of their own put ahead on
 # PYTHONPATH (the image's torch is never replaced: no wheel of it is carried). Skips cleanly
 # without a GPU.
-# Usage: bash scripts/gpu_check.sh [--only tests,kernel,processor,train,sweep] [--section-out FILE]
+# Usage: bash scripts/gpu_check.sh [--only tests,kernel,processor,train,sweep,parity] [--section-out FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 || echo python )}"

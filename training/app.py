@@ -70,7 +70,10 @@ Adopt = Callable[[RunConfig], None]
 
 
 def prepare(
-    composed: DictConfig | RunConfig, adopt: Adopt | None = None, given: list[str] | None = None
+    composed: DictConfig | RunConfig,
+    adopt: Adopt | None = None,
+    given: list[str] | None = None,
+    trains: bool | None = None,
 ) -> RunConfig:
     """Check the configuration and the dataset (writing the built-in one if asked) before any
     rank starts; return the resolved configuration (:func:`training.config.run_config` of
@@ -80,7 +83,9 @@ def prepare(
     checkpoint's model; without it this is a training run, whose checkpoint is checked.
     ``given``: the keys this command line set (:func:`training.run_settings.given_keys`); a
     training run resuming in a run directory then takes every other setting from the run it
-    continues (:mod:`training.run_settings`). None: the configuration as it is (the API's callers)."""
+    continues (:mod:`training.run_settings`). None: the configuration as it is (the API's callers).
+    ``trains``: whether the ranks train (``attention_path=auto`` then times backward too); None:
+    when ``adopt`` is None."""
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
     saved = None
@@ -115,7 +120,8 @@ def prepare(
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
         check_config(cfg, world)
-    resolve_run_attention(cfg, hidden.n_points, training=adopt is None)  # auto: measured (or cached) here
+    trains = adopt is None if trains is None else trains
+    resolve_run_attention(cfg, hidden.n_points, training=trains)  # auto: measured (or cached) here
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
@@ -158,17 +164,18 @@ def run(
     rank_main: RankMain = _rank_main,
     adopt: Adopt | None = None,
     given: list[str] | None = None,
+    trains: bool | None = None,
 ) -> Any:
     """Run ``rank_main`` (default: training) with ``cfg`` (Hydra's composition, made a
     :class:`RunConfig` once by :func:`prepare`) on the torchrun ranks, or on ``trainer.nprocs``
-    spawned local ranks; return rank 0's result. ``given``: see :func:`prepare`.
+    spawned local ranks; return rank 0's result. ``given``, ``trains``: see :func:`prepare`.
 
     A first Ctrl-C or SIGTERM reaches the local ranks as SIGTERM (they finish their step and
     checkpoint); a training result then carries the signal (``"signal"``)."""
     if under_torchrun():
-        return _run_torchrun(cfg, rank_main, adopt, given)
+        return _run_torchrun(cfg, rank_main, adopt, given, trains)
     with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
-        resolved = prepare(cfg, adopt, given)
+        resolved = prepare(cfg, adopt, given, trains)
         t = resolved.trainer
         if t.nprocs == 1:
             return rank_main(resolved)
@@ -189,7 +196,9 @@ def run(
         return result
 
 
-def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, given: list[str] | None) -> Any:
+def _run_torchrun(
+    cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, given: list[str] | None, trains: bool | None
+) -> Any:
     """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
     resolved configuration, so all ranks share one run directory; its failure fails all.
     ``cfg`` stays Hydra's composition here: what the ranks compare is what each composed, its
@@ -223,7 +232,7 @@ def _run_torchrun(cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, giv
         if dist.get_rank() == 0:
             try:  # rank 0 holds the run directory's lock until its ranks' work is done
                 lock.enter_context(RunDirLock(Path(cfg.run_dir).resolve()))
-                payload = [("ok", prepare(cfg, adopt, given))]
+                payload = [("ok", prepare(cfg, adopt, given, trains))]
             except Exception as exc:
                 payload = [("error", exc)]
         dist.broadcast_object_list(payload, src=0)

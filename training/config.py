@@ -20,6 +20,8 @@ from omegaconf import MISSING
 from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy, strategy_options
+from training.faults import DebugConfig
+from training.parity.config import ParityConfig
 from training.settings import (
     ConfigValueError,
     above,
@@ -33,7 +35,15 @@ from training.settings import (
     within,
 )
 
-__all__ = ["ConfigValueError", "RunConfig", "check_config", "processor_config", "run_config"]
+__all__ = [
+    "ConfigValueError",
+    "DebugConfig",
+    "ParityConfig",
+    "RunConfig",
+    "check_config",
+    "processor_config",
+    "run_config",
+]
 
 FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
 # The launcher's own keys of every model section (training/auto_attention.py): not the processor's.
@@ -233,17 +243,6 @@ class TrainerConfig:
 
 
 @dataclass
-class DebugConfig:
-    """Test hooks that kill ranks on purpose (training/faults.py, docs/reliability.md); all off."""
-
-    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
-    fault_rank: int = setting(1, at_least(0))
-    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
-    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
-    fault_seed: int = 0
-
-
-@dataclass
 class LoggingConfig:
     mlflow: bool = True
     tracking_uri: str | None = None  # None: sqlite:///<run_dir>/mlflow.db; or http://host:5000
@@ -288,6 +287,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     predict: PredictConfig = field(default_factory=PredictConfig)
+    parity: ParityConfig = field(default_factory=ParityConfig)
     run_dir: str = MISSING  # configs/config.yaml: Hydra's output directory (hydra.run.dir)
 
 

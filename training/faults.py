@@ -1,6 +1,6 @@
 """Fault-injection hooks for tests of what survives a lost rank (documented in docs/reliability.md).
 
-Two switches in the ``debug`` section (:class:`training.config.DebugConfig`), both off by default:
+Switches in the ``debug`` section (:class:`DebugConfig`), all off by default:
 
 - ``fault_at_step = s``: rank ``fault_rank`` SIGKILLs itself in the middle of step ``s``
   (after its backward pass, before the optimiser step), the way a rank dies when its node
@@ -13,6 +13,9 @@ Two switches in the ``debug`` section (:class:`training.config.DebugConfig`), bo
   checkpoint (rank 0 with half its bytes written; another rank while rank 0 writes). Each
   fault happens once per run directory (a marker in :data:`PLAN_DIR` names it), so a run
   restarted by ``torchrun --max-restarts`` goes on to the next.
+- ``perturb_rank = r`` (``python -m training.parity``'s own test): rank ``r`` adds
+  :data:`PERTURBATION` to its block of the model's inputs in the configured layout, a bug of one
+  rank that the parity check must see (:func:`perturb_inputs`).
 
 A fault is a real ``SIGKILL`` of the process: nothing is cleaned up, as when a node fails.
 """
@@ -28,12 +31,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torch import Tensor
+
+from training.settings import at_least, one_of, or_null, setting
+
 if TYPE_CHECKING:
-    from training.config import DebugConfig, TrainerConfig
+    from training.config import TrainerConfig
 
 MARKER = "fault_injected"
 PLAN_DIR = "faults"
 POINTS = ("in_step", "after_backward", "checkpoint_write")
+PERTURBATION = 1e-3  # added by debug.perturb_rank to its inputs (normalised units)
+
+
+@dataclass
+class DebugConfig:
+    """Test hooks that break a run on purpose (this module, docs/reliability.md); all off."""
+
+    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
+    fault_rank: int = setting(1, at_least(0))
+    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
+    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
+    fault_seed: int = 0
+    perturb_rank: int | None = setting(None, or_null(at_least(0)))  # training.parity: this rank's inputs are off
+
+
+def perturb_inputs(x: Tensor, debug: DebugConfig, rank: int) -> Tensor:
+    """``x`` (this rank's inputs), plus :data:`PERTURBATION` on rank ``debug.perturb_rank``."""
+    return x + PERTURBATION if debug.perturb_rank == rank else x
 
 
 @dataclass(frozen=True)

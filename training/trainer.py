@@ -29,7 +29,7 @@ from training.rollout import RolloutSchedule, loss_weights, rollout
 from training.session import Session, join_ranks, open_dataset, open_session, rollout_horizon
 from training.step import TrainStep, build_optimiser
 
-__all__ = ["check_resumable", "open_dataset", "sample_positions", "train"]
+__all__ = ["check_resumable", "open_dataset", "sample_positions", "train", "train_step"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,25 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     dims, heartbeat = join_ranks(cfg)
     with heartbeat, stop_requests(cfg.run_dir) as stop:
         return Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)), stop).run()
+
+
+def train_step(
+    session: Session, optimiser: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LambdaLR
+) -> TrainStep:
+    """The step of ``session``'s run: its model parallelised over the ranks, ``optimiser`` and
+    ``schedule``, the run's clipping, precision and loss weights."""
+    t_cfg, dataset = session.cfg.trainer, session.dataset
+    outputs = dataset.roles.outputs
+    weights = loss_weights(t_cfg.loss, outputs, dataset.area_weights, session.points)
+    return TrainStep(
+        session.dims.parallelize(session.model),
+        optimiser,
+        schedule,
+        t_cfg.grad_clip,
+        autocast(session.device, t_cfg.precision),
+        t_cfg.batch_size * dataset.n_points * len(outputs),  # a replica's points x variables
+        None if weights is None else weights.to(session.device),
+    )
 
 
 class Trainer:
@@ -82,20 +101,8 @@ class Trainer:
         self.last_checkpoint = self.start
         self.faults = FaultInjector(cfg.debug, self.t_cfg, dims.rank, dims.world, self.run_dir)
         self.last_step_s = 0.1
-        dataset = session.dataset
-        outputs = dataset.roles.outputs
-        weights = loss_weights(self.t_cfg.loss, outputs, dataset.area_weights, session.points)
         self.device_memory = PeakDeviceMemory(session.device)
-        per_replica = self.t_cfg.batch_size * dataset.n_points * len(outputs)
-        self.step_fn = TrainStep(
-            dims.parallelize(session.model),
-            self.optimiser,
-            self.schedule,
-            self.t_cfg.grad_clip,
-            autocast(session.device, self.t_cfg.precision),
-            per_replica,
-            None if weights is None else weights.to(session.device),
-        )
+        self.step_fn = train_step(session, self.optimiser, self.schedule)
 
     def nothing_to_do(self) -> str | None:
         """Why this run trains no step (already at ``trainer.stop_at_step`` or ``trainer.steps``)."""

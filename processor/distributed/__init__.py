@@ -14,6 +14,7 @@ from processor.distributed.host_staged import HostStagedTransport
 from processor.distributed.mesh import GroupLike, ModelDims, ModelMesh, process_group_of
 from processor.distributed.parameter_split import (
     ChannelSplit,
+    full_gradients,
     full_optimizer_state,
     full_state_dict,
     load_full_optimizer_state,
@@ -42,6 +43,7 @@ __all__ = [
     "all_to_all",
     "clip_grad_norm_",
     "full_optimizer_state",
+    "full_gradients",
     "full_state_dict",
     "gather_points",
     "halo_extent",

@@ -103,6 +103,19 @@ def full_state_dict(
     return {key: gather_full(value, splits.get(key), group, transport) for key, value in module.state_dict().items()}
 
 
+def full_gradients(
+    module: nn.Module, group: dist.ProcessGroup | None, transport: Transport | None = None
+) -> dict[str, Tensor]:
+    """``{name: gradient}`` of every parameter of ``module`` (as ``named_parameters`` names them),
+    a split parameter's gradient gathered into its full tensor: the gradients one rank holding
+    everything has. A parameter without a gradient gets zeros. Every rank of ``group`` calls."""
+    grads = {}
+    for name, p in module.named_parameters():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        grads[name] = gather_full(grad, split_of(p), group, transport)
+    return grads
+
+
 def load_full_state_dict(module: nn.Module, state: dict[str, Tensor], rank: int) -> None:
     """Load a full state dict into ``module``, keeping rank ``rank``'s share of each split
     parameter."""

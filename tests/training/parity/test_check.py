@@ -1,0 +1,76 @@
+"""``python -m training.parity`` end to end on spawned gloo ranks: exact layouts pass at fp32,
+a perturbed rank is caught and named, bf16 drifts more, bad input is one line."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.processes import run_in_own_session
+from tests.training.conftest import small_config, small_overrides
+from training.config import ConfigValueError
+from training.parity.check import EXIT_BREACH, run
+from training.parity.config import TOLERANCES
+
+STEPS = "parity.steps=2"
+
+
+def _worst(result) -> float:
+    return max(r.max_rel_diff for r in result["rows"] if r.judged)
+
+
+@pytest.mark.parametrize("strategy", ["shard_sequence", "shard_heads", "shard_channels"])
+def test_two_ranks_give_one_ranks_loss_gradients_and_parameters(tmp_path, small_dataset, strategy):
+    result = run(small_config(tmp_path, small_dataset, f"strategy={strategy}", STEPS))
+    assert not result["breach"], result["verdict"]
+    assert _worst(result) <= TOLERANCES["fp32"]
+    assert result["verdict"].startswith("parity: within 1e-05 (fp32)")
+    rows = result["rows"]
+    assert {r.step for r in rows} == {0, 1}
+    gradients = {r.tensor for r in rows if r.quantity == "gradients"}
+    assert gradients == {r.tensor for r in rows if r.quantity == "parameters"} and len(gradients) > 20
+    assert len((tmp_path / "parity.csv").read_text().splitlines()) == 1 + len(rows)
+    # Not judged: only parameters the loss is blind to, a bias added to every key
+    blind = {r.tensor for r in rows if not r.judged}
+    assert all(name.endswith(("lin_key.bias", "k_norm.bias")) for name in blind), blind
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert client.get_run(result["run_id"]).data.tags["parity_verdict"] == "exact"
+    history = client.get_metric_history(result["run_id"], "parity/gradients")
+    assert [m.step for m in history] == [0, 1] and max(m.value for m in history) <= TOLERANCES["fp32"]
+
+
+def test_replicas_and_a_reference_of_two_ranks(tmp_path, small_dataset):
+    """2 replicas x 2 ranks against one replica of 2 ranks holding both batches, computed by each
+    pair of ranks (the reference's own groups)."""
+    overrides = ["trainer.nprocs=4", "trainer.ranks_per_model=2", "parity.reference=2", STEPS]
+    result = run(small_config(tmp_path, small_dataset, *overrides))
+    assert not result["breach"] and _worst(result) <= TOLERANCES["fp32"], result["verdict"]
+    assert "against shard_sequence on 2 rank(s)" in result["verdict"]
+
+
+def test_bf16_drifts_more_than_fp32_and_stays_within_its_bound(tmp_path, small_dataset):
+    result = run(small_config(tmp_path, small_dataset, "trainer.precision=bf16", STEPS))
+    assert TOLERANCES["fp32"] < _worst(result) <= TOLERANCES["bf16"], result["verdict"]
+    assert not result["breach"]
+
+
+def test_a_perturbed_rank_is_a_breach_that_names_the_tensor(tmp_path, small_dataset):
+    """The command itself: exit code 4 and the verdict naming the worst tensor."""
+    overrides = [*small_overrides(tmp_path / "run", small_dataset), STEPS, "debug.perturb_rank=1"]
+    environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    rc, out, err = run_in_own_session(
+        [sys.executable, "-m", "training.parity", *overrides], Path.cwd(), environ, timeout_s=240
+    )
+    assert rc == EXIT_BREACH, err[-2000:]
+    verdict = [line for line in out.splitlines() if line.startswith("parity: ")]
+    assert len(verdict) == 1 and verdict[0].startswith("parity: BREACH of 1e-05 (fp32)"), out
+    assert " of " in verdict[0].split("worst relative difference")[1] or "loss at step" in verdict[0]
+
+
+def test_a_reference_larger_than_the_model_group_is_refused(tmp_path, small_dataset):
+    with pytest.raises(ConfigValueError, match=r"parity.reference = 3 is above trainer.ranks_per_model = 2"):
+        run(small_config(tmp_path, small_dataset, "parity.reference=3"))

@@ -1,0 +1,119 @@
+"""The parity check on every rank (:func:`parity_on_rank`) and its launch (:func:`run`): the
+command is :mod:`training.parity.__main__`."""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from training.config import ConfigValueError, RunConfig
+from training.parallel import ParallelDims
+from training.parity.compare import Difference, compare, table, within, worst_by_step, worst_of, write_csv
+from training.parity.config import tolerance_of
+from training.parity.layouts import check_parity, reference_config, reference_dims
+from training.parity.record import StepRecord, record_steps
+
+EXIT_BREACH = 4  # a difference beyond the tolerance: the layouts do not agree
+
+
+def parity_on_rank(cfg: RunConfig) -> dict[str, Any]:
+    """Every rank: the reference layout's steps, then the configured layout's; rank 0 compares,
+    writes ``parity.csv`` and the MLflow run. Returns (every rank) whether the tolerance was
+    breached and, on rank 0, the rows, the table, the verdict and both layouts' times."""
+    from training.session import join_ranks
+
+    dims, heartbeat = join_ranks(cfg)
+    keep = dims.rank == 0
+    with heartbeat:
+        reference_cfg = reference_config(cfg, dims.world)
+        start = time.perf_counter()
+        reference = _record_reference(reference_cfg, dims, keep)
+        middle = time.perf_counter()
+        configured = record_steps(cfg, dims, keep)
+        times = (middle - start, time.perf_counter() - middle)
+        result: dict[str, Any] = {}
+        if keep:
+            result = _report(cfg, reference_cfg, dims, compare(reference, configured), times)
+        breach = dims.max_over_world([float(result.get("breach", 0.0))])[0] > 0  # every rank exits alike
+    return {**result, "breach": breach}
+
+
+def _record_reference(reference_cfg: RunConfig, dims: ParallelDims, keep: bool) -> list[StepRecord]:
+    """The reference layout's records (this rank a copy of it); its memory freed after."""
+    reference = reference_cfg.parity.reference
+    try:
+        records = record_steps(reference_cfg, reference_dims(reference, dims), keep)
+    except torch.OutOfMemoryError as exc:
+        raise ConfigValueError(
+            f"parity.reference = {reference}: the model does not fit {reference} rank(s) "
+            f"({str(exc).splitlines()[0]}); give a larger parity.reference"
+        ) from None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return records
+
+
+def describe(cfg: RunConfig, world: int) -> str:
+    """``shard_sequence on 2 ranks (2 per model)``."""
+    return f"{cfg.strategy.name} on {world} rank(s) ({cfg.trainer.ranks_per_model} per model)"
+
+
+def _report(
+    cfg: RunConfig, reference_cfg: RunConfig, dims: ParallelDims, rows: list[Difference], times: tuple[float, float]
+) -> dict[str, Any]:
+    """Rank 0: the verdict, ``parity.csv`` and the MLflow run; what :func:`parity_on_rank` returns."""
+    from training.reporting import open_tracker
+
+    tolerance = tolerance_of(cfg.parity, cfg.trainer.precision)
+    ok, worst = within(rows, tolerance), worst_of(rows)
+    layouts = (
+        f"{describe(cfg, dims.world)} against {describe(reference_cfg, reference_cfg.parity.reference)}, "
+        f"{cfg.parity.steps} step(s)"
+    )
+    where = f"{worst.quantity}" + ("" if worst.quantity == "loss" else f" of {worst.tensor}")
+    blind = sorted({r.tensor for r in rows if not r.judged})
+    verdict = (
+        f"parity: {'within' if ok else 'BREACH of'} {tolerance:g} ({cfg.trainer.precision}): worst "
+        f"relative difference {worst.max_rel_diff:.3g}, {where} at step {worst.step}; {layouts}"
+        + (f"; {len(blind)} parameter(s) the loss is blind to not judged (parity.csv)" if blind else "")
+    )
+    csv_path = write_csv(rows, Path(cfg.run_dir) / "parity.csv")
+    tags = {"kind": "parity", "parity_verdict": "exact" if ok else "breach", "parity_worst_tensor": worst.tensor}
+    tracker = open_tracker(cfg, dims, 0, tags)
+    worst_rows = worst_by_step(rows)
+    for step in range(cfg.parity.steps):
+        tracker.log_metrics(step, {f"parity/{r.quantity}": r.max_rel_diff for r in worst_rows if r.step == step})
+    tracker.log_artifact(csv_path)
+    tracker.finish()
+    return {
+        "rows": rows,
+        "table": table(rows),
+        "verdict": verdict,
+        "breach": not ok,
+        "reference_s": times[0],
+        "configured_s": times[1],
+        "run_id": tracker.run_id,
+    }
+
+
+def adopt_parity(resolved: RunConfig) -> None:
+    """Before any rank starts: refuse what no parity check can run (one line)."""
+    import os
+
+    from processor.runtime.torchrun import under_torchrun
+
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else resolved.trainer.nprocs
+    check_parity(resolved, world)
+
+
+def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:
+    """:func:`parity_on_rank` on the configured ranks (local or torchrun), after the checks."""
+    from training.app import run as run_app
+
+    return run_app(cfg, parity_on_rank, adopt=adopt_parity, trains=True)

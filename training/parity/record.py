@@ -1,0 +1,66 @@
+"""One layout's steps of a parity check: the training run's own step (:class:`training.step.TrainStep`)
+on the training run's batches, with the loss, every gradient and every parameter after the
+optimiser step recorded as one rank holding everything has them (split tensors gathered)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from processor.distributed import full_gradients, full_state_dict
+from training.config import RunConfig
+from training.faults import perturb_inputs
+from training.parallel import ParallelDims
+from training.rollout import RolloutSchedule
+from training.session import Session, open_session, rollout_horizon
+from training.step import build_optimiser
+from training.trainer import sample_positions, train_step
+
+
+@dataclass
+class StepRecord:
+    """One optimiser step as one rank holding the model sees it, every tensor a CPU copy."""
+
+    loss: float  # the replicas' mean loss (what training logs as train/loss)
+    gradients: dict[str, Tensor]  # before clipping: what backward left, summed and averaged over ranks
+    parameters: dict[str, Tensor]  # after the optimiser step
+
+
+def record_steps(cfg: RunConfig, dims: ParallelDims, keep: bool) -> list[StepRecord]:
+    """Train ``cfg.parity.steps`` steps of ``cfg`` from its initial parameters on this rank's
+    place ``dims``; the records of the steps where ``keep`` (rank 0), else an empty list. Every
+    rank of the layout calls (the gathers are collective). ``debug.perturb_rank``'s rank adds
+    its perturbation to its inputs (:func:`training.faults.perturb_inputs`)."""
+    t_cfg = cfg.trainer
+    session = open_session(cfg, dims, rollout_horizon(t_cfg))
+    step_fn = train_step(session, *build_optimiser(session.model, t_cfg))
+    schedule = RolloutSchedule.from_config(t_cfg.rollout)
+    n_train = len(session.samples.train)
+    records = []
+    for step in range(cfg.parity.steps):
+        picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg.batch_size, n_train, t_cfg.seed)
+        batch = session.batches([session.samples.train[i] for i in picks], schedule.steps_at(step))
+        gradients: dict[str, Tensor] = {}
+        capture = functools.partial(_gather_gradients, session, gradients)
+        x = perturb_inputs(batch.x, cfg.debug, dims.rank)
+        loss = step_fn(x, batch.targets, session.grids, session.model_group, session.transport, capture, batch.forcings)
+        total = dims.sum_over_world([loss.item()])[0] / dims.dp
+        state = full_state_dict(session.model, dims.mp_group, session.transport)
+        if keep:
+            parameters = {name: state[name] for name, _ in session.model.named_parameters()}
+            records.append(StepRecord(total, gradients, _cpu_copies(parameters)))
+    return records
+
+
+def _gather_gradients(session: Session, into: dict[str, Tensor]) -> None:
+    """After backward: a copy of every gradient, full, into ``into`` (every rank of the layout
+    calls). Copied now: clipping scales the live gradients in place."""
+    into.update(_cpu_copies(full_gradients(session.model, session.dims.mp_group, session.transport)))
+
+
+def _cpu_copies(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Copies on the CPU (a replicated parameter's full tensor is the live one)."""
+    return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in tensors.items()}
