@@ -54,7 +54,7 @@ from processor.runtime.torchrun import (
 from training.auto_attention import resolve_run_attention
 from training.auto_strategy import resolve_auto
 from training.cli_check import check_overrides, discard_refused_run_dir
-from training.config import ConfigValueError, RunConfig, check_config, run_config
+from training.config import ConfigValueError, DataConfig, RunConfig, check_config, run_config
 from training.device import backend_for, check_local_ranks, rank_device, resolve_device
 from training.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.interrupt import LauncherSignals, remove_stop_marker
@@ -84,8 +84,7 @@ def prepare(
     ``given``: the keys this command line set (:func:`training.run_settings.given_keys`); a
     training run resuming in a run directory then takes every other setting from the run it
     continues (:mod:`training.run_settings`). None: the configuration as it is (the API's callers).
-    ``trains``: whether the ranks train (``attention_path=auto`` then times backward too); None:
-    when ``adopt`` is None."""
+    ``trains``: the ranks train (``attention_path=auto`` times backward too); None: ``adopt`` is None."""
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
     saved = None
@@ -106,12 +105,7 @@ def prepare(
     data = cfg.data
     if data.path is not None and not data.open_dataset:
         data.path = str(Path(data.path).resolve())
-    if data.path and not Path(data.path).exists() and data.generate and int(os.environ.get("RANK", "0")) == 0:
-        from training.data.generate import check_built_in_path, generate_built_in
-
-        check_built_in_path(data.path)  # a typo is not filled with the built-in data
-        log.info("writing the built-in dataset to %s", data.path)
-        generate_built_in(data.path, data.grid, data.generate_steps, data.generate_seed)
+    write_built_in_if_asked(data)
     from training.session import rollout_horizon, session_hidden_grid
     from training.trainer import check_resumable, open_dataset
 
@@ -120,8 +114,8 @@ def prepare(
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
         check_config(cfg, world)
-    trains = adopt is None if trains is None else trains
-    resolve_run_attention(cfg, hidden.n_points, training=trains)  # auto: measured (or cached) here
+    # auto: measured (or cached) here
+    resolve_run_attention(cfg, hidden.n_points, training=adopt is None if trains is None else trains)
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
@@ -134,6 +128,17 @@ def prepare(
         remove_stop_marker(cfg.run_dir)  # left by a launcher that was killed
     log.info(startup_line(cfg, dataset.n_points, hidden.n_points))
     return cfg
+
+
+def write_built_in_if_asked(data: DataConfig) -> None:
+    """Write the built-in dataset to ``data.path`` (rank 0) when it does not exist and
+    ``data.generate`` asks for it; a path that looks like a typo is refused instead."""
+    if data.path and not Path(data.path).exists() and data.generate and int(os.environ.get("RANK", "0")) == 0:
+        from training.data.generate import check_built_in_path, generate_built_in
+
+        check_built_in_path(data.path)  # a typo is not filled with the built-in data
+        log.info("writing the built-in dataset to %s", data.path)
+        generate_built_in(data.path, data.grid, data.generate_steps, data.generate_seed)
 
 
 def share_sweep_store(resolved: RunConfig) -> None:

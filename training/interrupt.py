@@ -110,8 +110,8 @@ class LauncherSignals:
         if self.signum is None:
             self.signum = signum
             print(
-                f"{signal_name(signum)}: finishing the step in flight and writing a checkpoint "
-                "(Ctrl-C again to stop at once)",
+                f"{signal_name(signum)}: finishing the step in flight (a training run then writes its "
+                "checkpoint; Ctrl-C again to stop at once)",
                 file=sys.stderr,
             )
             self.marker.touch()

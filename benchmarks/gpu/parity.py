@@ -1,7 +1,8 @@
 """The ``parity`` part: ``python -m training.parity`` on the device, each strategy of the default
 run on its 2 ranks sharing the GPU (``trainer.debug_share_gpu=true``: NCCL needs a GPU per rank,
-so the ranks' messages go through host memory over gloo) against one rank, fp32 and bf16, as
-subprocesses, time-boxed; its verdict line per run. ``--dry-run``: the same on CPU, shrunk."""
+so the ranks' messages go through host memory over gloo) against one rank at fp32, and
+shard_sequence at bf16 too, as subprocesses, time-boxed; its verdict line per run.
+``--dry-run``: the same on CPU, shrunk."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def parity_part(ctx: Context) -> str:
     for strategy, precision in CASES:
         name = f"{strategy}-{precision}"
         if budget.spent():
-            rows.append(f"| {strategy} | {precision} | — | — | skipped: {budget.note()} |")
+            rows.append(f"| {strategy} | {precision} | — | — | {budget.note()} |")
             continue
         argv = parity_command(ctx, strategy, precision, name)
         print("parity:", " ".join(argv[1:]), flush=True)
@@ -55,7 +56,8 @@ def parity_part(ctx: Context) -> str:
         lines = [line for line in text.splitlines() if line.startswith(VERDICT)]
         verdicts += bool(lines)
         said = lines[-1] if lines else last_line(log_tail(log))
-        rows.append(f"| {strategy} | {precision} | {code} | {seconds:.0f} | {said.replace('|', '/')} |")
+        shown = "— (time box)" if code is None else str(code)
+        rows.append(f"| {strategy} | {precision} | {shown} | {seconds:.0f} | {said.replace('|', '/')} |")
     if not verdicts:
         raise PartFailed("`python -m training.parity` gave no verdict: " + rows[0])
     return "\n".join(

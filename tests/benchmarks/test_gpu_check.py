@@ -42,7 +42,7 @@ def test_without_a_gpu_it_skips_and_writes_nothing(tmp_path, capsys):
 
 def test_only_takes_comma_lists_and_repeats_in_the_parts_order():
     assert gpu_check.selected_parts(["sweep,tests", "kernel"]) == ["tests", "kernel", "sweep"]
-    assert gpu_check.selected_parts(None) == ["tests", "kernel", "processor", "train", "sweep"]
+    assert gpu_check.selected_parts(None) == ["tests", "kernel", "processor", "train", "sweep", "parity"]
     with pytest.raises(SystemExit, match="unknown part"):
         gpu_check.selected_parts(["kernels"])
 
@@ -178,9 +178,9 @@ def test_the_sweep_table_says_why_a_point_has_no_figures():
 
 def test_parts_that_need_the_wheels_say_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "missing_wheels", lambda: ["hydra", "mlflow"])
-    code, text = _dry_run(tmp_path, "train", "sweep")
+    code, text = _dry_run(tmp_path, "train", "sweep", "parity")
     assert code == 1
-    for name in ("train", "sweep"):
+    for name in ("train", "sweep", "parity"):
         assert f"**failed**: {common.NEEDS_WHEELS} (missing: hydra, mlflow)" in _part(text, name)
 
 

@@ -13,11 +13,13 @@ ranks and strategy. Per step it compares the loss, every parameter's gradient (b
 and every parameter after the optimiser step (:mod:`training.parity.compare`).
 
 It prints the worst tensor of each step and quantity and one verdict line against
-``parity.tolerance`` (default: fp32 1e-5, bf16 5e-2, :data:`training.parity.config.TOLERANCES`),
+``parity.tolerance`` (default: fp32 1e-5, bf16 0.25, :data:`training.parity.config.TOLERANCES`),
 and writes ``parity.csv`` (every tensor) in its run directory and an MLflow run tagged
 ``kind=parity`` (``parity/<quantity>``, the worst of each step). Exit code 0 within the
-tolerance, 4 (:data:`training.parity.check.EXIT_BREACH`) beyond it; bad input is one line and exit code 2, a lost rank
-exit code 3 (:mod:`training.errors`).
+tolerance, 4 (:data:`training.parity.check.EXIT_BREACH`) beyond it (under torchrun rank 0 exits
+4 and torchrun itself 1, naming it; the others exit 0); bad input is one line and exit code 2,
+a lost rank exit code 3 (:mod:`training.errors`); Ctrl-C or SIGTERM stops every rank after the
+step in flight, with no verdict (exit code 130 or 143).
 """
 
 from __future__ import annotations
@@ -37,17 +39,25 @@ log = logging.getLogger(__name__)
 def _hydra_main(cfg: DictConfig) -> None:
     from processor.runtime.torchrun import torchrun_rank
     from training.app import run_reporting_errors
+    from training.interrupt import exit_code, signal_name
 
     result = run_reporting_errors(run, cfg)
-    if torchrun_rank() == 0:
-        log.info("parity by step (max relative difference, the worst tensor):\n%s", result["table"])
-        log.info(
-            "run times: reference %.1f s, configured %.1f s; every tensor: %s/parity.csv",
-            result["reference_s"],
-            result["configured_s"],
-            cfg.run_dir,
-        )
-        print(result["verdict"], flush=True)
+    first = torchrun_rank() == 0
+    signum = result.get("signal") or result.get("stopped")  # the launcher's signal, else the rank's
+    if signum is not None:
+        if first:
+            print(f"parity: stopped by {signal_name(signum)} after the step in flight: no verdict", file=sys.stderr)
+        sys.exit(exit_code(signum))
+    if not first:
+        return  # rank 0 reports, and alone exits EXIT_BREACH (torchrun then exits 1, naming it)
+    log.info("parity by step (max relative difference, the worst tensor):\n%s", result["table"])
+    log.info(
+        "run times: reference %.1f s, configured %.1f s; every tensor: %s/parity.csv",
+        result["reference_s"],
+        result["configured_s"],
+        cfg.run_dir,
+    )
+    print(result["verdict"], flush=True)
     if result["breach"]:
         sys.exit(EXIT_BREACH)
 

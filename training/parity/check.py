@@ -3,8 +3,10 @@ command is :mod:`training.parity.__main__`."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,12 @@ import torch
 from omegaconf import DictConfig
 
 from training.config import ConfigValueError, RunConfig
+from training.interrupt import StopRequest
 from training.parallel import ParallelDims
 from training.parity.compare import Difference, compare, table, within, worst_by_step, worst_of, write_csv
 from training.parity.config import tolerance_of
-from training.parity.layouts import check_parity, reference_config, reference_dims
-from training.parity.record import StepRecord, record_steps
+from training.parity.layouts import check_parity, reference_config, reference_layout
+from training.parity.record import ParityStopped, StepRecord, record_steps
 
 EXIT_BREACH = 4  # a difference beyond the tolerance: the layouts do not agree
 
@@ -24,34 +27,49 @@ EXIT_BREACH = 4  # a difference beyond the tolerance: the layouts do not agree
 def parity_on_rank(cfg: RunConfig) -> dict[str, Any]:
     """Every rank: the reference layout's steps, then the configured layout's; rank 0 compares,
     writes ``parity.csv`` and the MLflow run. Returns (every rank) whether the tolerance was
-    breached and, on rank 0, the rows, the table, the verdict and both layouts' times."""
+    breached and, on rank 0, the rows, the table, the verdict and both layouts' times; or, when
+    a stop signal came (Ctrl-C, SIGTERM), ``stopped``: the signal, after the step in flight."""
+    from training.interrupt import stop_requests
     from training.session import join_ranks
 
     dims, heartbeat = join_ranks(cfg)
     keep = dims.rank == 0
-    with heartbeat:
-        reference_cfg = reference_config(cfg, dims.world)
-        start = time.perf_counter()
-        reference = _record_reference(reference_cfg, dims, keep)
-        middle = time.perf_counter()
-        configured = record_steps(cfg, dims, keep)
+    with heartbeat, stop_requests(cfg.run_dir) as stop:
+        should_stop = functools.partial(_agreed_stop, dims, stop)
+        try:
+            reference_cfg = reference_config(cfg, dims.world)
+            start = time.perf_counter()
+            reference = _record_reference(reference_cfg, dims, keep, should_stop)
+            middle = time.perf_counter()
+            configured = record_steps(cfg, dims, keep, should_stop)
+        except ParityStopped:
+            return {"stopped": stop.signum, "breach": False}
         times = (middle - start, time.perf_counter() - middle)
         result: dict[str, Any] = {}
         if keep:
             result = _report(cfg, reference_cfg, dims, compare(reference, configured), times)
-        breach = dims.max_over_world([float(result.get("breach", 0.0))])[0] > 0  # every rank exits alike
+        breach = dims.max_over_world([float(result.get("breach", 0.0))])[0] > 0
     return {**result, "breach": breach}
 
 
-def _record_reference(reference_cfg: RunConfig, dims: ParallelDims, keep: bool) -> list[StepRecord]:
+def _agreed_stop(dims: ParallelDims, stop: StopRequest) -> bool:
+    """Whether any rank of the world was asked to stop (every rank calls, together)."""
+    return dims.sum_over_world([float(stop.requested)])[0] > 0
+
+
+def _record_reference(
+    reference_cfg: RunConfig, dims: ParallelDims, keep: bool, should_stop: Callable[[], bool]
+) -> list[StepRecord]:
     """The reference layout's records (this rank a copy of it); its memory freed after."""
-    reference = reference_cfg.parity.reference
+    reference, batch = reference_cfg.parity.reference, reference_cfg.trainer.batch_size
     try:
-        records = record_steps(reference_cfg, reference_dims(reference, dims), keep)
+        with reference_layout(reference, dims) as reference_dims:
+            records = record_steps(reference_cfg, reference_dims, keep, should_stop)
     except torch.OutOfMemoryError as exc:
         raise ConfigValueError(
-            f"parity.reference = {reference}: the model does not fit {reference} rank(s) "
-            f"({str(exc).splitlines()[0]}); give a larger parity.reference"
+            f"parity.reference = {reference}: the reference layout ({reference} rank(s), one replica with every "
+            f"replica's samples: a batch of {batch}) does not fit its device ({str(exc).splitlines()[0]}); give a "
+            "larger parity.reference (at most trainer.ranks_per_model) or a smaller trainer.batch_size"
         ) from None
     gc.collect()
     if torch.cuda.is_available():
@@ -84,7 +102,7 @@ def _report(
         + (f"; {len(blind)} parameter(s) the loss is blind to not judged (parity.csv)" if blind else "")
     )
     csv_path = write_csv(rows, Path(cfg.run_dir) / "parity.csv")
-    tags = {"kind": "parity", "parity_verdict": "exact" if ok else "breach", "parity_worst_tensor": worst.tensor}
+    tags = {"kind": "parity", "parity_verdict": "within" if ok else "breach", "parity_worst_tensor": worst.tensor}
     tracker = open_tracker(cfg, dims, 0, tags)
     worst_rows = worst_by_step(rows)
     for step in range(cfg.parity.steps):
@@ -103,13 +121,15 @@ def _report(
 
 
 def adopt_parity(resolved: RunConfig) -> None:
-    """Before any rank starts: refuse what no parity check can run (one line)."""
+    """Before any rank starts: refuse, in one line, what no parity check can run."""
     import os
 
     from processor.runtime.torchrun import under_torchrun
 
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else resolved.trainer.nprocs
     check_parity(resolved, world)
+    if resolved.strategy.name != "auto":  # auto is resolved later; the ranks check it then
+        reference_config(resolved, world)
 
 
 def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:

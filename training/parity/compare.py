@@ -5,18 +5,16 @@ A tensor's ``max_rel_diff`` is ``max |a - b|`` over its elements divided by the 
 scale, the largest ``|b|`` of every tensor of that quantity at that step (``b`` the reference's;
 for the loss, ``|b|``): the max-norm relative difference of the whole gradient (or of all the
 parameters), broken down by tensor so that the worst is named. Measured against each tensor's
-own scale instead (``tensor_rel_diff``, in ``parity.csv`` too), rounding noise looks like a
-breach where the exact value is zero or nearly so: the gradient of a bias added to every key (a
-softmax is blind to it) is rounding noise of 1e-10 of the largest gradient in either layout,
-and Adam's first steps move each parameter by ``lr * g / (|g| + eps)``, which turns a gradient
-element near ``eps`` into a step that differs by a few percent between layouts.
+own scale instead (``tensor_rel_diff``, in ``parity.csv`` too), rounding noise would look like a
+breach where the exact value is zero or nearly so.
 
 Parameter elements whose reference gradient has been at most :data:`BLIND` of the largest
 gradient, at this step or an earlier one, are shown but not judged: such a gradient is rounding
-noise (the loss is blind to a bias added to every key, whose gradient is 1e-10 of the largest
-in either layout) or close to it, and Adam, dividing by ``|g| + eps``, turns a noise-level
-gradient into a step of up to ``lr`` in either direction, so that the parameter drifts apart
-by design, not by error. A tensor none of whose elements is judged is marked ``judged=0``.
+noise (the softmax is blind to a bias added to every key, whose gradient is 1e-10 of the
+largest in either layout) or close to it, and Adam, dividing by ``|g| + eps``, turns a
+noise-level gradient into a step of up to ``lr`` in either direction, so that the parameter
+drifts apart by design, not by error. A tensor none of whose elements is judged is marked
+``judged=0``; a NaN or inf in one layout only is judged wherever it is.
 
 A difference is ``inf`` where the shapes differ, where a tensor is in one layout only, or
 where one layout has a NaN or inf that the other has not.
@@ -88,16 +86,17 @@ def compare_quantity(
     scale = max((_scale(t) for t in ref.values()), default=0.0)
     rows = []
     for name in sorted(set(ref) | set(got)):
-        mask = (judged or {}).get(name)
         if name not in ref or name not in got:
             rows.append(Difference(step, quantity, name, math.inf, math.inf))
             continue
         whole = largest_difference(got[name], ref[name])
-        if mask is not None and mask.shape == ref[name].shape and bool(mask.any()):
-            diff = largest_difference(got[name][mask], ref[name][mask])
+        mask = (judged or {}).get(name)
+        if mask is None or math.isinf(whole):  # judged whole: a shape or a NaN/inf of one layout only
+            diff, row_judged = whole, True
+        elif mask.shape == ref[name].shape and bool(mask.any()):
+            diff, row_judged = largest_difference(got[name][mask], ref[name][mask]), True
         else:
-            diff = whole
-        row_judged = mask is None or bool(mask.any())
+            diff, row_judged = whole, False
         rows.append(Difference(step, quantity, name, _ratio(diff, scale), _ratio(whole, _scale(ref[name])), row_judged))
     return rows
 

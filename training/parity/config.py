@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 from training.settings import above, at_least, or_null, setting
 
-# The largest relative difference a precision is allowed, when parity.tolerance is not given.
+# The largest relative difference a precision is allowed, when parity.tolerance is not given,
+# calibrated for a few steps (the default 3; rounding differences grow with the steps).
 # fp32: the library's promise (one rank's numbers, summation order aside). bf16: autocast rounds
-# every product to 8 bits of mantissa (unit roundoff 2^-8 = 3.9e-3), differently on each layout;
-# the bound is a few roundoffs, above the drift measured on the default config (docs/parity.md).
+# each rank's partial weight gradients to 8 bits of mantissa (2^-8 = 3.9e-3) before the sum over
+# the ranks; where the partial sums cancel the gradient differs by several percent (0.05 on the
+# default run, 0.11 on the tests' small model): the bound separates that from gross errors only,
+# fp32 is the exactness check (docs/gpu.md, "Check it on your machines").
 TOLERANCES = {"fp32": 1e-5, "bf16": 2.5e-1}
 
 

@@ -10,7 +10,10 @@ reference, so no rank waits for another and no collective spans two copies.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -37,10 +40,23 @@ def check_parity(cfg: RunConfig, world: int) -> None:
             f"parity.reference = {reference} is above trainer.ranks_per_model = {per_model}: the reference is "
             f"the smaller layout; give parity.reference <= {per_model}"
         )
+    if reference == per_model == world:
+        raise ConfigValueError(
+            f"parity.reference = {reference} is the configured layout itself ({world} ranks, one replica): "
+            f"give a smaller parity.reference (1: one rank)"
+        )
     if world % reference:
         raise ConfigValueError(
             f"parity.reference = {reference} does not divide the {world} ranks, each group of which computes "
             "the reference: give a divisor"
+        )
+    perturbed = cfg.debug.perturb_rank
+    if perturbed is not None and perturbed >= world:
+        raise ConfigValueError(f"debug.perturb_rank = {perturbed}: there are {world} ranks; give one below {world}")
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        raise ConfigValueError(
+            "torchrun --max-restarts > 0: a breach (exit code 4) would run the parity check again; "
+            "give --max-restarts 0"
         )
 
 
@@ -81,14 +97,21 @@ class CopyDims(ParallelDims):
         return t.tolist()
 
 
-def reference_dims(reference: int, configured: ParallelDims) -> ParallelDims:
+@contextlib.contextmanager
+def reference_layout(reference: int, configured: ParallelDims) -> Iterator[ParallelDims]:
     """This rank's place in the reference layout: alone for ``reference`` = 1, else in its
-    group of ``reference`` consecutive ranks (every rank of the world calls, together)."""
+    group of ``reference`` consecutive ranks (every rank of the world enters, together); the
+    groups made for it are destroyed on leaving."""
     first = configured.rank // reference * reference  # new_subgroups' groups are consecutive ranks
     nodes = configured.nodes[first : first + reference]
     if reference == 1:
-        return ParallelDims(1, 1, 0, None, None, nodes=nodes)
+        yield ParallelDims(1, 1, 0, None, None, nodes=nodes)
+        return
     exchanges, _ = dist.new_subgroups(group_size=reference)
     gradients, _ = dist.new_subgroups(group_size=reference)
     rank = dist.get_rank(exchanges)
-    return CopyDims(reference, reference, rank, None, exchanges, 0, rank, nodes, gradient_group=gradients)
+    try:
+        yield CopyDims(reference, reference, rank, None, exchanges, 0, rank, nodes, gradient_group=gradients)
+    finally:
+        for group in (exchanges, gradients):
+            dist.destroy_process_group(group)

@@ -5,6 +5,7 @@ optimiser step recorded as one rank holding everything has them (split tensors g
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,10 @@ from training.step import build_optimiser
 from training.trainer import sample_positions, train_step
 
 
+class ParityStopped(Exception):
+    """A stop signal reached the ranks (agreed by all): the check ends with no verdict."""
+
+
 @dataclass
 class StepRecord:
     """One optimiser step as one rank holding the model sees it, every tensor a CPU copy."""
@@ -29,11 +34,14 @@ class StepRecord:
     parameters: dict[str, Tensor]  # after the optimiser step
 
 
-def record_steps(cfg: RunConfig, dims: ParallelDims, keep: bool) -> list[StepRecord]:
+def record_steps(
+    cfg: RunConfig, dims: ParallelDims, keep: bool, should_stop: Callable[[], bool] = lambda: False
+) -> list[StepRecord]:
     """Train ``cfg.parity.steps`` steps of ``cfg`` from its initial parameters on this rank's
     place ``dims``; the records of the steps where ``keep`` (rank 0), else an empty list. Every
     rank of the layout calls (the gathers are collective). ``debug.perturb_rank``'s rank adds
-    its perturbation to its inputs (:func:`training.faults.perturb_inputs`)."""
+    its perturbation to its inputs (:func:`training.faults.perturb_inputs`). After each step,
+    :class:`ParityStopped` when ``should_stop()`` (every rank of the world asks, together)."""
     t_cfg = cfg.trainer
     session = open_session(cfg, dims, rollout_horizon(t_cfg))
     step_fn = train_step(session, *build_optimiser(session.model, t_cfg))
@@ -44,21 +52,25 @@ def record_steps(cfg: RunConfig, dims: ParallelDims, keep: bool) -> list[StepRec
         picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg.batch_size, n_train, t_cfg.seed)
         batch = session.batches([session.samples.train[i] for i in picks], schedule.steps_at(step))
         gradients: dict[str, Tensor] = {}
-        capture = functools.partial(_gather_gradients, session, gradients)
+        capture = functools.partial(_gather_gradients, session, gradients, keep)
         x = perturb_inputs(batch.x, cfg.debug, dims.rank)
         loss = step_fn(x, batch.targets, session.grids, session.model_group, session.transport, capture, batch.forcings)
         total = dims.sum_over_world([loss.item()])[0] / dims.dp
-        state = full_state_dict(session.model, dims.mp_group, session.transport)
+        state = full_state_dict(session.model, dims.mp_group, session.transport)  # collective: every rank
         if keep:
             parameters = {name: state[name] for name, _ in session.model.named_parameters()}
             records.append(StepRecord(total, gradients, _cpu_copies(parameters)))
+        if should_stop():
+            raise ParityStopped(f"stopped after step {step}")
     return records
 
 
-def _gather_gradients(session: Session, into: dict[str, Tensor]) -> None:
-    """After backward: a copy of every gradient, full, into ``into`` (every rank of the layout
-    calls). Copied now: clipping scales the live gradients in place."""
-    into.update(_cpu_copies(full_gradients(session.model, session.dims.mp_group, session.transport)))
+def _gather_gradients(session: Session, into: dict[str, Tensor], keep: bool) -> None:
+    """After backward: every gradient, full (every rank of the layout gathers), copied into
+    ``into`` where ``keep``. Copied now: clipping scales the live gradients in place."""
+    gradients = full_gradients(session.model, session.dims.mp_group, session.transport)
+    if keep:
+        into.update(_cpu_copies(gradients))
 
 
 def _cpu_copies(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -84,3 +84,13 @@ def test_elements_with_a_noise_level_gradient_are_shown_not_judged():
     assert params[(1, "mixed")].judged and params[(1, "mixed")].max_rel_diff == 0.0
     assert params[(1, "mixed")].tensor_rel_diff == 0.25  # shown over every element
     assert within(rows, 1e-5) and worst_of(rows).max_rel_diff == 0.0
+
+
+def test_a_nan_or_another_shape_is_judged_even_where_the_gradient_is_noise():
+    grads = {"a": torch.tensor([1.0]), "blind": torch.tensor([0.0, 0.0])}
+    ref = {"a": torch.tensor([1.0]), "blind": torch.tensor([0.0, 0.0])}
+    for bad in (torch.tensor([0.0, float("nan")]), torch.tensor([0.0, 0.0, 0.0])):
+        rows = compare([StepRecord(1.0, grads, ref)], [StepRecord(1.0, grads, {**ref, "blind": bad})])
+        (row,) = [r for r in rows if r.tensor == "blind" and r.quantity == "parameters"]
+        assert row.judged and row.max_rel_diff == math.inf
+        assert not within(rows, 1.0)
