@@ -6,15 +6,16 @@ field (:func:`training.settings.setting`), the grids and the processor's own che
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from benchmarks.torchrun_world import world_skip_reason
 from processor import ConfigError
 from processor.grids import grid_points
 from processor.runtime.placement import PLACEMENTS
+from processor.runtime.torchrun import under_torchrun
 from processor.strategies import BUILT_IN
 from processor.strategies import strategy_options as strategy_option_names
 from training.config import StrategyOptions, processor_config, processor_schema
@@ -119,6 +120,16 @@ def check_point(cfg: BenchmarkConfig) -> None:
             if not name.startswith(("o", "f")):
                 raise ConfigValueError(f"target=train_step needs grid coordinates: use an oN or fN grid, not {name}")
     processor_config(cfg.model, cfg.strategy, key_prefix="model.", strategy_key="strategy", **strategy_options(cfg))
+
+
+def world_skip_reason(ranks: int) -> str | None:
+    """Why a point of ``ranks`` cannot run on this torchrun world (None outside torchrun)."""
+    if not under_torchrun():
+        return None
+    world = int(os.environ["WORLD_SIZE"])
+    if world % ranks:
+        return f"ranks = {ranks} does not divide the {world} ranks torchrun started"
+    return None
 
 
 def skip_reason(cfg: BenchmarkConfig) -> str | None:

@@ -5,7 +5,7 @@ every rank in step: each point measures on a group of ``ranks`` of the world, ch
 training chooses a model group (``placement``: inside a node when it fits, or across nodes;
 :mod:`processor.runtime.placement`), while the other ranks wait; the group's reports reach
 every rank, and rank 0 writes the rows. Points whose ``ranks`` do not divide the world are
-skipped (:func:`world_skip_reason`).
+skipped (:func:`benchmarks.config.world_skip_reason`).
 """
 
 from __future__ import annotations
@@ -18,20 +18,10 @@ import torch.distributed as dist
 
 from processor.runtime.failures import RankFailure, RanksFailedError
 from processor.runtime.placement import gather_nodes, model_groups
-from processor.runtime.torchrun import init_torchrun_group, under_torchrun
+from processor.runtime.torchrun import init_torchrun_group
 
 if TYPE_CHECKING:
     from benchmarks.config import BenchmarkConfig
-
-
-def world_skip_reason(ranks: int) -> str | None:
-    """Why a point of ``ranks`` cannot run on this torchrun world (None outside torchrun)."""
-    if not under_torchrun():
-        return None
-    world = int(os.environ["WORLD_SIZE"])
-    if world % ranks:
-        return f"ranks = {ranks} does not divide the {world} ranks torchrun started"
-    return None
 
 
 def _join(cfg: BenchmarkConfig) -> list[str]:
@@ -46,7 +36,7 @@ def run_on_torchrun_world(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
     group's reports in group order (on every rank). A failure on members is raised on every
     rank, as a :class:`~processor.runtime.failures.RanksFailedError` holding their records, so
     that all go on to the next point together."""
-    from benchmarks.worker import measure  # (it imports benchmarks.config, which imports this module)
+    from benchmarks.worker import measure  # the model's modules: only when a point runs
 
     members = model_groups(_join(cfg), cfg.ranks, cfg.placement)[0]
     group = dist.new_group(members)  # collective over the world: every rank creates it

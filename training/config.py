@@ -330,7 +330,7 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigValueError(
             f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
         )
-    from training.model.hidden_grid import check_hidden_grid  # it builds on this module
+    from training.model.hidden_grid import check_hidden_grid  # training.model loads torch_geometric: when used
 
     check_hidden_grid(cfg.model.hidden_grid, cfg.model.hidden_stride)
     world = cfg.trainer.nprocs if world_size is None else world_size

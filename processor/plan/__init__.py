@@ -4,7 +4,8 @@
 chosen like the built-ins (pass its class to :func:`choose`)."""
 
 from processor.plan.flops import processor_flops, saved_activation_bytes, window_pairs
-from processor.plan.machine import PRESETS, Machine, load_machine
+from processor.plan.load import load_machine
+from processor.plan.machine import PRESETS, Machine
 from processor.plan.planner import Prediction, candidates, choose, predict, processor_bytes, segment_id_bytes
 from processor.strategies.cost import CommPart, Workload
 

@@ -159,9 +159,7 @@ class StrategyCost:
     def config_name(self) -> str:
         """What a config names this strategy by: a built-in's name, or your own's import path
         (``package.module:ClassName``)."""
-        from processor.strategies import BUILT_IN
-
-        if BUILT_IN.get(self.name) is type(self):
+        if type(self).__module__ == f"processor.strategies.{self.name}":  # a built-in lives in its own file
             return self.name
         return f"{type(self).__module__}:{type(self).__qualname__}"
 

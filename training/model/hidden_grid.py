@@ -22,7 +22,7 @@ import numpy as np
 from processor.grids import get_grid
 from processor.point_sets import PointSet
 from training.centroid import grid_spacing_km
-from training.config import ConfigValueError
+from training.settings import ConfigValueError
 
 DATA = "data"
 
