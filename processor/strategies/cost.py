@@ -159,7 +159,7 @@ class StrategyCost:
     def config_name(self) -> str:
         """What a config names this strategy by: a built-in's name, or your own's import path
         (``package.module:ClassName``)."""
-        if type(self).__module__ == f"processor.strategies.{self.name}":  # a built-in lives in its own file
+        if type(self).__module__.startswith(f"{__package__}."):  # every class here is a built-in
             return self.name
         return f"{type(self).__module__}:{type(self).__qualname__}"
 
