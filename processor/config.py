@@ -55,7 +55,7 @@ class ProcessorConfig:
             ``shard_channels``) or a :class:`~processor.strategies.Strategy` instance of your own.
         attention_block_size: query rows per block in the windowed kernel (None: ``W / 2``).
         attention_path: the windowed kernel, one of :data:`processor.attention.dispatch.PATHS`:
-            ``auto`` picks by device, dtype and whether a gradient is needed (README, "Attention
+            ``auto`` picks by device, dtype and whether a gradient is needed (docs/attention.md, "Attention
             paths"); any other forces that path, for tests and benchmarks.
         attn_channels: the attention's width ``A`` (q, k, v ``C -> A``, projection ``A -> C``;
             ``A / num_heads`` per head); None: ``num_channels``.

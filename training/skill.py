@@ -156,7 +156,7 @@ class SkillTable:
         ``eval/rmse/<variable>/<kind>/<lead>`` and ``eval/acc/<variable>/<kind>/<lead>`` for every
         row (NaN left out: no samples, climatology's ACC), and
         ``eval/rmse/<variable>/model_over_persistence/<lead>`` (below 1: better than persistence).
-        Logged at the training step of the model scored (see README, "Evaluations in MLflow")."""
+        Logged at the training step of the model scored (see docs/your-data.md, "Evaluations in MLflow")."""
         labels = lead_labels(self.lead_hours)
         out: dict[str, float] = {}
         for r in self.rows:
