@@ -125,6 +125,7 @@ def test_the_tests_part_runs_pytest_on_the_cuda_files(tmp_path, monkeypatch):
     assert not cuda_tests.imports_wheels(kernel_tests)
 
 
+@pytest.mark.slow
 def test_the_train_part_dry_runs_the_training_app(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "SECOND_RUN_FACTOR", 1e9)  # the 2-rank run: skipped for want of time
     code, text = _dry_run(tmp_path, "train")
@@ -152,6 +153,7 @@ def test_train_metrics_come_from_metrics_jsonl(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_the_sweep_part_dry_runs_the_benchmark_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "DRY_GRIDS", ("o8",))
     code, text = _dry_run(tmp_path, "sweep")

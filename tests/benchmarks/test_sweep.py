@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "benchmarks", *args, f"results_root={tmp_path}", "hydra.job.chdir=false"]

@@ -7,7 +7,11 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.agents import agent_env, two_nodes, wait_agents
+
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
 
 def test_a_sweep_runs_on_two_nodes_and_places_its_groups(tmp_path):

@@ -5,6 +5,8 @@ import torch
 
 from processor import ProcessorConfig, TransformerProcessor
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 
 def test_compiled_processor_matches_eager():
     torch.manual_seed(0)

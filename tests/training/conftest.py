@@ -41,3 +41,13 @@ def small_config(run_dir: Path, dataset: Path, *overrides: str):
     """The default config shrunk to seconds (see :func:`small_overrides`)."""
     with initialize_config_module(config_module="configs", version_base="1.3"):
         return compose(config_name="config", overrides=[*small_overrides(run_dir, dataset), *overrides])
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, small_dataset):
+    """The default config shrunk (2 ranks, shard_sequence, 6 steps), trained once for every test
+    that only reads its outputs: ``(run directory, result)``."""
+    from training.app import run
+
+    run_dir = tmp_path_factory.mktemp("trained")
+    return run_dir, run(small_config(run_dir, small_dataset))

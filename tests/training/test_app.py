@@ -21,10 +21,9 @@ def _losses(result) -> np.ndarray:
     return np.array([m["train/loss"] for _, m in result["history"]])
 
 
-@pytest.fixture(scope="module")
-def sequence_run(tmp_path_factory, small_dataset):
-    run_dir = tmp_path_factory.mktemp("seq")
-    return run_dir, run(small_config(run_dir, small_dataset))
+@pytest.fixture
+def sequence_run(trained_run):
+    return trained_run  # shared with the evaluation tests (tests/training/conftest.py)
 
 
 def test_loss_falls_and_every_strategy_gives_the_same_curve(sequence_run, tmp_path, small_dataset):
@@ -144,6 +143,7 @@ def test_bad_input_fails_before_training(tmp_path, small_dataset, overrides, err
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_data_parallel_times_model_parallel_equals_one_big_batch(tmp_path, small_dataset):
     """2 replicas x 2 model-parallel ranks, batch 1 each == one rank with batch 2: gradients are
     summed over the model-parallel group and averaged over replicas, nothing scaled by 2 twice."""

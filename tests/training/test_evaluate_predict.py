@@ -10,7 +10,6 @@ from mlflow.tracking import MlflowClient
 
 from tests.training.conftest import small_config
 from training import evaluate, predict
-from training.app import run
 from training.checkpoint import CheckpointError, load_training_checkpoint
 from training.config import RunConfig
 from training.data import DatasetError, ZarrDataset
@@ -21,10 +20,9 @@ from training.skill import KINDS
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, small_dataset):
-    run_dir = tmp_path_factory.mktemp("trained")
-    return run_dir, run(small_config(run_dir, small_dataset))
+@pytest.fixture
+def trained(trained_run):
+    return trained_run  # shared with the app's tests (tests/training/conftest.py)
 
 
 def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):

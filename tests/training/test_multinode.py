@@ -22,6 +22,8 @@ from training.checkpoint import load_checkpoint
 from training.faults import MARKER
 from training.metrics_file import read_history
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 WORLD = ["trainer.nprocs=4", "trainer.ranks_per_model=2", "trainer.heartbeat_s=0.2"]
 WORLD += ["evaluate.at_end_of_training=false"]
 NODE_LOSS = ["debug.fault_at_step=4", "debug.fault_rank=2", "debug.fault_scope=node", "trainer.timeout_s=30"]

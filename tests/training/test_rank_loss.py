@@ -37,6 +37,7 @@ def test_survivors_name_the_lost_rank(tmp_path, small_dataset, ranks):
     assert load_checkpoint(tmp_path / "checkpoints" / "latest.pt")["step"] == 3  # the last one before the fault
 
 
+@pytest.mark.slow
 def test_torchrun_restart_resumes_bit_for_bit(tmp_path, small_dataset):
     straight = run(small_config(tmp_path / "straight", small_dataset, "logging.mlflow=false"))
     assert straight["start_step"] == 0

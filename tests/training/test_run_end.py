@@ -69,6 +69,7 @@ def _csv_rows(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_stop_resume_stop_resume_keeps_the_run_s_settings_and_mlflow_tells_the_truth(tmp_path, small_dataset):
     run_dir = tmp_path / "R"
     first = [*_tiny(small_dataset), "trainer.steps=6", "trainer.stop_at_step=2", f"hydra.run.dir={run_dir}"]
@@ -133,6 +134,7 @@ def _session_processes(sid: int, wait_s: float = 15.0) -> list[str]:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sig, whom, code", [(signal.SIGINT, "group", 130), (signal.SIGTERM, "launcher", 143)], ids=["ctrl-c", "sigterm"]
 )
@@ -161,6 +163,7 @@ def test_a_signal_finishes_the_step_writes_a_checkpoint_and_stops_every_rank(tmp
     assert not (run_dir / ".stop-request").exists()
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once(tmp_path, small_dataset):
     run_dir = tmp_path / "R"
     log = tmp_path / "log.txt"

@@ -151,6 +151,7 @@ def test_read_history_replaces_rerun_steps_key_by_key(tmp_path):
     assert read_history(tmp_path / "nothing") == []
 
 
+@pytest.mark.slow
 def test_torchrun_makes_one_run_directory(tmp_path, small_dataset):
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "training"]
     rc, out, err = _launch([*torchrun, *_tiny(small_dataset)], tmp_path)
@@ -162,6 +163,7 @@ def test_torchrun_makes_one_run_directory(tmp_path, small_dataset):
     assert len(finished) == 1 and "MLflow run None" not in finished[0], finished
 
 
+@pytest.mark.slow
 def test_multirun_members_share_one_store(tmp_path, small_dataset):
     sweep = tmp_path / "sweep"
     args = ["-m", "training", "--multirun", *_tiny(small_dataset), *ONE_RANK, "trainer.seed=0,1"]
@@ -194,12 +196,14 @@ def test_a_configuration_error_is_one_line(tmp_path, small_dataset, override, li
     assert err.strip().splitlines() == [line, f"({DEBUG_HINT})"], err
 
 
+@pytest.mark.slow
 def test_the_debug_switch_brings_the_traceback_back(tmp_path, small_dataset):
     rc, _, err = _launch(["-m", "training", *_tiny(small_dataset), "trainer.lr=-1"], tmp_path, HYDRA_FULL_ERROR="1")
     assert rc not in (0, EXIT_USER_ERROR)
     assert "Traceback" in err and "ConfigValueError: config key trainer.lr" in err, err
 
 
+@pytest.mark.slow
 def test_a_configuration_error_under_torchrun_is_reported_once(tmp_path, small_dataset):
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "training"]
     rc, out, err = _launch([*torchrun, *_tiny(small_dataset), "trainer.lr=-1"], tmp_path)

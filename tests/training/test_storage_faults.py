@@ -21,6 +21,8 @@ from tests.training.conftest import small_overrides
 from training.checkpoint import LATEST, PARTIAL_PREFIX, load_checkpoint
 from training.errors import EXIT_USER_ERROR
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 
 def _train(run_dir: Path, dataset: Path, steps: int, file_size_limit: int | None = None) -> tuple[int, str, str]:
     """``python -m training`` on 2 local ranks; with ``file_size_limit``, every file it (and its

@@ -24,6 +24,8 @@ from processor.runtime import free_port
 from tests.training.conftest import small_config
 from training.app import run
 
+pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
+
 # One rank in this process; no end-of-run evaluation, whose metrics (by lead time) would add
 # lines to metrics.jsonl beyond the training steps these tests count.
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "evaluate.at_end_of_training=false"]

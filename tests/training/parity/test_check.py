@@ -26,7 +26,9 @@ def _worst(result) -> float:
     return max(r.max_rel_diff for r in result["rows"] if r.judged)
 
 
-@pytest.mark.parametrize("strategy", ["shard_sequence", "shard_heads", "shard_channels"])
+@pytest.mark.parametrize(
+    "strategy", ["shard_sequence", pytest.param("shard_heads", marks=pytest.mark.slow), "shard_channels"]
+)
 def test_two_ranks_give_one_ranks_loss_gradients_and_parameters(tmp_path, small_dataset, strategy):
     result = run(small_config(tmp_path, small_dataset, f"strategy={strategy}", STEPS))
     assert not result["breach"], result["verdict"]
@@ -55,12 +57,14 @@ def test_replicas_and_a_reference_of_two_ranks(tmp_path, small_dataset):
     assert "against shard_sequence on 2 rank(s)" in result["verdict"]
 
 
+@pytest.mark.slow
 def test_bf16_drifts_more_than_fp32_and_stays_within_its_bound(tmp_path, small_dataset):
     result = run(small_config(tmp_path, small_dataset, "trainer.precision=bf16", STEPS))
     assert TOLERANCES["fp32"] < _worst(result) <= TOLERANCES["bf16"], result["verdict"]
     assert not result["breach"]
 
 
+@pytest.mark.slow
 def test_a_perturbed_rank_is_a_breach_that_names_the_tensor(tmp_path, small_dataset):
     """The command itself: exit code 4 and the verdict naming the worst tensor."""
     overrides = [*small_overrides(tmp_path / "run", small_dataset), STEPS, "debug.perturb_rank=1"]
@@ -105,6 +109,7 @@ def test_a_stop_request_ends_the_steps_after_the_one_in_flight(tmp_path, small_d
     assert asked == [True]  # after the first step, not before it
 
 
+@pytest.mark.slow
 def test_under_torchrun_every_rank_computes_and_rank_0_says_it_once(tmp_path, small_dataset):
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "training.parity"]
     overrides = [*small_overrides(tmp_path / "run", small_dataset), STEPS, "strategy=shard_heads"]
