@@ -40,9 +40,9 @@ from benchmarks.results import (
 )
 from benchmarks.sweep import parent_run_id, tracker_for, write_outputs
 from processor.runtime.torchrun import torchrun_rank, under_torchrun
-from training.auto_attention import rank_probe_shape, resolve_attention_path, wants_probe
-from training.config import processor_config
-from training.settings import to_settings
+from training.config.auto_attention import rank_probe_shape, resolve_attention_path, wants_probe
+from training.config.schema import processor_config
+from training.config.settings import to_settings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def done_line(overrides: str, row: dict[str, Any]) -> str:
 
 def _resolve_attention(cfg: BenchmarkConfig) -> None:
     """``model.attention_path=auto``: the fastest path for one rank's call, measured or cached
-    (training/auto_attention.py); under torchrun each rank would time on its own, so there the
+    (training/config/auto_attention.py); under torchrun each rank would time on its own, so there the
     static rule stays."""
     if under_torchrun() or not wants_probe(cfg.model):
         return
@@ -138,6 +138,6 @@ def main(composed: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from training.app import main as launch  # torchrun ranks but 0 get Hydra overrides that write nothing
+    from training.launch.launcher import main as launch  # torchrun ranks but 0 get Hydra overrides that write nothing
 
     launch(main, training_schema=False)

@@ -1,7 +1,7 @@
 """Typed schema of one benchmark point. Hydra merges ``configs/benchmark/`` into it, so an unknown
 key or a wrong type fails at start naming the key; :func:`point_config` makes the composition a
 :class:`BenchmarkConfig` once, and :func:`check_point` checks it: the ranges declared beside each
-field (:func:`training.settings.setting`), the grids and the processor's own checks."""
+field (:func:`training.config.settings.setting`), the grids and the processor's own checks."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from processor.runtime.placement import PLACEMENTS
 from processor.runtime.torchrun import under_torchrun
 from processor.strategies import BUILT_IN
 from processor.strategies import strategy_options as strategy_option_names
-from training.config import StrategyOptions, processor_config, processor_schema
-from training.settings import ConfigValueError, above, at_least, check_ranges, one_of, setting, within
+from training.config.schema import StrategyOptions, processor_config, processor_schema
+from training.config.settings import ConfigValueError, above, at_least, check_ranges, one_of, setting, within
 
 TARGETS = ("processor", "train_step")
 
@@ -98,7 +98,7 @@ def point_config(composed: Any) -> BenchmarkConfig:
 
 
 def strategy_options(cfg: BenchmarkConfig) -> dict[str, Any]:
-    """:func:`training.config.processor_config`'s arguments for the strategy's options: the
+    """:func:`training.config.schema.processor_config`'s arguments for the strategy's options: the
     top-level options here (``ring=false``) that the point's strategy has, so that a sweep over
     strategies may set an option of one of them."""
     known = strategy_option_names(cfg.strategy) if cfg.strategy in BUILT_IN else ()

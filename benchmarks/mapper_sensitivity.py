@@ -19,9 +19,9 @@ import torch
 from hydra import compose, initialize_config_module
 from scipy.spatial import cKDTree
 
-import training.config  # noqa: F401  (registers the schema)
+import training.config.schema  # noqa: F401  (registers the schema)
 from processor.grids import get_grid
-from training.config import run_config
+from training.config.schema import run_config
 from training.data.forcings import VariableRoles
 from training.data.generate import VARIABLES
 from training.model import ShardedGrids

@@ -26,7 +26,7 @@ import benchmarks.config  # noqa: F401 - registers the schema
 from benchmarks.config import BenchmarkConfig, check_point, point_config, skip_reason
 from benchmarks.point import machine, run_ranks
 from processor.grids import grid_points
-from training.settings import to_settings
+from training.config.settings import to_settings
 
 
 def used_bytes(cfg: BenchmarkConfig, reports: list[dict[str, Any]]) -> int:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.tracking import log_params, open_experiment
+from training.reporting.tracking import log_params, open_experiment
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from processor.distributed import CommCounter, Transport, parallelize_gradients,
 from processor.grids import get_grid, grid_points
 from processor.runtime import current_rss, peak_rss, set_freed_memory_policy
 from processor.runtime.placement import this_node
-from training.config import processor_config
+from training.config.schema import processor_config
 
 # A step on this rank, given the transport its communication goes through.
 Step = Callable[[Transport], None]
@@ -77,7 +77,7 @@ def _segment_ids(n: int, segments: int, sizes: list[int], rank: int, device) -> 
 
 
 def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
-    from training.config import ModelConfig, TrainerConfig
+    from training.config.schema import ModelConfig, TrainerConfig
     from training.model import Forecaster, ShardedGrids
     from training.step import TrainStep, build_optimiser
 

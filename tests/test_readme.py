@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training.cli_check import check_overrides
+from training.launch.cli_check import check_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

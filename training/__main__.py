@@ -1,4 +1,5 @@
-from training.app import main
+from training.app import _hydra_main
+from training.launch.launcher import main
 
 if __name__ == "__main__":
-    main()
+    main(_hydra_main)

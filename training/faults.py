@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from training.settings import at_least, one_of, or_null, setting
+from training.config.settings import at_least, one_of, or_null, setting
 
 if TYPE_CHECKING:
-    from training.config import TrainerConfig
+    from training.config.schema import TrainerConfig
 
 MARKER = "fault_injected"
 PLAN_DIR = "faults"
@@ -131,7 +131,7 @@ class FaultInjector:
             _die(self._marker(fault), fault.name)
 
     def checkpoint_write(self, step: int) -> Callable[[int], None] | None:
-        """For the checkpoint of ``step``, a hook for :func:`training.resume.save_training_state`
+        """For the checkpoint of ``step``, a hook for :func:`training.checkpoint.resume.save_training_state`
         that kills this rank: rank 0 (the writer) with about half the file written, another rank
         when called (while rank 0 writes). None when no fault is due."""
         fault = self._due(step, "checkpoint_write")

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from training.config import RunConfig
+from training.checkpoint.adopt import adopt_checkpoint
+from training.config.schema import RunConfig
 from training.data import DatasetError
-from training.device import to_device
-from training.evaluate import adopt_checkpoint
+from training.distributed.device import to_device
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _physical(dataset, state: torch.Tensor) -> torch.Tensor:
 
 def predict_on_rank(cfg: RunConfig) -> list[str]:
     """Every rank: load the checkpoint and write its share of the forecasts; return the stores."""
-    from training.resume import load_model_weights
+    from training.checkpoint.resume import load_model_weights
     from training.session import join_ranks, open_session
 
     dims, heartbeat = join_ranks(cfg)
@@ -120,20 +120,20 @@ def predict_on_rank(cfg: RunConfig) -> list[str]:
 
 def run(cfg: DictConfig) -> list[str]:
     """:func:`predict_on_rank` on the configured ranks (local or torchrun), after the checks."""
-    from training.app import run as run_app
+    from training.launch.launcher import run as launch
 
-    return run_app(cfg, predict_on_rank, adopt=lambda resolved: adopt_checkpoint(resolved, "predict"))
+    return launch(cfg, predict_on_rank, adopt=lambda resolved: adopt_checkpoint(resolved, "predict"))
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from training.app import run_reporting_errors
+    from training.launch.launcher import run_reporting_errors
 
     for path in run_reporting_errors(run, cfg):
         log.info("wrote %s", path)
 
 
 if __name__ == "__main__":
-    from training.app import main
+    from training.launch.launcher import main
 
     main(_hydra_main)

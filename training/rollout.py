@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport
-from training.config import ConfigValueError, LossConfig, RolloutConfig
+from training.config.schema import ConfigValueError, LossConfig, RolloutConfig
 
 
 @dataclass(frozen=True)

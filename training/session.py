@@ -14,17 +14,16 @@ import torch
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport, agree_on_values
 from processor.runtime import Heartbeat, set_freed_memory_policy
-from training.config import DataConfig, RunConfig, TrainerConfig, processor_config, strategy_settings
+from training.config.schema import DataConfig, RunConfig, TrainerConfig, processor_config, strategy_settings
+from training.config.settings import flatten, to_settings
 from training.data import DatasetError, ZarrDataset
 from training.data.forcings import VariableRoles, computed_forcings
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
-from training.device import rank_device, to_device
+from training.distributed.device import rank_device, to_device
+from training.distributed.parallel import ParallelDims
 from training.model import Forecaster, ShardedGrids
 from training.model.hidden_grid import HiddenGrid, hidden_grid
-from training.parallel import ParallelDims
-from training.settings import to_settings
-from training.tracking import flatten
 
 
 def join_ranks(cfg: RunConfig) -> tuple[ParallelDims, AbstractContextManager]:

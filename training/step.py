@@ -1,7 +1,7 @@
 """One optimisation step of the forecaster (a one-step or rollout loss): the training run's, and
 the benchmarks' too.
 
-The model passed in is already parallelised (:meth:`training.parallel.ParallelDims.parallelize`):
+The model passed in is already parallelised (:meth:`training.distributed.parallel.ParallelDims.parallelize`):
 backward leaves the one-rank gradients, summed over the model-parallel ranks and averaged over
 data-parallel replicas, so the step is loss, backward, clip, optimiser, schedule.
 """
@@ -21,7 +21,7 @@ from processor.distributed import GroupLike, Transport, clip_grad_norm_, process
 from training.rollout import rollout
 
 if TYPE_CHECKING:
-    from training.config import TrainerConfig
+    from training.config.schema import TrainerConfig
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:

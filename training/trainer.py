@@ -1,7 +1,7 @@
 """The training loop, run on every rank. Its pieces live beside it: set-up in
 :mod:`training.session`, one step in :mod:`training.step`, the rollout in
-:mod:`training.rollout`, checkpoints in :mod:`training.resume`, skill in
-:mod:`training.evaluation`, reporting in :mod:`training.reporting`."""
+:mod:`training.rollout`, checkpoints in :mod:`training.checkpoint.resume`, skill in
+:mod:`training.skill.by_lead`, reporting in :mod:`training.reporting.report`."""
 
 from __future__ import annotations
 
@@ -17,19 +17,19 @@ import torch
 from tqdm import tqdm
 
 from processor.runtime import peak_rss
-from training.checkpoint import LATEST, remove_partials
-from training.config import RunConfig
-from training.device import PeakDeviceMemory, autocast, synchronize
-from training.evaluation import evaluate_skill, evaluation_samples, report_skill
+from training.checkpoint.files import LATEST, remove_partials
+from training.checkpoint.resume import restore_training_state, save_training_state
+from training.config.schema import RunConfig
+from training.distributed.device import PeakDeviceMemory, autocast, synchronize
 from training.faults import FaultInjector
-from training.interrupt import StopRequest, stop_requests
-from training.reporting import final_pictures, open_tracker
-from training.resume import check_resumable, restore_training_state, save_training_state
+from training.launch.interrupt import StopRequest, stop_requests
+from training.reporting.report import final_pictures, open_tracker
 from training.rollout import RolloutSchedule, loss_weights, rollout
-from training.session import Session, join_ranks, open_dataset, open_session, rollout_horizon
+from training.session import Session, join_ranks, open_session, rollout_horizon
+from training.skill.by_lead import evaluate_skill, evaluation_samples, report_skill
 from training.step import TrainStep, build_optimiser
 
-__all__ = ["check_resumable", "open_dataset", "sample_positions", "train", "train_step"]
+__all__ = ["sample_positions", "train", "train_step"]
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def launch(ctx: Context, label: str, overrides: tuple[str, ...], name: str, time
 def metrics(run_dir: Path) -> dict[str, float | None]:
     """Final train and validation loss, steps/s and samples/s (medians after the first tenth of
     the steps, the warm-up), peak device memory (GiB, max over the steps) and the step count."""
-    from training.metrics_file import read_history
+    from training.reporting.metrics_file import read_history
 
     history = [m for _, m in read_history(run_dir)]
     steps = [m for m in history if "train/loss" in m]

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-import training.config  # noqa: F401  (registers the schema)
+import training.config.schema  # noqa: F401  (registers the schema)
 from training.data import generate_rossby_haurwitz
 
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from processor.host import cpu_name
 from tests.training.conftest import small_config
 from training.app import run
-from training.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint.files import CheckpointError, load_checkpoint
 from training.data import DatasetError
 
 

@@ -8,11 +8,11 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from processor.strategies import resolve_strategy
-from training.auto_attention import rank_probe_shape, resolve_attention_path
-from training.checkpoint import CheckpointError
-from training.config import ModelConfig, processor_config, run_config
-from training.resume import check_compatible
-from training.settings import to_settings
+from training.checkpoint.files import CheckpointError
+from training.checkpoint.resume import check_compatible
+from training.config.auto_attention import rank_probe_shape, resolve_attention_path
+from training.config.schema import ModelConfig, processor_config, run_config
+from training.config.settings import to_settings
 
 
 def _model(**changes):

@@ -10,8 +10,8 @@ import pytest
 from processor.distributed import ShardLayout, shard_sizes
 from processor.grids import get_grid
 from processor.point_sets import point_set
-from training.centroid import EARTH_RADIUS_KM, CentroidAccumulator, great_circle_km, grid_spacing_km
 from training.model.graphs import unit_vectors
+from training.skill.centroid import EARTH_RADIUS_KM, CentroidAccumulator, great_circle_km, grid_spacing_km
 
 GRID = get_grid("o16")
 

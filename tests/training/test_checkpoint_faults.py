@@ -18,7 +18,7 @@ import torch
 
 from tests.training.conftest import small_config
 from training.app import run
-from training.checkpoint import (
+from training.checkpoint.files import (
     FORMAT_VERSION,
     LATEST,
     PARTIAL_PREFIX,
@@ -32,7 +32,7 @@ ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "l
 # Loads the real checkpoint, pads it to 512 MiB and writes it back the way the trainer does.
 WRITER = """
 import sys, torch
-from training.checkpoint import load_checkpoint, save_checkpoint
+from training.checkpoint.files import load_checkpoint, save_checkpoint
 state = load_checkpoint(sys.argv[1] + "/latest.pt")
 state["padding"] = torch.zeros(512 * 2**20, dtype=torch.uint8)
 print("writing", flush=True)

@@ -3,7 +3,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from training.config import RunConfig, check_config, run_config
+from training.config.schema import RunConfig, check_config, run_config
 
 
 def _compose(*overrides):
@@ -27,7 +27,7 @@ def test_strategy_is_one_switch(name):
 
 
 def test_a_strategy_option_reaches_the_processor():
-    from training.config import processor_config, strategy_settings
+    from training.config.schema import processor_config, strategy_settings
 
     cfg = _typed("strategy.ring=false")
     check_config(cfg)
@@ -80,8 +80,8 @@ def test_out_of_range_values(overrides, message):
 
 
 def test_auto_picks_a_strategy_and_keeps_its_prediction(capsys):
-    from training.auto_strategy import resolve_auto
-    from training.config import strategy_settings
+    from training.config.auto_strategy import resolve_auto
+    from training.config.schema import strategy_settings
 
     cfg = resolve_auto(_typed("strategy=auto", "strategy.machine=h100_nvlink_ib"), 1600)
     check_config(cfg)  # the pick is a strategy like any other
@@ -93,7 +93,7 @@ def test_auto_picks_a_strategy_and_keeps_its_prediction(capsys):
 
 
 def test_auto_with_an_unknown_machine_names_it():
-    from training.auto_strategy import resolve_auto
+    from training.config.auto_strategy import resolve_auto
 
     with pytest.raises(ValueError, match="strategy=auto: machine 'cray'"):
         resolve_auto(_typed("strategy=auto", "strategy.machine=cray"), 1600)
@@ -107,7 +107,7 @@ def test_an_added_key_is_named_when_the_composition_is_made_typed():
 def test_settings_saved_before_the_debug_section_continue_under_it():
     from pathlib import Path
 
-    from training.run_settings import SavedRun, continue_from, current_names
+    from training.launch.run_settings import SavedRun, continue_from, current_names
 
     old = {"trainer": {"steps": 60, "fault_seed": 7, "fault_scope": "node"}, "model": {"num_layers": 3}}
     saved = current_names(old)
@@ -120,7 +120,7 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
 
 
 def test_the_typed_config_round_trips_through_its_plain_form():
-    from training.settings import from_settings, to_settings
+    from training.config.settings import from_settings, to_settings
 
     cfg = _typed("strategy=shard_hybrid", "strategy.head_group_size=2", "trainer.loss.variable_weights={u: 2.0}")
     settings = to_settings(cfg)
@@ -136,7 +136,7 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
     import json
 
     from tests.processor.plan.test_own_strategy import CHATTY_LINKS
-    from training.auto_strategy import resolve_auto
+    from training.config.auto_strategy import resolve_auto
 
     machine = tmp_path / "chatty.json"
     machine.write_text(json.dumps(dataclasses.asdict(CHATTY_LINKS)))
@@ -161,6 +161,6 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
     ],
 )
 def test_the_startup_line_shows_how_the_strategy_lays_out_the_model_group(overrides, mesh):
-    from training.run_start import startup_line
+    from training.launch.run_start import startup_line
 
     assert mesh in startup_line(_typed(*overrides, "run_dir=/tmp/x", "logging.mlflow=false"), 5248, 1600)

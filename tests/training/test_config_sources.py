@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from benchmarks.config import BenchmarkConfig
-from training.config import DebugConfig, RunConfig, TrainerConfig, run_config
+from training.config.schema import DebugConfig, RunConfig, TrainerConfig, run_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 UNSET = "???"  # OmegaConf's MISSING: a setting without a default

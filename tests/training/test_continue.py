@@ -10,8 +10,8 @@ from mlflow.tracking import MlflowClient
 
 from tests.training.conftest import small_config
 from training.app import run
-from training.checkpoint import load_checkpoint
-from training.metrics_file import read_history
+from training.checkpoint.files import load_checkpoint
+from training.reporting.metrics_file import read_history
 
 QUIET = ("evaluate.at_end_of_training=false",)
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")  # in this process: logs reach caplog

@@ -11,11 +11,12 @@ import torch
 
 from tests.training.conftest import small_config
 from training import predict
-from training.app import prepare, run
-from training.checkpoint import load_checkpoint
+from training.app import run
+from training.checkpoint.files import load_checkpoint
+from training.checkpoint.resume import restore_training_state
 from training.data import ZarrDataset
-from training.parallel import ParallelDims
-from training.resume import restore_training_state
+from training.distributed.parallel import ParallelDims
+from training.launch.launcher import prepare
 from training.session import open_session
 from training.step import build_optimiser
 

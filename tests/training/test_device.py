@@ -17,10 +17,10 @@ import yaml
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from training.app import run
-from training.checkpoint import load_checkpoint
-from training.config import ConfigValueError
-from training.device import autocast, backend_for, check_local_ranks, device_free, resolve_device, to_device
-from training.errors import DEBUG_HINT, EXIT_USER_ERROR
+from training.checkpoint.files import load_checkpoint
+from training.config.schema import ConfigValueError
+from training.distributed.device import autocast, backend_for, check_local_ranks, device_free, resolve_device, to_device
+from training.launch.errors import DEBUG_HINT, EXIT_USER_ERROR
 
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "logging.mlflow=false"]
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the errors of a machine without a GPU")

@@ -9,7 +9,14 @@ import pytest
 from processor.errors import UserError
 from processor.runtime import FailureKind, RankFailure, RanksFailedError, run_local
 from tests.processor.distributed.test_watchdog import TIMEOUT_S, collectives_with_a_fault
-from training.errors import DEBUG_HINT, EXIT_PEER_FAILURE, EXIT_USER_ERROR, exit_on_user_error, peer_failure, user_error
+from training.launch.errors import (
+    DEBUG_HINT,
+    EXIT_PEER_FAILURE,
+    EXIT_USER_ERROR,
+    exit_on_user_error,
+    peer_failure,
+    user_error,
+)
 
 
 class _NewUserError(UserError):

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from training.evaluation import report_skill
-from training.metrics_file import EVALUATIONS, read_evaluations, read_history
-from training.skill import SkillRow, SkillTable, lead_labels
-from training.tracking import EXPERIMENT_KIND, Tracker, local_store_uri
+from training.reporting.metrics_file import EVALUATIONS, read_evaluations, read_history
+from training.reporting.tracking import EXPERIMENT_KIND, Tracker, local_store_uri
+from training.skill.by_lead import report_skill
+from training.skill.scores import SkillRow, SkillTable, lead_labels
 
 LEADS = [6.0, 12.0, 24.0, 48.0]
 VARIABLES = ["psi", "tracer"]

@@ -10,12 +10,12 @@ from mlflow.tracking import MlflowClient
 
 from tests.training.conftest import small_config
 from training import evaluate, predict
-from training.checkpoint import CheckpointError, load_training_checkpoint
-from training.config import RunConfig
+from training.checkpoint.files import CheckpointError, load_training_checkpoint
+from training.config.schema import RunConfig
+from training.config.settings import from_settings
 from training.data import DatasetError, ZarrDataset
 from training.session import build_model
-from training.settings import from_settings
-from training.skill import KINDS
+from training.skill.scores import KINDS
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 

@@ -12,12 +12,12 @@ import torch
 from processor.grids import get_grid
 from tests.training.conftest import small_config
 from training.app import run
-from training.checkpoint import load_checkpoint
+from training.checkpoint.files import load_checkpoint
 from training.data import ZarrDataset
 from training.data.forcings import computed_forcings
-from training.evaluation import _baselines
 from training.model import ShardedGrids
 from training.session import Batches
+from training.skill.by_lead import _baselines
 
 FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one store variable, three computed
 SETTINGS = [

@@ -15,7 +15,7 @@ import torch
 from processor.grids import gaussian_latitudes
 from tests.training.conftest import small_config
 from training.app import run
-from training.checkpoint import load_checkpoint
+from training.checkpoint.files import load_checkpoint
 from training.data import ZarrDataset, write_rossby_haurwitz
 
 

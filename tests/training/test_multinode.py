@@ -18,9 +18,9 @@ from processor.runtime.torchrun import FRESH_STORE_ENV, TorchrunSetupError, chec
 from tests.agents import AGENT_TIMEOUT_S, agent, agent_env, standalone, two_nodes, wait_agents
 from tests.processes import run_in_own_session, start_in_own_session
 from tests.training.conftest import small_overrides
-from training.checkpoint import load_checkpoint
+from training.checkpoint.files import load_checkpoint
 from training.faults import MARKER
-from training.metrics_file import read_history
+from training.reporting.metrics_file import read_history
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.training.conftest import small_config
 from training.app import run
-from training.checkpoint import load_checkpoint
+from training.checkpoint.files import load_checkpoint
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
 from training.trainer import sample_positions

@@ -5,10 +5,10 @@ from __future__ import annotations
 import matplotlib.image
 import numpy as np
 
-import training.plots as plots
+import training.reporting.plots as plots
 from training.data import ZarrDataset
-from training.reporting import final_pictures
-from training.tracking import NullTracker
+from training.reporting.report import final_pictures
+from training.reporting.tracking import NullTracker
 
 
 def _sphere(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

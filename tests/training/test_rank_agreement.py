@@ -11,9 +11,9 @@ import pytest
 
 from processor.runtime import run_local
 from tests.training.conftest import small_config
-from training.app import prepare
-from training.config import RunConfig
+from training.config.schema import RunConfig
 from training.data import generate_rossby_haurwitz
+from training.launch.launcher import prepare
 from training.trainer import train
 
 

@@ -16,7 +16,7 @@ from tests.agents import standalone
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from training.app import run
-from training.checkpoint import load_checkpoint
+from training.checkpoint.files import load_checkpoint
 from training.faults import MARKER
 
 FAULT = ["debug.fault_at_step=4", "trainer.heartbeat_s=0.2", "trainer.timeout_s=30", "logging.mlflow=false"]

@@ -14,7 +14,7 @@ from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model
 from processor.grids import get_grid
 from processor.point_sets import point_set
 from processor.strategies import ShardHybrid
-from training.config import LossConfig
+from training.config.schema import LossConfig
 from training.model import Forecaster, ShardedGrids
 from training.rollout import RolloutSchedule, loss_weights
 from training.step import TrainStep

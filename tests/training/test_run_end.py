@@ -21,11 +21,11 @@ from mlflow.tracking import MlflowClient
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
-from training.app import prepare
-from training.checkpoint import load_checkpoint
-from training.errors import DEBUG_HINT, EXIT_USER_ERROR
-from training.run_settings import SavedRun, changed_settings, continue_from, given_keys
-from training.skill import lead_labels
+from training.checkpoint.files import load_checkpoint
+from training.launch.errors import DEBUG_HINT, EXIT_USER_ERROR
+from training.launch.launcher import prepare
+from training.launch.run_settings import SavedRun, changed_settings, continue_from, given_keys
+from training.skill.scores import lead_labels
 
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1"]
 
@@ -99,7 +99,7 @@ def test_a_run_directory_with_settings_and_no_checkpoint_starts_from_step_0(tmp_
     run_dir = tmp_path / "R"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text((tmp_path / "source" / "config.yaml").read_text())
-    with caplog.at_level(logging.INFO, logger="training.app"):
+    with caplog.at_level(logging.INFO, logger="training.launch.launcher"):
         resolved = prepare(small_config(run_dir, small_dataset), given=["run_dir"])  # the default's 600 steps
     assert resolved.trainer.steps == 2 and resolved.trainer.nprocs == 1  # the run's own
     line = f"resuming {run_dir} from step 0 of 2 (it has settings, config.yaml, but no checkpoint)"
@@ -218,7 +218,7 @@ def test_the_saved_settings_are_the_base_and_the_given_keys_change_them():
         "trainer": {"lr": 0.003, "steps": 60, "stop_at_step": 30, "device": "cuda"},
         "strategy": {"name": "shard_heads", "ring": None},
     }
-    from training.config import run_config
+    from training.config.schema import run_config
 
     cfg = run_config(small_config(Path("/tmp/x"), Path("/tmp/data.zarr"), "trainer.lr=0.001", "trainer.steps=600"))
     given = given_keys(["trainer.lr=0.001", "strategy=shard_sequence"])

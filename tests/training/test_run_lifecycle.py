@@ -22,11 +22,11 @@ from mlflow.tracking import MlflowClient
 from processor.runtime import run_local
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
-from training.config import schema_keys
+from training.config.schema import schema_keys
 from training.data import DatasetError
-from training.errors import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
-from training.metrics_file import read_history
-from training.tracking import RECORD, Tracker, local_store_uri
+from training.launch.errors import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
+from training.reporting.metrics_file import read_history
+from training.reporting.tracking import RECORD, Tracker, local_store_uri
 
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1"]
 PARAMS = {"strategy.name": "shard_sequence", "trainer.nprocs": "2"}
@@ -104,7 +104,7 @@ def test_a_recorded_run_that_is_gone_or_elsewhere_gives_a_new_run(tmp_path, capl
     elsewhere.mkdir()
     record = {"tracking_uri": "sqlite:////nowhere/mlflow.db", "experiment_id": "1", "run_id": first.run_id}
     (elsewhere / RECORD).write_text(json.dumps(record))
-    with caplog.at_level(logging.WARNING, logger="training.tracking"):
+    with caplog.at_level(logging.WARNING, logger="training.reporting.tracking"):
         gone = _segment(tmp_path, range(2, 4), PARAMS, 2)
         gone.finish()
         moved = _segment(elsewhere, range(2, 4), PARAMS, 2)

@@ -12,8 +12,8 @@ import pytest
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
-from training.errors import EXIT_USER_ERROR
-from training.run_lock import RunDirBusyError, RunDirLock
+from training.launch.errors import EXIT_USER_ERROR
+from training.launch.run_lock import RunDirBusyError, RunDirLock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_a_second_holder_is_refused_until_the_first_lets_go(tmp_path):
 def test_a_killed_holder_leaves_nothing_stuck(tmp_path):
     code = (
         "import os, signal, sys\n"
-        "from training.run_lock import RunDirLock\n"
+        "from training.launch.run_lock import RunDirLock\n"
         f"RunDirLock({str(tmp_path)!r}).__enter__()\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )

@@ -13,7 +13,7 @@ import zarr
 
 from tests.rank_pool import RankError
 from training.data import ZarrDataset, generate_rossby_haurwitz
-from training.skill import SkillAccumulator, SkillTable, climatology
+from training.skill.scores import SkillAccumulator, SkillTable, climatology
 
 VARIABLES = ["a", "b", "c"]
 LEADS = [6.0, 12.0]
@@ -202,14 +202,14 @@ def _width(path) -> int:
 
 
 def test_rmse_by_lead_plot(tmp_path):
-    from training.plots import rmse_by_lead
+    from training.reporting.plots import rmse_by_lead
 
     path = rmse_by_lead(_table(), tmp_path / "rmse.png")
     assert _width(path) >= 1000
 
 
 def test_loss_curve_ticks(tmp_path, monkeypatch):
-    import training.plots as plots
+    import training.reporting.plots as plots
 
     figures = []
     monkeypatch.setattr(plots.plt, "close", figures.append)

@@ -25,9 +25,9 @@ from tests.agents import standalone
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from training.app import run
-from training.checkpoint import PARTIAL_PREFIX, CheckpointError, load_checkpoint
+from training.checkpoint.files import PARTIAL_PREFIX, CheckpointError, load_checkpoint
 from training.faults import PLAN_DIR, POINTS, fault_plan
-from training.tracking import local_store_uri
+from training.reporting.tracking import local_store_uri
 
 pytestmark = pytest.mark.soak
 

@@ -18,8 +18,8 @@ import pytest
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_overrides
-from training.checkpoint import LATEST, PARTIAL_PREFIX, load_checkpoint
-from training.errors import EXIT_USER_ERROR
+from training.checkpoint.files import LATEST, PARTIAL_PREFIX, load_checkpoint
+from training.launch.errors import EXIT_USER_ERROR
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 

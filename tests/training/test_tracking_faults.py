@@ -67,14 +67,14 @@ def test_hung_server_never_blocks_a_step(tmp_path, small_dataset, monkeypatch, c
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     server, port = _hung_server()
     watcher = _LinesWhenGivenUp(tmp_path / "metrics.jsonl")
-    logging.getLogger("training.tracking").addHandler(watcher)
+    logging.getLogger("training.reporting.tracking").addHandler(watcher)
     try:
         with caplog.at_level(logging.WARNING):
             result = run(
                 small_config(tmp_path, small_dataset, *ONE_RANK, f"logging.tracking_uri=http://127.0.0.1:{port}")
             )
     finally:
-        logging.getLogger("training.tracking").removeHandler(watcher)
+        logging.getLogger("training.reporting.tracking").removeHandler(watcher)
         server.close()
     # All 6 steps were logged before the tracker's first request to the server gave up.
     assert watcher.counts == [6]
@@ -175,7 +175,8 @@ def test_server_stopped_mid_run_loses_nothing(tmp_path, small_dataset, mlflow_se
 
 
 _CREATE = (
-    "import sys; import mlflow.store.tracking.sqlalchemy_store; from training.tracking import create_local_store; "
+    "import sys; import mlflow.store.tracking.sqlalchemy_store; "
+    "from training.reporting.tracking import create_local_store; "
     "print('creating', flush=True); create_local_store(sys.argv[1]); print('made', flush=True)"
 )
 

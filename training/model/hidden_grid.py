@@ -21,8 +21,8 @@ import numpy as np
 
 from processor.grids import get_grid
 from processor.point_sets import PointSet
-from training.centroid import grid_spacing_km
-from training.settings import ConfigValueError
+from training.config.settings import ConfigValueError
+from training.skill.centroid import grid_spacing_km
 
 DATA = "data"
 

@@ -18,7 +18,7 @@ and writes ``parity.csv`` (every tensor) in its run directory and an MLflow run 
 ``kind=parity`` (``parity/<quantity>``, the worst of each step). Exit code 0 within the
 tolerance, 4 (:data:`training.parity.check.EXIT_BREACH`) beyond it (under torchrun rank 0 exits
 4 and torchrun itself 1, naming it; the others exit 0); bad input is one line and exit code 2,
-a lost rank exit code 3 (:mod:`training.errors`); Ctrl-C or SIGTERM stops every rank after the
+a lost rank exit code 3 (:mod:`training.launch.errors`); Ctrl-C or SIGTERM stops every rank after the
 step in flight, with no verdict (exit code 130 or 143).
 """
 
@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     from processor.runtime.torchrun import torchrun_rank
-    from training.app import run_reporting_errors
-    from training.interrupt import exit_code, signal_name
+    from training.launch.interrupt import exit_code, signal_name
+    from training.launch.launcher import run_reporting_errors
 
     result = run_reporting_errors(run, cfg)
     first = torchrun_rank() == 0
@@ -63,6 +63,6 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from training.app import main
+    from training.launch.launcher import main
 
     main(_hydra_main)

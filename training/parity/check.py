@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from training.config import ConfigValueError, RunConfig
-from training.interrupt import StopRequest
-from training.parallel import ParallelDims
+from training.config.schema import ConfigValueError, RunConfig
+from training.distributed.parallel import ParallelDims
+from training.launch.interrupt import StopRequest
 from training.parity.compare import Difference, compare, table, within, worst_by_step, worst_of, write_csv
 from training.parity.config import tolerance_of
 from training.parity.layouts import check_parity, reference_config, reference_layout
@@ -29,7 +29,7 @@ def parity_on_rank(cfg: RunConfig) -> dict[str, Any]:
     writes ``parity.csv`` and the MLflow run. Returns (every rank) whether the tolerance was
     breached and, on rank 0, the rows, the table, the verdict and both layouts' times; or, when
     a stop signal came (Ctrl-C, SIGTERM), ``stopped``: the signal, after the step in flight."""
-    from training.interrupt import stop_requests
+    from training.launch.interrupt import stop_requests
     from training.session import join_ranks
 
     dims, heartbeat = join_ranks(cfg)
@@ -86,7 +86,7 @@ def _report(
     cfg: RunConfig, reference_cfg: RunConfig, dims: ParallelDims, rows: list[Difference], times: tuple[float, float]
 ) -> dict[str, Any]:
     """Rank 0: the verdict, ``parity.csv`` and the MLflow run; what :func:`parity_on_rank` returns."""
-    from training.reporting import open_tracker
+    from training.reporting.report import open_tracker
 
     tolerance = tolerance_of(cfg.parity, cfg.trainer.precision)
     ok, worst = within(rows, tolerance), worst_of(rows)
@@ -134,6 +134,6 @@ def adopt_parity(resolved: RunConfig) -> None:
 
 def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:
     """:func:`parity_on_rank` on the configured ranks (local or torchrun), after the checks."""
-    from training.app import run as run_app
+    from training.launch.launcher import run as launch
 
-    return run_app(cfg, parity_on_rank, adopt=adopt_parity, trains=True)
+    return launch(cfg, parity_on_rank, adopt=adopt_parity, trains=True)

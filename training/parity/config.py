@@ -1,10 +1,10 @@
-"""The ``parity`` section of the configuration (:class:`training.config.RunConfig`)."""
+"""The ``parity`` section of the configuration (:class:`training.config.schema.RunConfig`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.settings import above, at_least, or_null, setting
+from training.config.settings import above, at_least, or_null, setting
 
 # The largest relative difference a precision is allowed, when parity.tolerance is not given,
 # calibrated for a few steps (the default 3; rounding differences grow with the steps).

@@ -22,8 +22,8 @@ from torch import nn
 
 from processor.distributed import parallelize_gradients
 from processor.distributed.transport import collective_device
-from training.config import ConfigValueError, RunConfig, StrategyConfig, check_config
-from training.parallel import ParallelDims
+from training.config.schema import ConfigValueError, RunConfig, StrategyConfig, check_config
+from training.distributed.parallel import ParallelDims
 
 
 def check_parity(cfg: RunConfig, world: int) -> None:

@@ -12,9 +12,9 @@ import torch
 from torch import Tensor
 
 from processor.distributed import full_gradients, full_state_dict
-from training.config import RunConfig
+from training.config.schema import RunConfig
+from training.distributed.parallel import ParallelDims
 from training.faults import perturb_inputs
-from training.parallel import ParallelDims
 from training.rollout import RolloutSchedule
 from training.session import Session, open_session, rollout_horizon
 from training.step import build_optimiser

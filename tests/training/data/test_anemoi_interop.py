@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from tests.training.conftest import small_config
-from training.app import prepare, run
+from training.app import run
 from training.data import DatasetError, ZarrDataset, generate_rossby_haurwitz
+from training.launch.launcher import prepare
 
 anemoi_datasets = pytest.importorskip("anemoi.datasets")
 

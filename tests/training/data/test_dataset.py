@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import zarr
 
-from training.config import DataConfig
+from training.config.schema import DataConfig
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
 from training.data.zarr_compat import open_group_v2, write_array

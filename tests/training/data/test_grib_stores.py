@@ -149,7 +149,7 @@ def test_each_real_grid_trains_sharded_exactly(store: Callable[[str], Store], tm
 
     from tests.training.conftest import small_config
     from training.app import run
-    from training.checkpoint import load_checkpoint
+    from training.checkpoint.files import load_checkpoint
     from training.data import write_rossby_haurwitz
 
     theirs = anemoi_datasets.open_dataset(store(file).path)

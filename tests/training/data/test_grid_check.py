@@ -11,10 +11,10 @@ import zarr
 from processor.grids import get_grid
 from processor.point_sets import point_set
 from tests.training.conftest import small_config
-from training.app import prepare
 from training.data import DatasetError
 from training.data.grid_check import check_grid as _check_grid
 from training.data.grid_check import infer_grid as _infer_grid
+from training.launch.launcher import prepare
 
 
 def infer_grid(lat, lon, resolution, where):

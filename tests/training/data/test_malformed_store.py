@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 from tests.training.conftest import small_config
-from training.app import prepare
 from training.data import DatasetError, ZarrDataset
 from training.data.zarr_compat import open_group_v2, write_array
+from training.launch.launcher import prepare
 
 
 @pytest.fixture

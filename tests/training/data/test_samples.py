@@ -10,7 +10,7 @@ import zarr
 
 from tests.training.conftest import small_config
 from training.app import run
-from training.config import DataConfig
+from training.config.schema import DataConfig
 from training.data import DatasetError, ZarrDataset, generate_rossby_haurwitz
 from training.data.samples import build_samples, lead_steps, select_members
 from training.session import dataset_samples, open_dataset

@@ -12,9 +12,9 @@ from mlflow.tracking import MlflowClient
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
-from training.app import prepare
-from training.config import ConfigValueError
-from training.parallel import ParallelDims
+from training.config.schema import ConfigValueError
+from training.distributed.parallel import ParallelDims
+from training.launch.launcher import prepare
 from training.parity.check import EXIT_BREACH, run
 from training.parity.config import TOLERANCES
 from training.parity.record import ParityStopped, record_steps

@@ -4,7 +4,7 @@ exact command that continues it.
 
 A stop is not the end of a run: it writes its checkpoint, skips the final evaluation (unless
 ``evaluate.at_stop``) and names the command that continues it, which needs nothing but the run
-directory (:mod:`training.run_settings` takes every setting from the run itself).
+directory (:mod:`training.launch.run_settings` takes every setting from the run itself).
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from processor.runtime.torchrun import under_torchrun
-from training.config import RunConfig
-from training.interrupt import exit_code, signal_name
-from training.run_settings import SAVED_CONFIG, SavedRun, given_keys
-from training.settings import to_settings
+from training.config.schema import RunConfig
+from training.launch.interrupt import exit_code, signal_name
+from training.launch.run_settings import SavedRun, given_keys
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +52,6 @@ def command_line_keys() -> list[str] | None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
         return None
     return given_keys(list(HydraConfig.get().overrides.task))
-
-
-def write_settings(resolved: RunConfig) -> Path:
-    """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically: a later
-    command in this run directory continues from it if the run stops before a checkpoint, and
-    MLflow keeps it as an artifact); return its path."""
-    run_dir = Path(resolved.run_dir)
-    tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
-    tmp.write_text(yaml.safe_dump(to_settings(resolved), sort_keys=False))
-    os.replace(tmp, run_dir / SAVED_CONFIG)
-    return run_dir / SAVED_CONFIG
 
 
 def continue_command(run_dir: str | Path) -> str:

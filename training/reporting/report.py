@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from processor.host import cpu_name
-from training.config import RunConfig
+from training.config.schema import RunConfig
+from training.config.settings import flatten, to_settings
 from training.data import ZarrDataset
-from training.metrics_file import read_history
-from training.parallel import ParallelDims
-from training.run_end import write_settings
-from training.settings import to_settings
-from training.tracking import NullTracker, Tracker, flatten
+from training.distributed.parallel import ParallelDims
+from training.launch.run_settings import write_settings
+from training.reporting.metrics_file import read_history
+from training.reporting.tracking import NullTracker, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def final_pictures(
     normalised truth and forecast from ``sample`` (``(date index, member)``, the input's)
     ``lead`` dates on (``Samples.lead``), whose lead and valid date the map names (unknown
     without ``sample``); ``further``: the extra columns, each a variable ``steps`` leads on."""
-    from training.plots import forecast_map, loss_curve
+    from training.reporting.plots import forecast_map, loss_curve
 
     history = read_history(run_dir)
     if history:

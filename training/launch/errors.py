@@ -10,7 +10,7 @@ import sys
 
 from processor.errors import UserError
 from processor.runtime.torchrun import torchrun_rank
-from training.cli_check import discard_refused_run_dir
+from training.launch.cli_check import discard_refused_run_dir
 
 EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
 EXIT_PEER_FAILURE = 3  # another rank or node was lost, stuck or failed: running again may well work

@@ -19,7 +19,7 @@ import torch
 
 from processor.attention.autotune import PathChoice, ProbeShape, fastest_path
 from processor.strategies import Strategy
-from training.config import RunConfig, processor_config, strategy_settings
+from training.config.schema import RunConfig, processor_config, strategy_settings
 
 
 def rank_probe_shape(

@@ -14,7 +14,7 @@ import copy
 import logging
 from typing import Any
 
-from training.config import RunConfig
+from training.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 MIB = 2**20
@@ -35,7 +35,7 @@ def resolve_auto(cfg: RunConfig, hidden_points: int) -> RunConfig:
         machine = load_machine(cfg.strategy.machine, t.threads_per_rank, m.num_channels, m.num_heads)
         pick, table = choose(work, machine, considered)
     except ValueError as exc:
-        from training.config import ConfigValueError
+        from training.config.schema import ConfigValueError
 
         raise ConfigValueError(f"strategy=auto: {exc}") from None
     print(describe_choice(work.points, work.ranks, machine.name, pick, table))

@@ -3,7 +3,7 @@ value of the wrong type fails at start naming the key; :func:`run_config` turns 
 into :class:`RunConfig` once, and every function from there on takes the typed sections.
 
 Each setting's default and allowed range are declared together, on its field
-(:func:`training.settings.setting`); ``configs/`` holds only what a choice changes (a model
+(:func:`training.config.settings.setting`); ``configs/`` holds only what a choice changes (a model
 preset's sizes, a strategy preset's name, a dataset's path), never a default again.
 :func:`check_config` checks the ranges and what spans several keys."""
 
@@ -20,9 +20,7 @@ from omegaconf import MISSING
 from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy, strategy_options
-from training.faults import DebugConfig
-from training.parity.config import ParityConfig
-from training.settings import (
+from training.config.settings import (
     ConfigValueError,
     above,
     at_least,
@@ -34,6 +32,8 @@ from training.settings import (
     to_settings,
     within,
 )
+from training.faults import DebugConfig
+from training.parity.config import ParityConfig
 
 __all__ = [
     "ConfigValueError",
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
-# The launcher's own keys of every model section (training/auto_attention.py): not the processor's.
+# The launcher's own keys of every model section (training/config/auto_attention.py): not the processor's.
 LAUNCH_FIELDS = (
     ("attention_probe", bool, field(default=True)),  # attention_path=auto: measure the paths (false: the static rule)
     ("attention_auto", Any, field(default=None)),  # filled by attention_path=auto: its pick and each path's time
@@ -60,7 +60,7 @@ def processor_schema(
     """A Hydra schema (a dataclass named ``name``, of ``module``) whose fields are
     :class:`processor.ProcessorConfig`'s, the strategy aside (it is a key of its own), with the
     processor's defaults replaced by ``defaults``, after the ``extra`` fields (name, type, and a
-    default or a :func:`~training.settings.setting`). Derived, not copied: a setting added to
+    default or a :func:`~training.config.settings.setting`). Derived, not copied: a setting added to
     the processor appears here. A processor setting without a default is required (``???``)."""
     defaults = defaults or {}
     specs: list[tuple[str, Any, Any]] = [
@@ -260,7 +260,7 @@ class EvaluateConfig:
     samples: int = setting(16, at_least(1))  # initial dates, evenly spread over the validation period
     at_end_of_training: bool = True  # a training run evaluates its final model
     at_stop: bool = False  # ... also when it stops early (trainer.stop_at_step, Ctrl-C, SIGTERM)
-    # the variable whose centroid position error is scored (training/centroid.py); null: none.
+    # the variable whose centroid position error is scored (training/skill/centroid.py); null: none.
     # The default is skipped on a dataset without it; another name must be a dataset variable.
     centroid_variable: str | None = "tracer"
 

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import torch
 
-from training.config import ConfigValueError
+from training.config.schema import ConfigValueError
 
 DEVICES = ("auto", "cpu", "cuda")
 

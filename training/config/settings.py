@@ -3,7 +3,7 @@
 config's plain-data form where it leaves or enters the program (MLflow params, ``config.yaml``,
 a checkpoint: :func:`to_settings`, :func:`from_settings`).
 
-The training app's schema (:mod:`training.config`) and the benchmarks' (:mod:`benchmarks.config`)
+The training app's schema (:mod:`training.config.schema`) and the benchmarks' (:mod:`benchmarks.config`)
 are both made of these."""
 
 from __future__ import annotations
@@ -118,3 +118,15 @@ def from_settings(kind: type[T], settings: Mapping[str, Any], base: T | None = N
 
     node = OmegaConf.structured(kind if base is None else base)
     return OmegaConf.to_object(OmegaConf.merge(node, known_part(kind, settings)))  # type: ignore[return-value]
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)
+    return out

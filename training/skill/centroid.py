@@ -6,13 +6,13 @@ centroid of a field ``c`` is the direction of the area-weighted mean position of
 the excess over a threshold ``t``: ``sum_p w_p (c_p - t)+ x_p`` (a vector inside the sphere,
 whose length says how spread out the plume is: only its direction is the position). ``t``
 (the variable's mean plus one standard
-deviation, from the dataset's statistics, in :func:`training.evaluation.centroid_accumulator`)
+deviation, from the dataset's statistics, in :func:`training.skill.by_lead.centroid_accumulator`)
 keeps a faint background, which a forecast smears over the globe, from pulling the centroid
 towards the centre. Its error is the great-circle distance between the forecast's and the
 truth's centroids, in km. Per sample, then averaged over samples;
 persistence (the initial field) scores how far the tracer really moved.
 
-Sharded like :class:`training.skill.SkillAccumulator`: each rank adds sums over its block of
+Sharded like :class:`training.skill.scores.SkillAccumulator`: each rank adds sums over its block of
 points, :meth:`CentroidAccumulator.finalize` adds them over the model-parallel group and the
 samples over the data-parallel group.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch.distributed as dist
 
-from training.skill import check_same_keys, lead_labels, metric_part, sum_over
+from training.skill.scores import check_same_keys, lead_labels, metric_part, sum_over
 
 EARTH_RADIUS_KM = 6371.0
 

@@ -14,9 +14,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from training.config import ConfigValueError, schema_keys
+from training.config.schema import ConfigValueError, schema_keys
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _overrides(argv: list[str]) -> list[str]:

@@ -1,10 +1,10 @@
 """Skill by lead time of a forecaster, sharded like training: the area-weighted RMSE and the
 anomaly correlation per output variable and lead, beside persistence, climatology, the hourly
-climatology and anomaly persistence (:mod:`training.skill`).
+climatology and anomaly persistence (:mod:`training.skill.scores`).
 
 Initial dates are spread evenly over the validation period; data-parallel replicas take
 turns with them, and every rank scores its own block of points (see
-:class:`training.skill.SkillAccumulator`). Used at the end of a training run and by
+:class:`training.skill.scores.SkillAccumulator`). Used at the end of a training run and by
 ``python -m training.evaluate``.
 """
 
@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from training.centroid import CentroidAccumulator
+from processor.runtime.torchrun import torchrun_rank
 from training.data import DatasetError
 from training.data.forcings import utc_hours
 from training.data.samples import Sample
 from training.model.graphs import unit_vectors
 from training.rollout import rollout
 from training.session import Session, dataset_samples
-from training.skill import SkillAccumulator, SkillTable, climatology, hourly_climatology
+from training.skill.centroid import CentroidAccumulator
+from training.skill.scores import SkillAccumulator, SkillTable, climatology, hourly_climatology
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def climatology_dates(session: Session) -> list[int]:
 
 def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
     """The training period's start dates by UTC hour of the day (at most :data:`CLIMATOLOGY_DATES`
-    per hour, evenly spread): what :func:`training.skill.hourly_climatology` averages."""
+    per hour, evenly spread): what :func:`training.skill.scores.hourly_climatology` averages."""
     dates = sorted({t for t, _ in session.samples.train})
     hours = utc_hours(session.dataset.dates[dates])
     by_hour: dict[float, list[int]] = {}
@@ -84,7 +86,7 @@ def centroid_accumulator(session: Session, weights: np.ndarray, leads: list[floa
 
 def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     """Roll the model out ``steps`` leads from ``count`` validation dates and score it, with
-    the baselines of :mod:`training.skill`, on every rank; the same table on every rank."""
+    the baselines of :mod:`training.skill.scores`, on every rank; the same table on every rank."""
     dataset, dims, model = session.dataset, session.dims, session.model
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
@@ -127,7 +129,7 @@ def _baselines(
 ) -> dict[str, np.ndarray]:
     """The baselines' forecasts ``(local points, outputs)`` from date index ``t`` for date index
     ``valid``: persistence, climatology, the hourly climatology at the valid hour and the
-    initial anomaly from it, persisted (see :mod:`training.skill`)."""
+    initial anomaly from it, persisted (see :mod:`training.skill.scores`)."""
     hour_0, hour_v = (float(h) for h in utc_hours(dates[[t, valid]]))
     at_valid = hourly.get(hour_v, clim)  # an hour no training date has: the plain climatology
     at_start = hourly.get(hour_0, clim)
@@ -164,7 +166,7 @@ def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -
     ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
     (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored,
     its checkpoint's step); return the table as markdown."""
-    from training.plots import rmse_by_lead
+    from training.reporting.plots import rmse_by_lead
 
     directory.mkdir(parents=True, exist_ok=True)
     text = f"Model after training step {model_step}.\n\n" + table.to_markdown()
@@ -174,3 +176,17 @@ def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -
     for path in (directory / "skill.md", directory / "skill.csv", rmse_by_lead(table, directory / "rmse_by_lead.png")):
         tracker.log_artifact(path)
     return text
+
+
+def log_skill(skill: Any, run_dir: str) -> None:
+    """Log the skill summary of rank 0's result (the ranks may be spawned processes, whose logs
+    do not reach the console), and where the full tables and the plot are."""
+    if skill is None or torchrun_rank() != 0:
+        return
+    log.info(
+        "RMSE by lead time (area-weighted, physical units), model / persistence:\n%s\n"
+        "full tables (climatology, ACC): %s/skill.md; plot: %s/rmse_by_lead.png",
+        skill_summary(skill),
+        run_dir,
+        run_dir,
+    )

@@ -78,7 +78,7 @@ def _fmt(x: float, spec: str = ".4g") -> str:
 @dataclass
 class SkillTable:
     """Scores per (kind, variable, lead): RMSE (physical units), uncentred ACC, samples averaged;
-    ``centroids``: a tracer's centroid position errors (:class:`training.centroid.CentroidTable`)."""
+    ``centroids``: a tracer's centroid position errors (:class:`training.skill.centroid.CentroidTable`)."""
 
     rows: list[SkillRow]
     centroids: Any = None

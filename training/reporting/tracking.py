@@ -19,8 +19,9 @@ crash (:meth:`Tracker._catch_up`): a resumed segment first asks MLflow which ste
 was last logged at, replays from ``metrics.jsonl`` the earlier steps that never reached it
 (a killed rank 0's queue), and does not send again the steps it re-runs after its checkpoint
 that did reach it (a resumed run computes them again bit for bit). ``metrics.jsonl`` is cut
-back to the steps before the checkpoint when a segment resumes (:func:`training.metrics_file.keep_steps_before`), so
-it too holds each step once; :func:`~training.metrics_file.read_history` reads it back as one history.
+back to the steps before the checkpoint when a segment resumes
+(:func:`training.reporting.metrics_file.keep_steps_before`), so it too holds each step once;
+:func:`~training.reporting.metrics_file.read_history` reads it back as one history.
 
 An evaluation (skill by lead time, :meth:`Tracker.log_evaluation`) is one record tied to the
 training step of the model it scored, never to the training steps' axis by lead hour: in MLflow
@@ -45,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.metrics_file import (
+from training.reporting.metrics_file import (
     EVALUATIONS,
     METRICS,
     keep_evaluations_through,
@@ -137,18 +138,6 @@ def log_params(client, run_id: str, params: dict[str, Any]) -> None:
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):
         client.log_batch(run_id, params=items[i : i + 100])
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``."""
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = str(v)
-    return out
 
 
 def read_record(run_dir: Path) -> dict[str, str] | None:

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator  # noqa: E402
 
 if TYPE_CHECKING:
-    from training.skill import SkillTable
+    from training.skill.scores import SkillTable
 
 DPI = 110
 _MARKERS = {"model": "o", "persistence": "s", "climatology": "^", "hourly_climatology": "v", "anomaly_persistence": "D"}

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from processor.runtime.torchrun import under_torchrun
-from training.config import RunConfig, TrainerConfig, processor_config, strategy_settings
-from training.tracking import local_store_uri, read_record
+from training.config.schema import RunConfig, TrainerConfig, processor_config, strategy_settings
+from training.reporting.tracking import local_store_uri, read_record
 
 
 def _device(t_cfg: TrainerConfig) -> str:

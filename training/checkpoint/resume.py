@@ -25,11 +25,11 @@ from processor.distributed.parameter_split import (
 )
 from processor.distributed.transport import collective_device
 from processor.errors import UserError
-from training.checkpoint import LATEST, CheckpointError, load_training_checkpoint, save_checkpoint
-from training.config import RunConfig
-from training.device import device_free
-from training.parallel import ParallelDims
-from training.settings import to_settings
+from training.checkpoint.files import LATEST, CheckpointError, load_training_checkpoint, save_checkpoint
+from training.config.schema import RunConfig
+from training.config.settings import to_settings
+from training.distributed.device import device_free
+from training.distributed.parallel import ParallelDims
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ command sets nothing but the run directory, so every setting is the first run's.
 given again (``trainer.lr=1e-3``) replaces the saved one and is named at start
 (``resuming R at step 30 of 60 (changed: trainer.lr 0.003 -> 0.001)``); a config group chosen
 again (``strategy=shard_heads``) replaces that whole section. What changes the model is still
-refused by the checkpoint's own check (:func:`training.resume.check_compatible`).
+refused by the checkpoint's own check (:func:`training.checkpoint.resume.check_compatible`).
 
 The saved settings are the checkpoint's (the resolved configuration it was written with) or,
 for a run that stopped before its first checkpoint, ``config.yaml`` in the run directory.
@@ -18,16 +18,16 @@ trained on GPUs could not continue on a machine without one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from training.checkpoint import LATEST, load_training_checkpoint
-from training.config import RunConfig, schema_keys
-from training.settings import from_settings, to_settings
-from training.tracking import flatten
+from training.checkpoint.files import LATEST, load_training_checkpoint
+from training.config.schema import RunConfig, schema_keys
+from training.config.settings import flatten, from_settings, to_settings
 
 # Settings of one invocation, not of the run: this command line's (or the default) always. The
 # device is the machine's: a run trained on GPUs continues on CPUs under the default ``auto``.
@@ -156,3 +156,14 @@ def resume_line(run_dir: Path, saved: SavedRun, resolved: RunConfig) -> str:
         else f"from step 0 of {steps} (it has settings, {saved.source.name}, but no checkpoint)"
     )
     return f"resuming {run_dir} {where}" + (f" (changed: {'; '.join(changes)})" if changes else "")
+
+
+def write_settings(resolved: RunConfig) -> Path:
+    """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically: a later
+    command in this run directory continues from it if the run stops before a checkpoint, and
+    MLflow keeps it as an artifact); return its path."""
+    run_dir = Path(resolved.run_dir)
+    tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(to_settings(resolved), sort_keys=False))
+    os.replace(tmp, run_dir / SAVED_CONFIG)
+    return run_dir / SAVED_CONFIG

@@ -1,0 +1,1 @@
+"""Checkpoints: written atomically, read, and what a run may continue from."""

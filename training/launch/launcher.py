@@ -1,0 +1,307 @@
+"""The launcher every command shares: check the command line before Hydra, prepare the run
+(configuration, dataset, run directory) once, start the ranks (spawned locally or under
+torchrun) and report errors in one line. The commands (:mod:`training.app`,
+:mod:`training.evaluate`, :mod:`training.predict`, :mod:`training.parity`) give it the function
+each rank runs.
+
+Run directory: Hydra's output directory (``hydra.run.dir``, ``outputs/<date>/<time>``). Under
+torchrun only rank 0 creates one: the other ranks start Hydra with overrides that give them no
+output directory, ``.hydra`` record or log file (:func:`follower_overrides`), and work in rank
+0's run directory, as they take rank 0's resolved configuration. Under ``--multirun`` with
+``logging.tracking_uri: null`` the members share one MLflow store,
+``<hydra.sweep.dir>/mlflow.db``, so they appear side by side.
+
+Errors (:mod:`training.launch.errors`): a configuration or data error (a misspelt key or
+option, checked before Hydra makes a run directory (:mod:`training.launch.cli_check`); a value
+out of range, a missing or mismatched dataset, a checkpoint of another model; also when a
+spawned or torchrun rank raised it) prints ``error: <message>`` and a hint, exits with code 2
+and leaves no run directory behind. ``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows its
+traceback instead. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+from omegaconf import DictConfig, OmegaConf
+
+from processor.runtime.torchrun import (
+    TorchrunSetupError,
+    check_restartable,
+    init_torchrun_group,
+    torchrun_rank,
+    under_torchrun,
+)
+from training.config.auto_attention import resolve_run_attention
+from training.config.auto_strategy import resolve_auto
+from training.config.schema import ConfigValueError, DataConfig, RunConfig, check_config, run_config
+from training.distributed.device import backend_for, check_local_ranks, rank_device, resolve_device
+from training.launch.cli_check import check_overrides
+from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
+from training.launch.interrupt import LauncherSignals, remove_stop_marker
+from training.launch.run_end import RunFinished, check_not_finished
+from training.launch.run_lock import RunDirLock
+from training.launch.run_settings import continue_from, resume_line, saved_run, write_settings
+from training.launch.run_start import startup_line
+
+log = logging.getLogger(__name__)
+
+RankMain = Callable[[RunConfig], Any]
+Adopt = Callable[[RunConfig], None]
+
+
+def prepare(
+    composed: DictConfig | RunConfig,
+    adopt: Adopt | None = None,
+    given: list[str] | None = None,
+    trains: bool | None = None,
+) -> RunConfig:
+    """Check the configuration and the dataset (writing the built-in one if asked) before any
+    rank starts; return the resolved configuration (:func:`training.config.schema.run_config` of
+    Hydra's composition ``composed``, completed: device, absolute paths, the inferred grid).
+
+    ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
+    checkpoint's model; without it this is a training run, whose checkpoint is checked.
+    ``given``: the keys this command line set (:func:`training.launch.run_settings.given_keys`); a
+    training run resuming in a run directory then takes every other setting from the run it
+    continues (:mod:`training.launch.run_settings`). None: the configuration as it is (the API's callers).
+    ``trains``: the ranks train (``attention_path=auto`` times backward too); None: ``adopt`` is None."""
+    cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
+    saved = None
+    if adopt is None and given is not None and cfg.trainer.resume:
+        saved = saved_run(Path(cfg.run_dir).resolve())
+        if saved is not None:
+            cfg = continue_from(cfg, saved, given)
+    if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
+        check_config(cfg, world)
+    trainer = cfg.trainer
+    trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
+    check_local_ranks(trainer.device, local_ranks, trainer.debug_share_gpu)
+    cfg.run_dir = str(Path(cfg.run_dir).resolve())
+    if adopt is not None:
+        adopt(cfg)
+    share_sweep_store(cfg)
+    data = cfg.data
+    if data.path is not None and not data.open_dataset:
+        data.path = str(Path(data.path).resolve())
+    write_built_in_if_asked(data)
+    from training.checkpoint.resume import check_resumable
+    from training.session import open_dataset, rollout_horizon, session_hidden_grid
+
+    dataset = open_dataset(data, rollout_horizon(trainer))  # fails here, clearly, on a missing or mismatched dataset
+    hidden = session_hidden_grid(cfg, dataset)  # and here on a hidden grid that does not suit the data
+    if cfg.strategy.name == "auto":
+        cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
+        check_config(cfg, world)
+    # auto: measured (or cached) here
+    resolve_run_attention(cfg, hidden.n_points, training=adopt is None if trains is None else trains)
+    if data.check_finite:
+        dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    if adopt is None:
+        check_resumable(cfg)  # and here on a checkpoint of another model
+        if saved is not None:
+            check_not_finished(saved, cfg)
+            log.info(resume_line(Path(cfg.run_dir), saved, cfg))
+        write_settings(cfg)  # what a later run in this directory continues from
+        remove_stop_marker(cfg.run_dir)  # left by a launcher that was killed
+    log.info(startup_line(cfg, dataset.n_points, hidden.n_points))
+    return cfg
+
+
+def write_built_in_if_asked(data: DataConfig) -> None:
+    """Write the built-in dataset to ``data.path`` (rank 0) when it does not exist and
+    ``data.generate`` asks for it; a path that looks like a typo is refused instead."""
+    if data.path and not Path(data.path).exists() and data.generate and int(os.environ.get("RANK", "0")) == 0:
+        from training.data.generate import check_built_in_path, generate_built_in
+
+        check_built_in_path(data.path)  # a typo is not filled with the built-in data
+        log.info("writing the built-in dataset to %s", data.path)
+        generate_built_in(data.path, data.grid, data.generate_steps, data.generate_seed)
+
+
+def share_sweep_store(resolved: RunConfig) -> None:
+    """Under ``--multirun``, with no ``logging.tracking_uri``, log to the sqlite store in the sweep
+    directory rather than one in each member's run directory."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from training.reporting.tracking import local_store_uri
+
+    if resolved.logging.tracking_uri is not None or not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        sweep_dir = (Path(hydra_cfg.runtime.cwd) / hydra_cfg.sweep.dir).resolve()  # hydra.job.chdir aside
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        resolved.logging.tracking_uri = local_store_uri(sweep_dir)
+
+
+def run(
+    cfg: DictConfig | RunConfig,
+    rank_main: RankMain,
+    adopt: Adopt | None = None,
+    given: list[str] | None = None,
+    trains: bool | None = None,
+) -> Any:
+    """Run ``rank_main`` (a command's work on one rank) with ``cfg`` (Hydra's composition, made a
+    :class:`RunConfig` once by :func:`prepare`) on the torchrun ranks, or on ``trainer.nprocs``
+    spawned local ranks; return rank 0's result. ``given``, ``trains``: see :func:`prepare`.
+
+    A first Ctrl-C or SIGTERM reaches the local ranks as SIGTERM (they finish their step and
+    checkpoint); a training result then carries the signal (``"signal"``)."""
+    if under_torchrun():
+        return _run_torchrun(cfg, rank_main, adopt, given, trains)
+    with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
+        resolved = prepare(cfg, adopt, given, trains)
+        t = resolved.trainer
+        if t.nprocs == 1:
+            return rank_main(resolved)
+        from processor.runtime import run_local
+
+        with LauncherSignals(resolved.run_dir) as signals:
+            result = run_local(
+                rank_main,
+                t.nprocs,
+                resolved,
+                backend=backend_for(t.device, t.debug_share_gpu),
+                timeout_s=t.timeout_s,
+                threads_per_rank=t.threads_per_rank,
+                on_start=signals.watch,
+            )[0]
+        if isinstance(result, dict) and signals.signum is not None:
+            result["signal"] = signals.signum
+        return result
+
+
+def _run_torchrun(
+    cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, given: list[str] | None, trains: bool | None
+) -> Any:
+    """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
+    resolved configuration, so all ranks share one run directory; its failure fails all.
+    ``cfg`` stays Hydra's composition here: what the ranks compare is what each composed, its
+    interpolations unresolved (each rank's ``run_dir`` resolves to its own directory)."""
+    import torch.distributed as dist
+
+    try:
+        check_restartable()
+        device = resolve_device(cfg.trainer.device)
+        check_local_ranks(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.trainer.debug_share_gpu)
+    except (TorchrunSetupError, ConfigValueError):  # before the group exists: rank 0 reports it
+        if torchrun_rank() != 0:
+            follower_exit()
+        raise
+    rank_device(device)  # NCCL and its object collectives use the current CUDA device
+    init_torchrun_group(backend_for(device, cfg.trainer.debug_share_gpu), cfg.trainer.timeout_s)
+    lock = contextlib.ExitStack()
+    try:
+        # Each rank composed its own configuration (its own command line and config files);
+        # rank 0's is the one used, so any difference is an error, on every rank at once.
+        from processor.distributed.consistency import agree_on_values
+        from training.config.settings import flatten
+
+        try:
+            agree_on_values(flatten(OmegaConf.to_container(cfg, resolve=False)), what="composed configurations")
+        except ValueError as exc:  # the same on every rank: rank 0 reports it
+            if dist.get_rank() != 0:
+                follower_exit()
+            raise ConfigValueError(str(exc)) from None
+        payload: list[Any] = [None]
+        if dist.get_rank() == 0:
+            try:  # rank 0 holds the run directory's lock until its ranks' work is done
+                lock.enter_context(RunDirLock(Path(cfg.run_dir).resolve()))
+                payload = [("ok", prepare(cfg, adopt, given, trains))]
+            except Exception as exc:
+                payload = [("error", exc)]
+        dist.broadcast_object_list(payload, src=0)
+        status, value = payload[0]
+        if status == "error":
+            if dist.get_rank() != 0 and isinstance(value, RunFinished):
+                sys.exit(0)  # rank 0 says so
+            if dist.get_rank() != 0 and user_error(value) is not None:
+                follower_exit()  # rank 0 reports it
+            raise value
+        return rank_main(value)
+    finally:
+        dist.destroy_process_group()
+        lock.close()
+
+
+# Seconds a torchrun follower waits before exiting on an error that rank 0 reports (seen: rank 1
+# exited first and torchrun's SIGTERM reached rank 0 before its line).
+FOLLOWER_GRACE_S = 10.0
+
+
+def follower_exit() -> NoReturn:
+    """Exit a torchrun rank other than 0 on an error that rank 0 reports: after
+    :data:`FOLLOWER_GRACE_S` (torchrun stops it sooner, once rank 0 has exited), so that rank 0's
+    one line is out before torchrun stops every rank."""
+    time.sleep(FOLLOWER_GRACE_S)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def follower_overrides(scratch: str) -> list[str]:
+    """Hydra overrides for torchrun ranks other than 0: the current directory as output directory
+    (nothing is created), no ``.hydra`` record, logs to stdout only, and a ``--multirun`` sweep
+    record in ``scratch`` (removed after). Rank 0's Hydra decides the run directory."""
+    return [
+        "hydra.run.dir=.",
+        f"hydra.sweep.dir={scratch}",
+        "hydra.sweep.subdir=.",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=stdout",
+    ]
+
+
+def main(hydra_main: Callable[[], Any], training_schema: bool = True) -> None:
+    """A command's ``hydra_main``: Hydra composes the configuration from ``configs/`` and the
+    command line, then the command calls :func:`run`; torchrun ranks other than 0 get
+    :func:`follower_overrides` first. ``training_schema``: the app's configuration is the training
+    schema, whose keys and group options are checked before Hydra runs (the evaluation and
+    prediction apps; not the benchmarks, whose schema is their own)."""
+    if training_schema:
+        try:  # before Hydra makes a run directory: a misspelt key or option is one line
+            check_overrides(sys.argv[1:])
+        except ConfigValueError as exc:
+            if torchrun_rank() != 0:  # rank 0 reports it
+                follower_exit()
+            exit_on_user_error(exc)
+            raise
+    scratch = None
+    if torchrun_rank() != 0:
+        scratch = tempfile.mkdtemp(prefix="gridshard-hydra-")
+        sys.argv += follower_overrides(scratch)
+    try:
+        hydra_main()
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    """``fn(cfg)``; a configuration or data error it raises is printed as one line (see
+    :func:`exit_on_user_error`), any other exception propagates."""
+    try:
+        return fn(cfg)
+    except Exception as exc:
+        exit_on_user_error(exc, _run_dir_of(cfg))
+        raise
+
+
+def _run_dir_of(cfg: DictConfig) -> str | None:
+    try:
+        return str(cfg.run_dir)
+    except Exception:  # an interpolation that cannot resolve here: nothing to tidy
+        return None

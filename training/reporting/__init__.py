@@ -1,0 +1,1 @@
+"""What a run shows: its report, MLflow tracking, the metrics file and the plots."""
