@@ -20,7 +20,7 @@ from benchmarks.plots import sweep_plots
 from benchmarks.results import load_rows, markdown_table, write_csv
 from benchmarks.tracking import SweepTracker
 from processor.runtime.torchrun import torchrun_rank
-from training.reporting.tracking import local_store_uri
+from training.reporting.mlflow_store import local_store_uri
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.reporting.tracking import log_params, open_experiment
+from training.reporting.mlflow_store import log_params, open_experiment
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from training.reporting.metrics_file import EVALUATIONS, read_evaluations, read_history
-from training.reporting.tracking import EXPERIMENT_KIND, Tracker, local_store_uri
+from training.reporting.mlflow_store import EXPERIMENT_KIND, local_store_uri
+from training.reporting.tracking import Tracker
 from training.skill.by_lead import report_skill
 from training.skill.scores import SkillRow, SkillTable, lead_labels
 

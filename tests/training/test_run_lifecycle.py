@@ -26,7 +26,8 @@ from training.config.schema import schema_keys
 from training.data import DatasetError
 from training.launch.errors import DEBUG_HINT, EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.reporting.metrics_file import read_history
-from training.reporting.tracking import RECORD, Tracker, local_store_uri
+from training.reporting.mlflow_store import RECORD, local_store_uri
+from training.reporting.tracking import Tracker
 
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1"]
 PARAMS = {"strategy.name": "shard_sequence", "trainer.nprocs": "2"}

@@ -27,7 +27,7 @@ from tests.training.conftest import small_config, small_overrides
 from training.app import run
 from training.checkpoint.files import PARTIAL_PREFIX, CheckpointError, load_checkpoint
 from training.faults import PLAN_DIR, POINTS, fault_plan
-from training.reporting.tracking import local_store_uri
+from training.reporting.mlflow_store import local_store_uri
 
 pytestmark = pytest.mark.soak
 

@@ -176,7 +176,7 @@ def test_server_stopped_mid_run_loses_nothing(tmp_path, small_dataset, mlflow_se
 
 _CREATE = (
     "import sys; import mlflow.store.tracking.sqlalchemy_store; "
-    "from training.reporting.tracking import create_local_store; "
+    "from training.reporting.mlflow_store import create_local_store; "
     "print('creating', flush=True); create_local_store(sys.argv[1]); print('made', flush=True)"
 )
 

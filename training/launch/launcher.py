@@ -138,7 +138,7 @@ def share_sweep_store(resolved: RunConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from training.reporting.tracking import local_store_uri
+    from training.reporting.mlflow_store import local_store_uri
 
     if resolved.logging.tracking_uri is not None or not HydraConfig.initialized():
         return

@@ -12,7 +12,7 @@ import torch
 
 from processor.runtime.torchrun import under_torchrun
 from training.config.schema import RunConfig, TrainerConfig, processor_config, strategy_settings
-from training.reporting.tracking import local_store_uri, read_record
+from training.reporting.mlflow_store import local_store_uri, read_record
 
 
 def _device(t_cfg: TrainerConfig) -> str:

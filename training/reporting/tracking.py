@@ -32,7 +32,7 @@ is the latest model's; in the run directory it is one line of ``evaluations.json
 that MLflow lacks, deduplicated like the steps; an evaluation made now is always sent, so an
 evaluation of the same step made again (other ``evaluate`` settings) is the latest value too.
 
-The experiment is marked as a model-training one (:data:`EXPERIMENT_KIND`) for MLflow 3's UI.
+The store, the experiment and the run directory's record of its run: :mod:`training.reporting.mlflow_store`.
 """
 
 from __future__ import annotations
@@ -53,143 +53,22 @@ from training.reporting.metrics_file import (
     keep_steps_before,
     open_for_append,
 )
+from training.reporting.mlflow_store import (
+    RECORD,
+    artifact_dir,
+    continue_run,
+    create_local_store,
+    local_store_uri,
+    log_params,
+    mark_training_experiment,
+    open_experiment,
+    read_record,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
 
 _BATCH = 100  # metric events sent in one request at most
-RECORD = "mlflow_run.json"  # the run directory's record of its MLflow run
-# MLflow 3's experiment kind: this tag, "custom_model_development" (the UI's "model training"),
-# not "genai_development". The UIs since MLflow 3.4 that have experiment kinds pick the experiment
-# page's view by it (and ask the user, or guess, when it is missing); later ones (3.17 here)
-# choose the view with the sidebar's GenAI / Model training switch (kept in the browser;
-# ``?workflowType=machine_learning`` in a link) and show "Training runs" for such an experiment.
-# Name and value are those of MLflow's UI (``mlflow/server/js``); MLflow has no Python constant.
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-
-
-def local_store_uri(directory: Path) -> str:
-    """The embedded sqlite store kept in ``directory``."""
-    return f"sqlite:///{(directory / 'mlflow.db').resolve()}"
-
-
-def create_local_store(uri: str) -> None:
-    """Create the sqlite store at ``uri``, if it is one that does not exist yet, whole or not at
-    all. MLflow makes its tables in dozens of migration steps, each committed on its own: a rank
-    0 killed among them leaves a half-made schema that every later run refuses (seen in the
-    soak). So the store is made in a temporary file beside it, closed, and renamed into place;
-    a temporary file left by a killed attempt is removed."""
-    if not uri.startswith("sqlite:///"):
-        return
-    path = Path(uri.removeprefix("sqlite:///"))
-    if path.exists():
-        return
-    for stale in path.parent.glob(f".{path.name}.partial-*"):
-        stale.unlink(missing_ok=True)
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    store = SqlAlchemyStore(f"sqlite:///{tmp}", (path.parent / "mlartifacts").resolve().as_uri())
-    store.engine.dispose()  # every connection closed: the file is complete, with no journal
-    os.replace(tmp, path)
-
-
-def artifact_dir(uri: str, run_dir: Path) -> Path:
-    """Where a new experiment keeps its artifacts: beside an sqlite store (so that runs sharing
-    one store, as the members of a multirun do, do not write into one member's directory), else
-    in ``run_dir``. Each run's artifacts are in a folder of its own (its run id) below."""
-    if uri.startswith("sqlite:///"):
-        return Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts"
-    return run_dir / "mlartifacts"
-
-
-def open_experiment(client, name: str, artifact_dir: Path | None) -> str:
-    """The id of experiment ``name``, created if missing, marked as a model-training experiment
-    (:func:`mark_training_experiment`). A new experiment keeps its artifacts in ``artifact_dir``
-    (sqlite stores would otherwise put them in ``./mlruns`` of the current directory); ``None``
-    leaves the choice to a tracking server."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        mark_training_experiment(client, exp)
-        return exp.experiment_id
-    location = artifact_dir.resolve().as_uri() if artifact_dir is not None else None
-    key, value = EXPERIMENT_KIND
-    return client.create_experiment(name, artifact_location=location, tags={key: value})
-
-
-def mark_training_experiment(client, experiment) -> None:
-    """Tag ``experiment`` (an ``Experiment``) with :data:`EXPERIMENT_KIND` unless it has a kind
-    already (one a person chose in the UI stays). A store that refuses (permissions) is warned
-    about; the run goes on."""
-    from mlflow.exceptions import MlflowException
-
-    key, value = EXPERIMENT_KIND
-    if experiment.tags.get(key):
-        return
-    try:
-        client.set_experiment_tag(experiment.experiment_id, key, value)
-    except MlflowException as exc:
-        log.warning("cannot tag MLflow experiment %s as %s=%s: %s", experiment.name, key, value, exc)
-
-
-def log_params(client, run_id: str, params: dict[str, Any]) -> None:
-    """Log ``params`` in batches of 100 (MLflow's limit), values cut to MLflow's 6000 characters."""
-    from mlflow.entities import Param
-
-    items = [Param(k, str(v)[:6000]) for k, v in params.items()]
-    for i in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[i : i + 100])
-
-
-def read_record(run_dir: Path) -> dict[str, str] | None:
-    """The run directory's record of its MLflow run (``tracking_uri``, ``experiment_id``,
-    ``run_id``), or None when there is none or it cannot be read."""
-    path = run_dir / RECORD
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("cannot read %s (%s): starting a new MLflow run", path, exc)
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def write_record(run_dir: Path, tracking_uri: str, experiment_id: str, run_id: str, params: dict[str, Any]) -> None:
-    """Record the MLflow run of ``run_dir`` and the params of its latest segment (a resumed
-    segment's changes are against these), written whole, then renamed into place."""
-    record = {"tracking_uri": tracking_uri, "experiment_id": experiment_id, "run_id": run_id, "params": params}
-    tmp = run_dir / f"{RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, run_dir / RECORD)
-
-
-def continue_run(client, run, params: dict[str, Any], tags: dict[str, str], previous: dict[str, Any]) -> None:
-    """Re-open ``run`` for another segment: status RUNNING, ``tags`` set, params new to the run
-    logged; params whose value changed since the ``previous`` segment are immutable in MLflow,
-    so they go into a ``resume.<step>.changed`` tag (``key: old -> new; ...``), and ``<step>``
-    is added to the ``resumed_from_steps`` tag (the ``resumed_from_step`` tag of ``tags``)."""
-    from mlflow.entities import RunTag
-
-    run_id = run.info.run_id
-    old = {**run.data.params, **{k: str(v)[:6000] for k, v in previous.items()}}
-    steps = [s for s in run.data.tags.get("resumed_from_steps", "").split(",") if s]
-    step = str(tags.get("resumed_from_step") or f"segment{len(steps) + 2}")
-    new = {k: v for k, v in params.items() if k not in run.data.params}
-    changed = [f"{k}: {old[k]} -> {v}" for k, v in params.items() if k in old and old[k] != str(v)[:6000]]
-    extra = {**tags, "resumed_from_steps": ",".join([*steps, step])}
-    if changed:
-        extra[f"resume.{step}.changed"] = "; ".join(changed)
-        log.info("params changed since MLflow run %s began (tag resume.%s.changed): %s", run_id, step, changed)
-    if "failure_reason" in run.data.tags:  # the last segment's failure; this one may well finish
-        extra[f"resume.{step}.previous_failure"] = run.data.tags["failure_reason"]
-        client.delete_tag(run_id, "failure_reason")
-    client.update_run(run_id, status="RUNNING")
-    log_params(client, run_id, new)
-    items = [RunTag(k, str(v)[:5000]) for k, v in extra.items()]
-    for i in range(0, len(items), 100):
-        client.log_batch(run_id, tags=items[i : i + 100])
-
-
 class Tracker:
     """Logs one run from a background thread; falls back to the local sqlite store on failure.
 
