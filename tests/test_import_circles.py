@@ -105,3 +105,40 @@ def test_a_circle_closed_inside_a_function_is_found(tmp_path):
     (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.d import g\n")
     (package / "d.py").write_text("from . import c\n")
     assert circles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b"]]
+
+
+# Rooms of training/ that never look at each other: scoring knows nothing of how it is shown,
+# the configuration nothing of the stages that use it.
+FOLDER_RULES = (
+    ("training.skill", "training.reporting"),
+    ("training.config", "training.launch"),
+    ("training.config", "training.reporting"),
+    ("training.checkpoint", "training.reporting"),
+    ("training.distributed", "training.launch"),
+)
+
+
+def test_the_folders_of_training_keep_their_rules():
+    graph = import_graph(ROOT, PACKAGES)
+    broken = [
+        f"{module} imports {target}"
+        for room, forbidden in FOLDER_RULES
+        for module, targets in graph.items()
+        if module.startswith(room)
+        for target in targets
+        if target.startswith(forbidden)
+    ]
+    assert not broken, broken
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    too_big = []
+    for package in ("processor", "training", "benchmarks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            text = path.read_text()
+            if len(text.splitlines()) > 400:
+                too_big.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                    too_big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not too_big, too_big

@@ -37,7 +37,7 @@ from training.config.schema import RunConfig
 from training.launch import launcher
 from training.launch.cli_check import discard_refused_run_dir
 from training.launch.run_end import RunFinished, command_line_keys, report_end
-from training.skill.by_lead import log_skill
+from training.reporting.report import log_skill
 
 log = logging.getLogger(__name__)
 

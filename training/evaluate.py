@@ -45,9 +45,9 @@ def source_run_tags(checkpoint: Path, step: int) -> dict[str, str]:
 def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
     """Every rank: load the checkpoint, score it; rank 0 reports. Returns the table and run id."""
     from training.checkpoint.resume import load_model_weights
-    from training.reporting.report import open_tracker
+    from training.reporting.report import open_tracker, report_skill
     from training.session import join_ranks, open_session
-    from training.skill.by_lead import evaluate_skill, report_skill
+    from training.skill.by_lead import evaluate_skill
 
     dims, heartbeat = join_ranks(cfg)
     with heartbeat:
@@ -73,7 +73,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     from training.launch.launcher import run_reporting_errors
-    from training.skill.by_lead import log_skill
+    from training.reporting.report import log_skill
 
     result = run_reporting_errors(run, cfg)
     log_skill(result["skill"], cfg.run_dir)

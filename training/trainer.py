@@ -23,10 +23,10 @@ from training.config.schema import RunConfig
 from training.distributed.device import PeakDeviceMemory, autocast, synchronize
 from training.faults import FaultInjector
 from training.launch.interrupt import StopRequest, stop_requests
-from training.reporting.report import final_pictures, open_tracker
+from training.reporting.report import final_pictures, open_tracker, report_skill
 from training.rollout import RolloutSchedule, loss_weights, rollout
 from training.session import Session, join_ranks, open_session, rollout_horizon
-from training.skill.by_lead import evaluate_skill, evaluation_samples, report_skill
+from training.skill.by_lead import evaluate_skill, evaluation_samples
 from training.step import TrainStep, build_optimiser
 
 __all__ = ["sample_positions", "train", "train_step"]

@@ -104,8 +104,21 @@ def run_local(
         p.start()
     if on_start is not None:
         on_start(procs)
+    ok, failed = _collect(procs, results, timeout_s)
+    if failed:
+        silent = [RankFailure.silent(r, timeout_s + _REPORT_GRACE_S) for r in range(world_size) if r not in ok | failed]
+        raise RanksFailedError(range(world_size), [*failed.values(), *silent])
+    return [ok[r] for r in range(world_size)]
+
+
+def _collect(
+    procs: list[mp.Process], results: mp.Queue, timeout_s: float
+) -> tuple[dict[int, Any], dict[int, RankFailure]]:
+    """Each rank's result or failure (in the order seen) as they arrive; once one failed, the
+    others get ``timeout_s`` plus a grace period, then every rank left is killed."""
+    world_size = len(procs)
     ok: dict[int, Any] = {}
-    failed: dict[int, RankFailure] = {}  # in the order seen
+    failed: dict[int, RankFailure] = {}
     deadline = float("inf")
     try:
         while len(ok) + len(failed) < world_size and time.monotonic() < deadline:
@@ -125,7 +138,4 @@ def run_local(
             if p.is_alive():
                 p.kill()
                 p.join()
-    if failed:
-        silent = [RankFailure.silent(r, timeout_s + _REPORT_GRACE_S) for r in range(world_size) if r not in ok | failed]
-        raise RanksFailedError(range(world_size), [*failed.values(), *silent])
-    return [ok[r] for r in range(world_size)]
+    return ok, failed

@@ -21,8 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from training.reporting.metrics_file import EVALUATIONS, read_evaluations, read_history
 from training.reporting.mlflow_store import EXPERIMENT_KIND, local_store_uri
+from training.reporting.report import report_skill
 from training.reporting.tracking import Tracker
-from training.skill.by_lead import report_skill
 from training.skill.scores import SkillRow, SkillTable, lead_labels
 
 LEADS = [6.0, 12.0, 24.0, 48.0]

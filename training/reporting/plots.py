@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,6 +96,41 @@ _PANEL_W, _PANEL_H, _GAP, _BAR, _BAR_ROOM, _ROW_GAP = 4.4, 2.2, 0.25, 0.14, 1.05
 _LEFT, _RIGHT, _TOP, _BOTTOM = 0.75, 0.15, 0.75, 0.55
 
 
+@dataclass(frozen=True)
+class _MapRow:
+    """One variable's row of the forecast map: what its titles and colour bars say."""
+
+    variable: str
+    lead: str  # "+6 h"
+    valid: str  # the valid date (ISO)
+    unit: str | None
+    last: bool  # the bottom row: it labels the longitude axis
+
+    def draw(self, fig: plt.Figure, grid, row: int, truth: np.ndarray, forecast: np.ndarray, show: dict, first):
+        """Truth, forecast (one colour scale) and error (its own, symmetric) in row ``row`` of the
+        figure's ``grid``, from rasters ``(rows, columns)``; the first axes, which the others share."""
+        var, lead, valid = self.variable, self.lead, self.valid
+        lo, hi = float(min(truth.min(), forecast.min())), float(max(truth.max(), forecast.max()))
+        err = forecast - truth
+        elim = float(np.abs(err).max()) or 1.0
+        ax_t, ax_f, ax_e = (fig.add_subplot(grid[row, c], sharex=first, sharey=first) for c in (0, 2, 6))
+        ax_t.imshow(truth, cmap="viridis", vmin=lo, vmax=hi, **show)
+        im = ax_f.imshow(forecast, cmap="viridis", vmin=lo, vmax=hi, **show)
+        im_e = ax_e.imshow(err, cmap="RdBu_r", vmin=-elim, vmax=elim, **show)
+        ax_t.set_title(f"{var}: truth, valid {valid}", fontsize="medium")
+        ax_f.set_title(f"{var}: forecast {lead}, valid {valid}", fontsize="medium")
+        rms = float(np.sqrt(np.mean(err**2)))
+        ax_e.set_title(f"{var}: forecast \u2212 truth ({lead}), RMS {rms:.3g}", fontsize="medium")
+        fig.colorbar(im, cax=fig.add_subplot(grid[row, 4]), label=_with_unit(var, self.unit))
+        fig.colorbar(im_e, cax=fig.add_subplot(grid[row, 8]), label=_with_unit(f"{var} error", self.unit))
+        for ax in (ax_t, ax_f, ax_e):
+            ax.tick_params(labelsize="small", labelbottom=self.last, labelleft=ax is ax_t)
+            if self.last:
+                ax.set_xlabel("longitude (\u00b0)")
+        ax_t.set_ylabel("latitude (\u00b0)")
+        return first or ax_t
+
+
 def forecast_map_figure(
     lat: np.ndarray,
     lon: np.ndarray,
@@ -135,28 +171,8 @@ def forecast_map_figure(
     first = None
     for row, var in enumerate(variables):
         lead = f"+{rows[row][0]:g} h" if rows[row][0] is not None else "lead ?"
-        valid = rows[row][1] or "?"
-        t, f = truth[:, row], forecast[:, row]
-        lo, hi = float(min(t.min(), f.min())), float(max(t.max(), f.max()))
-        err = f - t
-        elim = float(np.abs(err).max()) or 1.0
-        ax_t, ax_f, ax_e = (fig.add_subplot(grid[row, c], sharex=first, sharey=first) for c in (0, 2, 6))
-        first = first or ax_t
-        ax_t.imshow(t[nearest], cmap="viridis", vmin=lo, vmax=hi, **show)
-        im = ax_f.imshow(f[nearest], cmap="viridis", vmin=lo, vmax=hi, **show)
-        im_e = ax_e.imshow(err[nearest], cmap="RdBu_r", vmin=-elim, vmax=elim, **show)
-        ax_t.set_title(f"{var}: truth, valid {valid}", fontsize="medium")
-        ax_f.set_title(f"{var}: forecast {lead}, valid {valid}", fontsize="medium")
-        rms = float(np.sqrt(np.mean(err**2)))
-        ax_e.set_title(f"{var}: forecast \u2212 truth ({lead}), RMS {rms:.3g}", fontsize="medium")
-        fig.colorbar(im, cax=fig.add_subplot(grid[row, 4]), label=_with_unit(var, units.get(var)))
-        fig.colorbar(im_e, cax=fig.add_subplot(grid[row, 8]), label=_with_unit(f"{var} error", units.get(var)))
-        for ax in (ax_t, ax_f, ax_e):
-            ax.tick_params(labelsize="small", labelbottom=row == n - 1, labelleft=ax is ax_t)
-        ax_t.set_ylabel("latitude (\u00b0)")
-        if row == n - 1:
-            for ax in (ax_t, ax_f, ax_e):
-                ax.set_xlabel("longitude (\u00b0)")
+        panels = _MapRow(var, lead, rows[row][1] or "?", units.get(var), row == n - 1)
+        first = panels.draw(fig, grid, row, truth[:, row][nearest], forecast[:, row][nearest], show, first)
     first.set_xticks(np.arange(extent[0], extent[1] + 1, 60))
     first.set_yticks([-90, -45, 0, 45, 90])
     first.set_xlim(extent[:2])

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from processor.host import cpu_name
+from processor.runtime.torchrun import torchrun_rank
 from training.config.schema import RunConfig
 from training.config.settings import flatten, to_settings
 from training.data import ZarrDataset
@@ -17,6 +19,8 @@ from training.distributed.parallel import ParallelDims
 from training.launch.run_settings import write_settings
 from training.reporting.metrics_file import read_history
 from training.reporting.tracking import NullTracker, Tracker
+from training.skill.by_lead import skill_summary
+from training.skill.scores import SkillTable
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +140,34 @@ def _denormalise_columns(dataset: ZarrDataset, values: np.ndarray, columns: list
     """``values`` ``(points, len(columns))`` normalised, column ``c`` being model output
     ``columns[c]`` -> physical units: :meth:`ZarrDataset.denormalise_outputs` of those columns."""
     return values * dataset.output_stdev[columns] + dataset.output_mean[columns]
+
+
+def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -> str:
+    """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``) to
+    ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
+    (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored,
+    its checkpoint's step); return the table as markdown."""
+    from training.reporting.plots import rmse_by_lead
+
+    directory.mkdir(parents=True, exist_ok=True)
+    text = f"Model after training step {model_step}.\n\n" + table.to_markdown()
+    (directory / "skill.md").write_text(text + "\n")
+    table.to_csv(directory / "skill.csv")
+    tracker.log_evaluation(model_step, table.metrics())
+    for path in (directory / "skill.md", directory / "skill.csv", rmse_by_lead(table, directory / "rmse_by_lead.png")):
+        tracker.log_artifact(path)
+    return text
+
+
+def log_skill(skill: Any, run_dir: str) -> None:
+    """Log the skill summary of rank 0's result (the ranks may be spawned processes, whose logs
+    do not reach the console), and where the full tables and the plot are."""
+    if skill is None or torchrun_rank() != 0:
+        return
+    log.info(
+        "RMSE by lead time (area-weighted, physical units), model / persistence:\n%s\n"
+        "full tables (climatology, ACC): %s/skill.md; plot: %s/rmse_by_lead.png",
+        skill_summary(skill),
+        run_dir,
+        run_dir,
+    )

@@ -11,13 +11,10 @@ turns with them, and every rank scores its own block of points (see
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from processor.runtime.torchrun import torchrun_rank
 from training.data import DatasetError
 from training.data.forcings import utc_hours
 from training.data.samples import Sample
@@ -159,34 +156,3 @@ def skill_summary(table: SkillTable) -> str:
     if table.centroids is not None:
         lines.append(table.centroids.to_markdown())
     return "\n".join(lines)
-
-
-def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -> str:
-    """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``) to
-    ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
-    (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored,
-    its checkpoint's step); return the table as markdown."""
-    from training.reporting.plots import rmse_by_lead
-
-    directory.mkdir(parents=True, exist_ok=True)
-    text = f"Model after training step {model_step}.\n\n" + table.to_markdown()
-    (directory / "skill.md").write_text(text + "\n")
-    table.to_csv(directory / "skill.csv")
-    tracker.log_evaluation(model_step, table.metrics())
-    for path in (directory / "skill.md", directory / "skill.csv", rmse_by_lead(table, directory / "rmse_by_lead.png")):
-        tracker.log_artifact(path)
-    return text
-
-
-def log_skill(skill: Any, run_dir: str) -> None:
-    """Log the skill summary of rank 0's result (the ranks may be spawned processes, whose logs
-    do not reach the console), and where the full tables and the plot are."""
-    if skill is None or torchrun_rank() != 0:
-        return
-    log.info(
-        "RMSE by lead time (area-weighted, physical units), model / persistence:\n%s\n"
-        "full tables (climatology, ACC): %s/skill.md; plot: %s/rmse_by_lead.png",
-        skill_summary(skill),
-        run_dir,
-        run_dir,
-    )
