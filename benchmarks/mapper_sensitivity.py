@@ -20,12 +20,12 @@ from hydra import compose, initialize_config_module
 from scipy.spatial import cKDTree
 
 import training.config.schema  # noqa: F401  (registers the schema)
+from processor.geometry import unit_vectors
 from processor.grids import get_grid
 from training.config.schema import run_config
 from training.data.forcings import VariableRoles
 from training.data.generate import VARIABLES
 from training.model import ShardedGrids
-from training.model.graphs import unit_vectors
 from training.session import build_model
 
 MAPPERS = ("mean_mlp", "graph_transformer")

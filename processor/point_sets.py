@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.spatial import ConvexHull, Delaunay, cKDTree
 
+from processor.geometry import unit_vectors
 from processor.grids import ECMWF_REDUCED_POINTS, gaussian_latitudes
 
 KINDS = ("octahedral", "regular_gaussian", "reduced_gaussian", "regular_latlon", "regional_latlon", "unstructured")
@@ -221,7 +222,7 @@ def _box(rings: list[_Ring], n_points: int) -> PointSet:
 
 
 def _unstructured(lat: np.ndarray, lon: np.ndarray) -> PointSet:
-    xyz = _unit_vectors(lat, lon)
+    xyz = unit_vectors(lat, lon)
     if len(np.unique(np.round(xyz, 9), axis=0)) < len(xyz):
         raise ValueError("two points share their coordinates: a point set needs distinct points")
     order = np.argsort(hilbert_index(xyz), kind="stable")
@@ -233,11 +234,6 @@ def _unstructured(lat: np.ndarray, lon: np.ndarray) -> PointSet:
 def _surrounds_origin(xyz: np.ndarray) -> bool:
     """Whether points on the unit sphere spread all round it (a global set), not over one part."""
     return bool(np.linalg.norm(xyz.mean(0)) < 0.5)
-
-
-def _unit_vectors(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
-    la, lo = np.radians(lat), np.radians(lon)
-    return np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], axis=1)
 
 
 def _dual_areas(xyz: np.ndarray) -> np.ndarray:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from processor.distributed import ShardLayout, shard_sizes
+from processor.geometry import EARTH_RADIUS_KM, great_circle_km, grid_spacing_km, unit_vectors
 from processor.grids import get_grid
 from processor.point_sets import point_set
-from training.model.graphs import unit_vectors
-from training.skill.centroid import EARTH_RADIUS_KM, CentroidAccumulator, great_circle_km, grid_spacing_km
+from training.skill.centroid import CentroidAccumulator
 
 GRID = get_grid("o16")
 

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from processor.geometry import EARTH_RADIUS_KM
 from training.data.anemoi_layout import write_anemoi_store
 
 VARIABLES = ["2t", "lsm", "z"]
-EARTH_RADIUS_M = 6.371e6
+EARTH_RADIUS_M = EARTH_RADIUS_KM * 1e3
 G = 9.80665
 START = np.datetime64("2021-05-01T00:00:00", "s")
 

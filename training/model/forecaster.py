@@ -28,9 +28,10 @@ from processor.distributed import (
     shard_offsets,
     shard_sizes,
 )
+from processor.geometry import unit_vectors
 from processor.grids import Grid
 from training.model.graph_transformer import GraphTransformerMapper
-from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph, unit_vectors
+from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
 from training.model.hidden_grid import HiddenGrid
 from training.model.mapper import GraphMapper
 

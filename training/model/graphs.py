@@ -17,12 +17,6 @@ from scipy.spatial import cKDTree
 from processor.distributed import ShardLayout, halo_extent, shard_offsets
 
 
-def unit_vectors(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
-    """``(points, 3)`` positions on the unit sphere."""
-    lat, lon = np.radians(lat_deg), np.radians(lon_deg)
-    return np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)
-
-
 def node_features(lat_deg: np.ndarray, lon_deg: np.ndarray) -> np.ndarray:
     """``(points, 4)``: sin/cos of latitude and longitude."""
     lat, lon = np.radians(lat_deg), np.radians(lon_deg)

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from processor.geometry import grid_spacing_km
 from processor.grids import get_grid
 from processor.point_sets import PointSet
 from training.config.settings import ConfigValueError
-from training.skill.centroid import grid_spacing_km
 
 DATA = "data"
 

@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator  # noqa: E402
 
+from processor.geometry import unit_vectors  # noqa: E402
+
 if TYPE_CHECKING:
     from training.skill.scores import SkillTable
 
@@ -76,12 +78,8 @@ def _raster(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, tuple[float, 
     west = -180.0 if float(np.min(lon)) < 0 else 0.0
     lat_c = 90 - (np.arange(rows) + 0.5) * 180 / rows
     lon_c = west + (np.arange(2 * rows) + 0.5) * 180 / rows
-    glon, glat = np.meshgrid(np.radians(lon_c), np.radians(lat_c))
-
-    def xyz(la: np.ndarray, lo: np.ndarray) -> np.ndarray:
-        return np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], axis=-1).reshape(-1, 3)
-
-    _, nearest = cKDTree(xyz(np.radians(lat), np.radians(lon))).query(xyz(glat, glon))
+    glon, glat = np.meshgrid(lon_c, lat_c)
+    _, nearest = cKDTree(unit_vectors(lat, lon).reshape(-1, 3)).query(unit_vectors(glat, glon).reshape(-1, 3))
     return nearest.reshape(rows, 2 * rows), (west, west + 360.0, -90.0, 90.0)
 
 

@@ -15,10 +15,10 @@ import logging
 import numpy as np
 import torch
 
+from processor.geometry import unit_vectors
 from training.data import DatasetError
 from training.data.forcings import utc_hours
 from training.data.samples import Sample
-from training.model.graphs import unit_vectors
 from training.rollout import rollout
 from training.session import Session, dataset_samples
 from training.skill.centroid import CentroidAccumulator

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch.distributed as dist
 
+from processor.geometry import great_circle_km
 from training.skill.scores import check_same_keys, lead_labels, metric_part, sum_over
-
-EARTH_RADIUS_KM = 6371.0
 
 
 @dataclass(frozen=True)
@@ -122,13 +121,3 @@ class CentroidAccumulator:
             means = totals[..., 0] / totals[..., 1]
         errors = {kind: [float(e) for e in means[k]] for k, kind in enumerate(self.kinds)}
         return CentroidTable(self.variable, self.lead_hours, errors, spacing_km)
-
-
-def great_circle_km(a: np.ndarray, b: np.ndarray) -> float:
-    """The distance on the Earth between the directions of the vectors ``a`` and ``b``."""
-    return math.atan2(np.linalg.norm(np.cross(a, b)), float(a @ b)) * EARTH_RADIUS_KM
-
-
-def grid_spacing_km(points: int) -> float:
-    """The typical spacing of ``points`` evenly covering the sphere: ``sqrt(4 pi R^2 / points)``."""
-    return math.sqrt(4 * math.pi / points) * EARTH_RADIUS_KM

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from processor.geometry import unit_vectors
 from training.model.graph_transformer import GraphTransformerMapper
-from training.model.graphs import knn_graph, local_frame, unit_vectors
+from training.model.graphs import knn_graph, local_frame
 
 
 def _graph(n_src: int = 30, n_dst: int = 12, k: int = 4, seed: int = 0):
