@@ -14,7 +14,12 @@ import torch
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport, agree_on_values
 from processor.runtime import Heartbeat, set_freed_memory_policy
-from training.config.schema import DataConfig, RunConfig, TrainerConfig, processor_config, strategy_settings
+from training.config.schema import (
+    DataConfig,
+    RunConfig,
+    TrainerConfig,
+    run_processor_config,
+)
 from training.config.settings import flatten, to_settings
 from training.data import DatasetError, ZarrDataset
 from training.data.forcings import VariableRoles, computed_forcings
@@ -85,7 +90,7 @@ def build_model(cfg: RunConfig, roles: VariableRoles) -> Forecaster:
     """The forecaster of ``cfg``'s model and strategy for variables in ``roles``, its parameters
     drawn from torch's generator."""
     processor = TransformerProcessor(
-        processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
+        run_processor_config(cfg)
     )
     model = cfg.model
     return Forecaster(

@@ -19,7 +19,7 @@ import torch
 
 from processor.attention.autotune import PathChoice, ProbeShape, fastest_path
 from processor.strategies import Strategy
-from training.config.schema import RunConfig, processor_config, strategy_settings
+from training.config.schema import RunConfig, run_processor_config
 
 
 def rank_probe_shape(
@@ -77,6 +77,6 @@ def resolve_run_attention(cfg: RunConfig, hidden_points: int, training: bool) ->
     t = cfg.trainer
     if not wants_probe(cfg.model):
         return None
-    strategy = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy)).strategy
+    strategy = run_processor_config(cfg).strategy
     shape = rank_probe_shape(cfg.model, strategy, hidden_points, t.ranks_per_model, t.batch_size, t.precision, training)
     return resolve_attention_path(cfg.model, shape, t.device, t.threads_per_rank)

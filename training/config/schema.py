@@ -10,7 +10,6 @@ preset's sizes, a strategy preset's name, a dataset's path), never a default aga
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,8 @@ from omegaconf import MISSING
 
 from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
-from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy, strategy_options
+from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy
+from training.config.derived import LAUNCH_KEYS, processor_schema, strategy_options_schema
 from training.config.settings import (
     ConfigValueError,
     above,
@@ -46,56 +46,6 @@ __all__ = [
 ]
 
 FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
-# The launcher's own keys of every model section (training/config/auto_attention.py): not the processor's.
-LAUNCH_FIELDS = (
-    ("attention_probe", bool, field(default=True)),  # attention_path=auto: measure the paths (false: the static rule)
-    ("attention_auto", Any, field(default=None)),  # filled by attention_path=auto: its pick and each path's time
-)
-LAUNCH_KEYS = tuple(name for name, _, _ in LAUNCH_FIELDS)
-
-
-def processor_schema(
-    name: str, defaults: dict[str, Any] | None = None, extra: list[tuple[str, Any, Any]] = (), module: str = __name__
-) -> type:
-    """A Hydra schema (a dataclass named ``name``, of ``module``) whose fields are
-    :class:`processor.ProcessorConfig`'s, the strategy aside (it is a key of its own), with the
-    processor's defaults replaced by ``defaults``, after the ``extra`` fields (name, type, and a
-    default or a :func:`~training.config.settings.setting`). Derived, not copied: a setting added to
-    the processor appears here. A processor setting without a default is required (``???``)."""
-    defaults = defaults or {}
-    specs: list[tuple[str, Any, Any]] = [
-        (key, kind, value if isinstance(value, dataclasses.Field) else field(default=value))
-        for key, kind, value in [*extra, *LAUNCH_FIELDS]
-    ]
-    for f in dataclasses.fields(ProcessorConfig):
-        if f.name != "strategy":
-            default = defaults.get(f.name, MISSING if f.default is dataclasses.MISSING else f.default)
-            specs.append((f.name, f.type, field(default=default)))
-    return _named(dataclasses.make_dataclass(name, specs), module)
-
-
-def _named(cls: type, module: str) -> type:
-    """``cls`` (made by ``make_dataclass``) as a class of ``module``: pickle finds it there when
-    a configuration goes to a spawned rank."""
-    cls.__module__ = module
-    return cls
-
-
-def strategy_options_schema(name: str = "StrategyOptions", module: str = __name__) -> type:
-    """A dataclass of every option of the built-in strategies (their own dataclass fields, e.g.
-    ``ring``, ``head_group_size``), each None by default: the strategy's own default. Derived,
-    not copied: an option added to a strategy appears here."""
-    specs: dict[str, tuple[str, Any, Any]] = {}
-    for strategy, cls in BUILT_IN.items():
-        hints = typing.get_type_hints(cls)
-        for option in strategy_options(strategy):
-            kind = hints[option] | None
-            if option in specs and specs[option][1] != kind:
-                raise TypeError(f"strategy option {option} has two types: {specs[option][1]} and {kind}")
-            specs[option] = (option, kind, field(default=None))
-    return _named(dataclasses.make_dataclass(name, list(specs.values())), module)
-
-
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
 # (configs/model/) gives the sizes, which have no default here; the rest is the processor's
 # default or the app's own choice below.
@@ -111,9 +61,10 @@ ModelConfig = processor_schema(
         ("mapper", str, setting("graph_transformer", one_of("graph_transformer", "mean_mlp"))),
         ("mapper_heads", int, setting(4, at_least(1))),  # the graph transformer's heads
     ],
+    module=__name__,
 )
 
-StrategyOptions = strategy_options_schema()
+StrategyOptions = strategy_options_schema(module=__name__)
 
 
 def processor_config(
@@ -142,6 +93,11 @@ def processor_config(
     except ConfigError as exc:
         key = strategy_key if exc.key == "strategy" else key_prefix + exc.key
         raise ValueError(f"config key {key}: {exc.message}") from None
+
+
+def run_processor_config(cfg: RunConfig) -> ProcessorConfig:
+    """The processor's configuration of a run: its model section, strategy and options."""
+    return processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
 
 
 def strategy_settings(strategy: Any) -> dict[str, Any]:
@@ -339,7 +295,7 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
             f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
         )
     try:
-        processor = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
+        processor = run_processor_config(cfg)
         processor.check_world_size(cfg.trainer.ranks_per_model)
     except ConfigError as exc:
         raise ConfigValueError(

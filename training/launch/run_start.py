@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from processor.runtime.torchrun import under_torchrun
-from training.config.schema import RunConfig, TrainerConfig, processor_config, strategy_settings
+from training.config.schema import RunConfig, TrainerConfig, run_processor_config
 from training.reporting.mlflow_store import local_store_uri, read_record
 
 
@@ -53,5 +53,5 @@ def _mesh(cfg: RunConfig) -> str:
     mp = cfg.trainer.ranks_per_model
     if mp == 1:
         return ""
-    processor = processor_config(cfg.model, cfg.strategy.name, options=strategy_settings(cfg.strategy))
+    processor = run_processor_config(cfg)
     return f" (mesh: {processor.resolved_strategy().degrees(processor.num_heads, mp).describe()})"

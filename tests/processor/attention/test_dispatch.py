@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from processor import ConfigError, ProcessorConfig
-from processor.attention import dispatch, kernel, sliding_window_attention
+from processor.attention import dispatch, kernel, sdpa_blocks, sliding_window_attention
 from processor.attention.dispatch import AttentionCall, choose_path
 
 
@@ -114,7 +114,7 @@ def test_flash_attn_cannot_place_queries_it_has_no_window_side_for(flash):
 def test_forced_paths_run_what_they_name(monkeypatch):
     """``path`` reaches the kernel: a forced path calls that path's code."""
     seen = []
-    monkeypatch.setattr(kernel, "banded_flash_attention", lambda *a, **k: seen.append("banded") or a[0])
+    monkeypatch.setattr(sdpa_blocks, "banded_flash_attention", lambda *a, **k: seen.append("banded") or a[0])
     monkeypatch.setattr(kernel, "flex_window_attention", lambda *a, **k: seen.append("flex") or a[0])
     monkeypatch.setattr(dispatch, "native_available", lambda: False)
     q = torch.randn(1, 2, 600, 16, requires_grad=True)
