@@ -142,3 +142,18 @@ def test_no_module_over_400_lines_and_no_function_over_60():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                     too_big.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert not too_big, too_big
+
+
+def test_the_rooms_of_training_stand_on_floors():
+    """No circle between the rooms of training/ (its folders and top-level modules) either: each
+    room uses only the floors below it (docs/architecture.md draws them)."""
+
+    def room(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    rooms: dict[str, set[str]] = {}
+    for module, targets in import_graph(ROOT, PACKAGES).items():
+        if module.startswith("training."):
+            inner = {room(t) for t in targets if t.startswith("training.") and room(t) != room(module)}
+            rooms.setdefault(room(module), set()).update(inner)
+    assert circles(rooms) == []

@@ -1,6 +1,6 @@
 """Fault-injection hooks for tests of what survives a lost rank (documented in docs/reliability.md).
 
-Switches in the ``debug`` section (:class:`DebugConfig`), all off by default:
+Switches in the ``debug`` section (:class:`training.config.schema.DebugConfig`), all off by default:
 
 - ``fault_at_step = s``: rank ``fault_rank`` SIGKILLs itself in the middle of step ``s``
   (after its backward pass, before the optimiser step), the way a rank dies when its node
@@ -33,27 +33,13 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from training.config.settings import at_least, one_of, or_null, setting
-
 if TYPE_CHECKING:
-    from training.config.schema import TrainerConfig
+    from training.config.schema import DebugConfig, TrainerConfig
 
 MARKER = "fault_injected"
 PLAN_DIR = "faults"
 POINTS = ("in_step", "after_backward", "checkpoint_write")
 PERTURBATION = 1e-3  # added by debug.perturb_rank to its inputs (normalised units)
-
-
-@dataclass
-class DebugConfig:
-    """Test hooks that break a run on purpose (this module, docs/reliability.md); all off."""
-
-    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
-    fault_rank: int = setting(1, at_least(0))
-    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
-    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
-    fault_seed: int = 0
-    perturb_rank: int | None = setting(None, or_null(at_least(0)))  # training.parity: this rank's inputs are off
 
 
 def perturb_inputs(x: Tensor, debug: DebugConfig, rank: int) -> Tensor:

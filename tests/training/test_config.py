@@ -3,7 +3,8 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from training.config.schema import RunConfig, check_config, run_config
+from training.config.checks import check_config
+from training.config.schema import RunConfig, run_config
 
 
 def _compose(*overrides):

@@ -20,11 +20,11 @@ from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy
 from training.config.derived import LAUNCH_KEYS, processor_schema, strategy_options_schema
+from training.config.parity import ParityConfig
 from training.config.settings import (
     ConfigValueError,
     above,
     at_least,
-    check_ranges,
     from_settings,
     one_of,
     or_null,
@@ -32,16 +32,13 @@ from training.config.settings import (
     to_settings,
     within,
 )
-from training.faults import DebugConfig
-from training.parity.config import ParityConfig
 
 __all__ = [
     "ConfigValueError",
     "DebugConfig",
     "ParityConfig",
     "RunConfig",
-    "check_config",
-    "processor_config",
+        "processor_config",
     "run_config",
 ]
 
@@ -199,6 +196,18 @@ class TrainerConfig:
 
 
 @dataclass
+class DebugConfig:
+    """Test hooks that break a run on purpose (this module, docs/reliability.md); all off."""
+
+    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
+    fault_rank: int = setting(1, at_least(0))
+    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
+    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
+    fault_seed: int = 0
+    perturb_rank: int | None = setting(None, or_null(at_least(0)))  # training.parity: this rank's inputs are off
+
+
+@dataclass
 class LoggingConfig:
     mlflow: bool = True
     tracking_uri: str | None = None  # None: sqlite:///<run_dir>/mlflow.db; or http://host:5000
@@ -275,34 +284,6 @@ def run_config(composed: Any) -> RunConfig:
     except MissingMandatoryValue as exc:
         raise ConfigValueError(f"config key {exc.full_key} is not set: give it on the command line") from None
     return typed if isinstance(typed, RunConfig) else from_settings(RunConfig, typed)
-
-
-def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
-    """Raise :class:`ConfigValueError` naming the first key whose value is out of its range
-    (declared beside each field), or what several keys together do not allow."""
-    check_ranges(cfg)
-    rollout = cfg.trainer.rollout
-    if rollout.start > rollout.max:
-        raise ConfigValueError(
-            f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
-        )
-    from training.model.hidden_grid import check_hidden_grid  # training.model loads torch_geometric: when used
-
-    check_hidden_grid(cfg.model.hidden_grid, cfg.model.hidden_stride)
-    world = cfg.trainer.nprocs if world_size is None else world_size
-    if world % cfg.trainer.ranks_per_model:
-        raise ConfigValueError(
-            f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
-        )
-    try:
-        processor = run_processor_config(cfg)
-        processor.check_world_size(cfg.trainer.ranks_per_model)
-    except ConfigError as exc:
-        raise ConfigValueError(
-            f"strategy={cfg.strategy.name} with trainer.ranks_per_model = {cfg.trainer.ranks_per_model}: {exc.message}"
-        ) from None
-    except ValueError as exc:  # processor_config's, naming the key
-        raise ConfigValueError(str(exc)) from None
 
 
 def schema_keys(node: Any = None, prefix: str = "") -> dict[str, bool]:

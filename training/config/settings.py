@@ -9,9 +9,13 @@ are both made of these."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from processor.errors import UserError
 
@@ -130,3 +134,17 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[key] = str(v)
     return out
+
+
+SAVED_CONFIG = "config.yaml"  # the resolved configuration, written at the start of every run
+
+
+def write_settings(resolved: Any) -> Path:
+    """Write ``resolved`` (a :class:`~training.config.schema.RunConfig`) to
+    ``<run_dir>/config.yaml``, atomically: a later command in this run directory continues from
+    it if the run stops before a checkpoint, and MLflow keeps it as an artifact. Its path."""
+    run_dir = Path(resolved.run_dir)
+    tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
+    tmp.write_text(yaml.safe_dump(to_settings(resolved), sort_keys=False))
+    os.replace(tmp, run_dir / SAVED_CONFIG)
+    return run_dir / SAVED_CONFIG

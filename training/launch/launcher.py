@@ -44,14 +44,16 @@ from processor.runtime.torchrun import (
 )
 from training.config.auto_attention import resolve_run_attention
 from training.config.auto_strategy import resolve_auto
-from training.config.schema import ConfigValueError, DataConfig, RunConfig, check_config, run_config
+from training.config.checks import check_config
+from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
+from training.config.settings import write_settings
 from training.distributed.device import backend_for, check_local_ranks, rank_device, resolve_device
 from training.launch.cli_check import check_overrides
 from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.launch.interrupt import LauncherSignals, remove_stop_marker
 from training.launch.run_end import RunFinished, check_not_finished
 from training.launch.run_lock import RunDirLock
-from training.launch.run_settings import continue_from, resume_line, saved_run, write_settings
+from training.launch.run_settings import continue_from, resume_line, saved_run
 from training.launch.run_start import startup_line
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,6 @@ trained on GPUs could not continue on a machine without one.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import yaml
 
 from training.checkpoint.files import LATEST, load_training_checkpoint
 from training.config.schema import RunConfig, schema_keys
-from training.config.settings import flatten, from_settings, to_settings
+from training.config.settings import SAVED_CONFIG, flatten, from_settings, to_settings
 
 # Settings of one invocation, not of the run: this command line's (or the default) always. The
 # device is the machine's: a run trained on GPUs continues on CPUs under the default ``auto``.
@@ -39,7 +38,6 @@ INVOCATION_KEYS = (
     "trainer.device",
     "trainer.debug_share_gpu",
 )
-SAVED_CONFIG = "config.yaml"  # the resolved configuration, written at the start of every run
 # Keys renamed since runs were saved: old key -> its key now. Saved settings are read under the
 # new names, so a run directory or a checkpoint written before a rename still resumes as it was.
 MOVED_KEYS = {
@@ -156,14 +154,3 @@ def resume_line(run_dir: Path, saved: SavedRun, resolved: RunConfig) -> str:
         else f"from step 0 of {steps} (it has settings, {saved.source.name}, but no checkpoint)"
     )
     return f"resuming {run_dir} {where}" + (f" (changed: {'; '.join(changes)})" if changes else "")
-
-
-def write_settings(resolved: RunConfig) -> Path:
-    """Write the run's resolved configuration to ``<run_dir>/config.yaml`` (atomically: a later
-    command in this run directory continues from it if the run stops before a checkpoint, and
-    MLflow keeps it as an artifact); return its path."""
-    run_dir = Path(resolved.run_dir)
-    tmp = run_dir / f".{SAVED_CONFIG}.partial-{os.getpid()}"
-    tmp.write_text(yaml.safe_dump(to_settings(resolved), sort_keys=False))
-    os.replace(tmp, run_dir / SAVED_CONFIG)
-    return run_dir / SAVED_CONFIG

@@ -14,7 +14,6 @@ contiguous blocks follow it.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +21,8 @@ import numpy as np
 from processor.geometry import grid_spacing_km
 from processor.grids import get_grid
 from processor.point_sets import PointSet
+from training.config.checks import DATA, check_hidden_grid
 from training.config.settings import ConfigValueError
-
-DATA = "data"
 
 
 @dataclass(frozen=True)
@@ -45,21 +43,6 @@ class HiddenGrid:
     def spacing_km(self) -> float:
         """The typical distance between neighbouring hidden points: ``sqrt(area / points)``."""
         return grid_spacing_km(self.n_points * 4 * math.pi / self.area_sr)
-
-
-def check_hidden_grid(name: str, stride: int) -> None:
-    """Raise ``ConfigValueError`` when ``model.hidden_grid`` / ``model.hidden_stride`` are not a
-    hidden grid this module builds (before any data is read)."""
-    if name != DATA and not re.fullmatch(r"o\d+", name):
-        raise ConfigValueError(
-            f"model.hidden_grid = {name}: give a global octahedral grid o<N> (e.g. o16, o96) or 'data' "
-            "(the data's own points; with model.hidden_stride=k, every k-th row and column of them)"
-        )
-    if name != DATA and stride != 1:
-        raise ConfigValueError(
-            f"model.hidden_stride = {stride} coarsens the data's points: it needs model.hidden_grid=data, "
-            f"not {name} (or leave it at 1)"
-        )
 
 
 def hidden_grid(name: str, stride: int, data: PointSet, data_lat: np.ndarray, data_lon: np.ndarray) -> HiddenGrid:

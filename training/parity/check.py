@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from training.config.parity import tolerance_of
 from training.config.schema import ConfigValueError, RunConfig
 from training.distributed.parallel import ParallelDims
 from training.launch.interrupt import StopRequest
 from training.parity.compare import Difference, compare, table, within, worst_by_step, worst_of, write_csv
-from training.parity.config import tolerance_of
 from training.parity.layouts import check_parity, reference_config, reference_layout
 from training.parity.record import ParityStopped, StepRecord, record_steps
 

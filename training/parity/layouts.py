@@ -22,7 +22,8 @@ from torch import nn
 
 from processor.distributed import parallelize_gradients
 from processor.distributed.transport import collective_device
-from training.config.schema import ConfigValueError, RunConfig, StrategyConfig, check_config
+from training.config.checks import check_config
+from training.config.schema import ConfigValueError, RunConfig, StrategyConfig
 from training.distributed.parallel import ParallelDims
 
 

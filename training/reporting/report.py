@@ -13,10 +13,9 @@ import numpy as np
 from processor.host import cpu_name
 from processor.runtime.torchrun import torchrun_rank
 from training.config.schema import RunConfig
-from training.config.settings import flatten, to_settings
+from training.config.settings import flatten, to_settings, write_settings
 from training.data import ZarrDataset
 from training.distributed.parallel import ParallelDims
-from training.launch.run_settings import write_settings
 from training.reporting.metrics_file import read_history
 from training.reporting.tracking import NullTracker, Tracker
 from training.skill.by_lead import skill_summary

@@ -12,11 +12,11 @@ from mlflow.tracking import MlflowClient
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
+from training.config.parity import TOLERANCES
 from training.config.schema import ConfigValueError
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
 from training.parity.check import EXIT_BREACH, run
-from training.parity.config import TOLERANCES
 from training.parity.record import ParityStopped, record_steps
 
 STEPS = "parity.steps=2"

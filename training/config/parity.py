@@ -1,4 +1,5 @@
-"""The ``parity`` section of the configuration (:class:`training.config.schema.RunConfig`)."""
+"""The ``parity`` section of the configuration (:class:`training.config.schema.RunConfig`):
+what ``python -m training.parity`` compares, and the tolerance of each precision."""
 
 from __future__ import annotations
 

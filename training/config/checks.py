@@ -1,0 +1,54 @@
+"""What the schema's ranges cannot say alone: values that several keys allow together, the
+hidden grid's name, and whether the strategy can run on the ranks. Checked before any rank
+starts (:func:`training.launch.launcher.prepare`)."""
+
+from __future__ import annotations
+
+import re
+
+from processor import ConfigError
+from training.config.schema import RunConfig, run_processor_config
+from training.config.settings import ConfigValueError, check_ranges
+
+DATA = "data"  # model.hidden_grid: the data's own points
+
+
+def check_hidden_grid(name: str, stride: int) -> None:
+    """Raise ``ConfigValueError`` when ``model.hidden_grid`` / ``model.hidden_stride`` are not a
+    hidden grid this module builds (before any data is read)."""
+    if name != DATA and not re.fullmatch(r"o\d+", name):
+        raise ConfigValueError(
+            f"model.hidden_grid = {name}: give a global octahedral grid o<N> (e.g. o16, o96) or 'data' "
+            "(the data's own points; with model.hidden_stride=k, every k-th row and column of them)"
+        )
+    if name != DATA and stride != 1:
+        raise ConfigValueError(
+            f"model.hidden_stride = {stride} coarsens the data's points: it needs model.hidden_grid=data, "
+            f"not {name} (or leave it at 1)"
+        )
+
+
+def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
+    """Raise :class:`ConfigValueError` naming the first key whose value is out of its range
+    (declared beside each field), or what several keys together do not allow."""
+    check_ranges(cfg)
+    rollout = cfg.trainer.rollout
+    if rollout.start > rollout.max:
+        raise ConfigValueError(
+            f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
+        )
+    check_hidden_grid(cfg.model.hidden_grid, cfg.model.hidden_stride)
+    world = cfg.trainer.nprocs if world_size is None else world_size
+    if world % cfg.trainer.ranks_per_model:
+        raise ConfigValueError(
+            f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
+        )
+    try:
+        processor = run_processor_config(cfg)
+        processor.check_world_size(cfg.trainer.ranks_per_model)
+    except ConfigError as exc:
+        raise ConfigValueError(
+            f"strategy={cfg.strategy.name} with trainer.ranks_per_model = {cfg.trainer.ranks_per_model}: {exc.message}"
+        ) from None
+    except ValueError as exc:  # processor_config's, naming the key
+        raise ConfigValueError(str(exc)) from None
