@@ -22,7 +22,6 @@ it) prints ``error: <message>`` and a hint, exits with code 2 and leaves no run 
 a bug and keeps its traceback.
 """
 
-
 from __future__ import annotations
 
 import logging

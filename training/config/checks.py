@@ -15,7 +15,7 @@ DATA = "data"  # model.hidden_grid: the data's own points
 
 def check_hidden_grid(name: str, stride: int) -> None:
     """Raise ``ConfigValueError`` when ``model.hidden_grid`` / ``model.hidden_stride`` are not a
-    hidden grid this module builds (before any data is read)."""
+    hidden grid :mod:`training.model.hidden_grid` builds (before any data is read)."""
     if name != DATA and not re.fullmatch(r"o\d+", name):
         raise ConfigValueError(
             f"model.hidden_grid = {name}: give a global octahedral grid o<N> (e.g. o16, o96) or 'data' "
