@@ -62,6 +62,13 @@ def backend_for(device: str, share_gpu: bool) -> str:
     return "nccl" if device == "cuda" and not share_gpu else "gloo"
 
 
+def launch_world(nprocs: int) -> int:
+    """The ranks this launch has: torchrun's world, else ``trainer.nprocs`` spawned locally."""
+    from processor.runtime.torchrun import under_torchrun
+
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else nprocs
+
+
 def local_rank() -> int:
     """This process's rank on its node (torchrun's or :func:`processor.runtime.run_local`'s)."""
     return int(os.environ.get("LOCAL_RANK", "0"))

@@ -47,7 +47,7 @@ from training.config.auto_strategy import resolve_auto
 from training.config.checks import check_config
 from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
 from training.config.settings import write_settings
-from training.distributed.device import backend_for, check_local_ranks, rank_device, resolve_device
+from training.distributed.device import backend_for, check_local_ranks, launch_world, rank_device, resolve_device
 from training.launch.cli_check import check_overrides
 from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.launch.interrupt import LauncherSignals, remove_stop_marker
@@ -79,7 +79,7 @@ def prepare(
     continues (:mod:`training.launch.run_settings`). None: the configuration as it is (the API's callers).
     ``trains``: the ranks train (``attention_path=auto`` times backward too); None: ``adopt`` is None."""
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else cfg.trainer.nprocs
+    world = launch_world(cfg.trainer.nprocs)
     saved = None
     if adopt is None and given is not None and cfg.trainer.resume:
         saved = saved_run(Path(cfg.run_dir).resolve())

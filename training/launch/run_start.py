@@ -5,13 +5,12 @@ the console."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
-from processor.runtime.torchrun import under_torchrun
 from training.config.schema import RunConfig, TrainerConfig, run_processor_config
+from training.distributed.device import launch_world
 from training.reporting.mlflow_store import local_store_uri, read_record
 
 
@@ -37,7 +36,7 @@ def startup_line(cfg: RunConfig, data_points: int, hidden_points: int) -> str:
     """The line, for the resolved configuration ``cfg``, a dataset of ``data_points`` points and
     a hidden grid of ``hidden_points``."""
     t_cfg = cfg.trainer
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else t_cfg.nprocs
+    world = launch_world(t_cfg.nprocs)
     mp = t_cfg.ranks_per_model
     hidden = cfg.model.hidden_grid + (f" every {cfg.model.hidden_stride}" if cfg.model.hidden_stride > 1 else "")
     return (

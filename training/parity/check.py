@@ -122,11 +122,9 @@ def _report(
 
 def adopt_parity(resolved: RunConfig) -> None:
     """Before any rank starts: refuse, in one line, what no parity check can run."""
-    import os
+    from training.distributed.device import launch_world
 
-    from processor.runtime.torchrun import under_torchrun
-
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else resolved.trainer.nprocs
+    world = launch_world(resolved.trainer.nprocs)
     check_parity(resolved, world)
     if resolved.strategy.name != "auto":  # auto is resolved later; the ranks check it then
         reference_config(resolved, world)
