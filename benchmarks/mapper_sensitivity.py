@@ -48,7 +48,7 @@ def sensitivity(mapper: str, overrides: list[str], points: int, shift_deg: float
         cfg.model.mapper,
     )
     torch.manual_seed(cfg.trainer.seed)
-    model = build_model(cfg, VariableRoles.build(VARIABLES, None, None))
+    model = build_model(cfg, VariableRoles.build(VARIABLES, None, None), grids)
     tracer = VARIABLES.index("tracer")
     rng = np.random.default_rng(seed)
     away_from_poles = np.flatnonzero(np.abs(data.latitudes) < 60)

@@ -82,17 +82,20 @@ def rollout(
     unless called under ``torch.no_grad``), in ``x``'s dtype.
 
     Step ``k > 0`` is given the prognostic part of forecast ``k - 1`` (its first
-    ``model.num_prognostic`` channels) and ``forcings[k - 1]`` ``(batch, local points,
-    forcings)``; ``forcings`` ``(steps - 1, ...)`` may be None when the model has none."""
-    outputs, state = [], x
-    n = _unwrapped(model).num_prognostic
+    ``model.num_prognostic`` channels) after the ``model.multistep - 1`` states before it (inputs
+    or forecasts), and ``forcings[k - 1]`` ``(batch, local points, forcings)``; ``forcings``
+    ``(steps - 1, ...)`` may be None when the model has none."""
+    forecaster = _unwrapped(model)
+    n, window = forecaster.num_prognostic, forecaster.num_prognostic * getattr(forecaster, "multistep", 1)
+    outputs, state, states = [], x, x[..., :window]
     for k in range(steps):
         with autocast or nullcontext():
             output = model(state, grids, group, transport=transport).to(x.dtype)  # autocast may lower it
         outputs.append(output)
         if k + 1 < steps:
+            states = torch.cat([states[..., n:], output[..., :n]], dim=-1)  # the oldest out, the forecast in
             given = forcings[k] if forcings is not None and forcings.shape[-1] else None
-            state = output[..., :n] if given is None else torch.cat([output[..., :n], given], dim=-1)
+            state = states if given is None else torch.cat([states, given], dim=-1)
     return outputs
 
 

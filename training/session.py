@@ -83,15 +83,15 @@ def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1) ->
     whose ``horizon`` successive targets are present (see :mod:`training.data.samples`)."""
     lead = lead_steps(data.lead_time, dataset.frequency_s, str(dataset.path))
     members = select_members(dataset.n_members, data.members)
-    return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon)
+    history = data.multistep_input - 1
+    return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon, history)
 
 
-def build_model(cfg: RunConfig, roles: VariableRoles) -> Forecaster:
-    """The forecaster of ``cfg``'s model and strategy for variables in ``roles``, its parameters
-    drawn from torch's generator."""
-    processor = TransformerProcessor(
-        run_processor_config(cfg)
-    )
+def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Forecaster:
+    """The forecaster of ``cfg``'s model and strategy for variables in ``roles`` on ``grids``
+    (their sizes: one learned feature vector per point), its parameters drawn from torch's
+    generator, whole: :meth:`Forecaster.split_node_parameters` keeps a rank's blocks."""
+    processor = TransformerProcessor(run_processor_config(cfg))
     model = cfg.model
     return Forecaster(
         len(roles.prognostic),
@@ -99,8 +99,10 @@ def build_model(cfg: RunConfig, roles: VariableRoles) -> Forecaster:
         processor,
         model.mapper,
         model.mapper_heads,
-        forcings=len(roles.forcing) + len(roles.computed),
+        forcings=(len(roles.forcing) + len(roles.computed)) * (2 if cfg.data.valid_time_forcing else 1),
         diagnostics=len(roles.diagnostic),
+        multistep=cfg.data.multistep_input,
+        node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
     )
 
 
@@ -131,11 +133,22 @@ class Batch(NamedTuple):
 
 class Batches:
     """States of one member for this rank's block of data points: an input and the targets of a
-    rollout, ``lead`` dates apart, on ``device``; computed forcings at each date."""
+    rollout, ``lead`` dates apart, on ``device``; computed forcings at each date, given to the
+    step from it (and, ``valid_time_forcing``, to the step to it)."""
 
-    def __init__(self, dataset: ZarrDataset, grids: ShardedGrids, lead: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        dataset: ZarrDataset,
+        grids: ShardedGrids,
+        lead: int,
+        device: torch.device,
+        valid_time_forcing: bool = False,
+        history: int = 0,
+    ) -> None:
         self.dataset = dataset
         self.lead = lead
+        self.valid_time_forcing = valid_time_forcing
+        self.history = history  # earlier states in the input: data.multistep_input - 1
         self.device = device
         layout = grids.data_layout
         self.points = slice(layout.start, layout.stop)
@@ -143,46 +156,62 @@ class Batches:
     def __call__(self, samples: list[Sample], steps: int = 1) -> Batch:
         """The :class:`Batch` of ``samples`` for a rollout of ``steps``."""
         roles = self.dataset.roles
-        states = np.stack(  # (steps + 1, batch, local points, variables)
+        states = np.stack(  # (history + steps + 1, batch, local points, variables)
             [
                 np.stack([self.dataset.state(t + k * self.lead, self.points, m) for t, m in samples])
-                for k in range(steps + 1)
+                for k in range(-self.history, steps + 1)
             ]
         )
         dates = np.array([[self.dataset.dates[t + k * self.lead] for t, _ in samples] for k in range(steps + 1)])
         x, forcings = self._inputs(states, dates)
-        targets = states[1:][..., roles.output_columns()]
-        return Batch(*(to_device(a, self.device) for a in (x, targets, forcings[1:steps])))
+        targets = states[self.history + 1 :][..., roles.output_columns()]
+        return Batch(*(to_device(a, self.device) for a in (x, targets, forcings)))
 
     def forecast_inputs(self, t: int, member: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The input ``(1, local points, inputs)`` at date index ``t`` and the forcings ``(steps -
         1, 1, local points, forcings)`` of a forecast of ``steps`` leads, which may run past the
         store's last date when every forcing is computed."""
         dataset, roles = self.dataset, self.dataset.roles
+        if t - self.history * self.lead < 0:
+            raise DatasetError(
+                f"a forecast from {dataset.date(t)} needs the {self.history} state(s) before it (data.multistep_input"
+                f" = {self.history + 1}): start at {dataset.date(self.history * self.lead)} or later"
+            )
         lead_s = self.lead * dataset.frequency_s
-        dates = np.array([[dataset.dates[t] + np.timedelta64(k * lead_s, "s")] for k in range(steps)])
-        if roles.forcing and t + (steps - 1) * self.lead >= dataset.n_times:
+        dates = np.array([[dataset.dates[t] + np.timedelta64(k * lead_s, "s")] for k in range(steps + 1)])
+        needed = steps if self.valid_time_forcing else steps - 1  # the last date whose forcings are given
+        if roles.forcing and t + needed * self.lead >= dataset.n_times:
             raise DatasetError(
                 f"a forecast of {steps} steps from {dataset.date(t)} needs data.forcing's store variables "
                 f"{list(roles.forcing)} after the store's last date {dataset.date(dataset.n_times - 1)}"
             )
-        first = dataset.state(t, self.points, member)
-        # Later states are read only for store forcings; without any, the first stands in (its
-        # forcing columns are none).
+        given = [dataset.state(t + k * self.lead, self.points, member) for k in range(-self.history, 1)]
+        # Later states are read only for store forcings, and only at dates whose forcings are
+        # given; elsewhere the input stands in (its forcing columns unused).
         later = [
-            dataset.state(t + k * self.lead, self.points, member) if roles.forcing else first for k in range(1, steps)
+            dataset.state(t + k * self.lead, self.points, member) if roles.forcing and k <= needed else given[-1]
+            for k in range(1, steps + 1)
         ]
-        x, forcings = self._inputs(np.stack([first, *later])[:, None], dates)
-        return to_device(x, self.device), to_device(forcings[1:], self.device)
+        x, forcings = self._inputs(np.stack([*given, *later])[:, None], dates)
+        return to_device(x, self.device), to_device(forcings, self.device)
 
     def _inputs(self, states: np.ndarray, dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The model's input at the first of ``states`` ``(dates, batch, local points, variables)``
-        and the forcings ``(dates, batch, local points, forcings)`` at every one of ``dates``
-        ``(dates, batch)``: the store's forcing columns, then the computed forcings."""
-        roles = self.dataset.roles
-        forcings = np.concatenate([states[..., roles.forcing_columns()], self._computed(dates)], axis=-1)
-        x = np.concatenate([states[0][..., roles.prognostic_columns()], forcings[0]], axis=-1)
-        return x, forcings
+        """The model's input and the forcings ``(steps - 1, batch, local points, forcings)`` each
+        later step is given, from ``states`` ``(history + steps + 1, batch, local points,
+        variables)`` (the input's ``history`` earlier states, the input, then one a step) and
+        ``dates`` ``(steps + 1, batch)`` (the input's, then one a step). The input ``(batch, local
+        points, inputs)``: the prognostic states, oldest first, then the forcings. Step ``k``'s
+        forcings: the store's forcing columns then the computed forcings at its input date, and
+        (``valid_time_forcing``) the same again at its valid date."""
+        roles, history = self.dataset.roles, self.history
+        from_input = states[history:]
+        at_dates = np.concatenate([from_input[..., roles.forcing_columns()], self._computed(dates)], axis=-1)
+        per_step = at_dates[:-1]
+        if self.valid_time_forcing:
+            per_step = np.concatenate([at_dates[:-1], at_dates[1:]], axis=-1)
+        prognostic = [s[..., roles.prognostic_columns()] for s in states[: history + 1]]
+        x = np.concatenate([*prognostic, per_step[0]], axis=-1)
+        return x, per_step[1:]
 
     def _computed(self, dates: np.ndarray) -> np.ndarray:
         """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64)."""
@@ -237,12 +266,13 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
         cfg.model.mapper,
     ).to(device)
     torch.manual_seed(t_cfg.seed)  # the same parameters on every rank, drawn on the CPU
-    model = build_model(cfg, dataset.roles).to(device)
+    model = build_model(cfg, dataset.roles, grids).to(device)
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
+    model.split_node_parameters(grids)
     samples = dataset_samples(cfg.data, dataset, horizon)
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
-    batches = Batches(dataset, grids, samples.lead, device)
+    batches = Batches(dataset, grids, samples.lead, device, cfg.data.valid_time_forcing, cfg.data.multistep_input - 1)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)

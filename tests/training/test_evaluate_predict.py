@@ -93,12 +93,12 @@ def test_predict_writes_forecasts_that_the_reader_opens(trained, tmp_path, small
     np.testing.assert_allclose(store.state(0), source.state(30), rtol=1e-5, atol=1e-5)  # the initial state
 
     state, saved = load_training_checkpoint(checkpoint)
-    model = build_model(from_settings(RunConfig, saved), source.roles)
-    model.load_state_dict(state["model"])
     from processor.grids import get_grid
     from training.model import ShardedGrids
 
     grids = ShardedGrids.build(source.latitudes, source.longitudes, get_grid("o8"), 1, 0, 4, 3)
+    model = build_model(from_settings(RunConfig, saved), source.roles, grids)
+    model.load_state_dict(state["model"])
     with torch.no_grad():
         one = model.eval()(torch.from_numpy(source.state(30))[None], grids, None)[0].numpy()
     np.testing.assert_allclose(store.state(1), one, rtol=1e-4, atol=1e-4)  # written by 2 ranks

@@ -7,13 +7,14 @@ from __future__ import annotations
 import csv
 
 import numpy as np
+import pytest
 import torch
 
 from processor.grids import get_grid
 from tests.training.conftest import small_config
 from training.app import run
 from training.checkpoint.files import load_checkpoint
-from training.data import ZarrDataset
+from training.data import DatasetError, ZarrDataset
 from training.data.forcings import computed_forcings
 from training.model import ShardedGrids
 from training.session import Batches
@@ -23,6 +24,7 @@ FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one stor
 SETTINGS = [
     f"data.forcing=[{','.join(FORCING)}]",
     "data.diagnostic=[v]",
+    "data.multistep_input=2",
     "trainer.rollout.start=2",
     "trainer.rollout.max=2",
     "trainer.steps=3",
@@ -49,7 +51,8 @@ def test_forcings_and_diagnostics_train_sharded_exactly(tmp_path, small_dataset)
         load_checkpoint(tmp_path / d / "checkpoints" / "latest.pt")["model"] for d in ("sharded", "single")
     )
     prognostic = 3  # psi, u, tracer: zeta is a forcing, v a diagnostic
-    assert reference["data_embed.weight"].shape[1] == prognostic + len(FORCING) + 4  # + the position features
+    # two states, the forcings at the input and the valid date, the position features, the node parameters
+    assert reference["data_embed.weight"].shape[1] == 2 * prognostic + 2 * len(FORCING) + 4 + 8
     assert reference["head.1.weight"].shape[0] == prognostic + 1
     for name, value in reference.items():
         if not name.endswith(("k_norm.bias", "lin_key.bias")):  # round-off gradients, scaled up by Adam
@@ -72,21 +75,47 @@ def test_anomaly_persistence_carries_the_initial_anomaly_to_the_valid_hour():
     np.testing.assert_array_equal(out["climatology"], clim)
 
 
-def test_batches_give_the_rollout_the_forcings_of_its_later_dates(small_dataset):
+@pytest.mark.parametrize("valid_time", [False, True])
+def test_batches_give_the_rollout_the_forcings_of_its_later_dates(small_dataset, valid_time):
+    """Step ``k`` of a rollout from date 5 is given the forcings of its input date ``5 + k`` and,
+    with ``data.valid_time_forcing``, of its valid date ``6 + k`` after them."""
     dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
     grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 1, 4, 3)
-    batches = Batches(dataset, grids, lead=1, device=torch.device("cpu"))
+    batches = Batches(dataset, grids, lead=1, device=torch.device("cpu"), valid_time_forcing=valid_time)
     points, columns = batches.points, dataset.roles.columns
     x, targets, forcings = batches([(5, 0)], steps=3)
-    n = points.stop - points.start
-    assert x.shape == (1, n, 3 + 4) and targets.shape == (3, 1, n, 4) and forcings.shape == (2, 1, n, 4)
-    state_7, state_8 = dataset.state(7, points), dataset.state(8, points)
-    np.testing.assert_array_equal(forcings[1, 0, :, 0].numpy(), state_7[:, columns["zeta"]])
-    computed = computed_forcings(
-        tuple(FORCING[1:]), dataset.dates[[7]], dataset.latitudes[points], dataset.longitudes[points]
-    )
-    np.testing.assert_array_equal(forcings[1, 0, :, 1:].numpy(), computed[0])
-    np.testing.assert_array_equal(targets[2, 0].numpy(), state_8[:, dataset.roles.output_columns()])
+    n, given = points.stop - points.start, 4 * (2 if valid_time else 1)
+    assert x.shape == (1, n, 3 + given) and targets.shape == (3, 1, n, 4) and forcings.shape == (2, 1, n, given)
+
+    def forcings_at(t: int) -> np.ndarray:
+        computed = computed_forcings(
+            tuple(FORCING[1:]), dataset.dates[[t]], dataset.latitudes[points], dataset.longitudes[points]
+        )
+        return np.concatenate([dataset.state(t, points)[:, [columns["zeta"]]], computed[0]], axis=-1)
+
+    np.testing.assert_array_equal(forcings[1, 0, :, :4].numpy(), forcings_at(7))
+    np.testing.assert_array_equal(x[0, :, 3:7].numpy(), forcings_at(5))
+    if valid_time:
+        np.testing.assert_array_equal(forcings[1, 0, :, 4:].numpy(), forcings_at(8))
+        np.testing.assert_array_equal(x[0, :, 7:].numpy(), forcings_at(6))
+    np.testing.assert_array_equal(targets[2, 0].numpy(), dataset.state(8, points)[:, dataset.roles.output_columns()])
     given_x, given_forcings = batches.forecast_inputs(5, 0, 3)
     torch.testing.assert_close(given_x, x, rtol=0, atol=0)
     torch.testing.assert_close(given_forcings, forcings, rtol=0, atol=0)
+
+
+def test_batches_give_the_model_its_earlier_states_oldest_first(small_dataset):
+    """``data.multistep_input=3`` from date 5, a lead of 2 dates: the states of dates 1, 3 and 5,
+    then the forcings of date 5; targets from date 7; no forecast before date 4."""
+    dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
+    grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 0, 4, 3)
+    batches = Batches(dataset, grids, lead=2, device=torch.device("cpu"), history=2)
+    points, prognostic = batches.points, dataset.roles.prognostic_columns()
+    x, targets, _ = batches([(5, 0)], steps=2)
+    n = len(prognostic)
+    for k, t in enumerate((1, 3, 5)):
+        np.testing.assert_array_equal(x[0, :, k * n : (k + 1) * n].numpy(), dataset.state(t, points)[:, prognostic])
+    np.testing.assert_array_equal(targets[0, 0].numpy(), dataset.state(7, points)[:, dataset.roles.output_columns()])
+    torch.testing.assert_close(batches.forecast_inputs(5, 0, 2)[0], x, rtol=0, atol=0)
+    with pytest.raises(DatasetError, match=r"needs the 2 state\(s\) before it \(data.multistep_input = 3\)"):
+        batches.forecast_inputs(3, 0, 2)

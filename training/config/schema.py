@@ -38,11 +38,19 @@ __all__ = [
     "DebugConfig",
     "ParityConfig",
     "RunConfig",
-        "processor_config",
+    "processor_config",
     "run_config",
 ]
 
-FORECASTER_KEYS = ("hidden_grid", "hidden_stride", "encoder_neighbours", "decoder_neighbours", "mapper", "mapper_heads")
+FORECASTER_KEYS = (
+    "hidden_grid",
+    "hidden_stride",
+    "encoder_neighbours",
+    "decoder_neighbours",
+    "mapper",
+    "mapper_heads",
+    "trainable_size",
+)
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
 # (configs/model/) gives the sizes, which have no default here; the rest is the processor's
 # default or the app's own choice below.
@@ -57,6 +65,9 @@ ModelConfig = processor_schema(
         # the encoder's and decoder's kind: attention over each point's edges, or anemoi-free mean messages
         ("mapper", str, setting("graph_transformer", one_of("graph_transformer", "mean_mlp"))),
         ("mapper_heads", int, setting(4, at_least(1))),  # the graph transformer's heads
+        # learned features per data and hidden point, as anemoi's trainable_size: each point's
+        # local climate, coast and hills, which its coordinates do not tell (docs/real-data.md)
+        ("trainable_size", int, setting(8, at_least(0))),
     ],
     module=__name__,
 )
@@ -126,6 +137,12 @@ class DataConfig:
     # (lsm, z) and computed ones (cos_latitude, cos_local_time, insolation, ...: training/data/forcings.py).
     forcing: list[str] = field(default_factory=list)
     diagnostic: list[str] = field(default_factory=list)  # store variables predicted, never given as inputs
+    # each step is given the forcings at the date it forecasts too, not only at its input date:
+    # the sun of the valid hour (docs/real-data.md)
+    valid_time_forcing: bool = True
+    # the states the model is given: the input date's and multistep_input - 1 before it, a lead
+    # time apart (anemoi's training.multistep_input): what is changing, not only what is
+    multistep_input: int = setting(1, at_least(1))
     lead_time: int | None = None  # hours from input to target, a multiple of the store's frequency; None: one step
     members: list[int] | None = None  # ensemble members to train on, each its own sample; None: all
     # Arguments of anemoi.datasets.open_dataset (select, start/end, frequency, join, ...): read through

@@ -60,17 +60,24 @@ def select_members(n_members: int, members: list[int] | None) -> list[int]:
 
 
 def build_samples(
-    n_times: int, missing: frozenset[int], members: list[int], lead: int, val_fraction: float, horizon: int = 1
+    n_times: int,
+    missing: frozenset[int],
+    members: list[int],
+    lead: int,
+    val_fraction: float,
+    horizon: int = 1,
+    history: int = 0,
 ) -> Samples:
     """The train and validation samples of a dataset of ``n_times`` dates (see the module) whose
-    ``horizon`` successive targets (``t + lead``, ..., ``t + horizon * lead``; a rollout's) are
-    all present in the same period."""
+    ``history`` earlier inputs (``t - history * lead``, ..., ``t - lead``; ``data.multistep_input``
+    - 1) and ``horizon`` successive targets (``t + lead``, ..., ``t + horizon * lead``; a
+    rollout's) are all present in the same period."""
     n_val = max(2, int(n_times * val_fraction))
     boundary = n_times - n_val  # the first validation date
-    offsets = [k * lead for k in range(horizon + 1)]
+    offsets = [k * lead for k in range(-history, horizon + 1)]
 
     def starts(first: int, stop: int) -> list[int]:
-        return [t for t in range(first, stop - offsets[-1]) if not any(t + o in missing for o in offsets)]
+        return [t for t in range(first - offsets[0], stop - offsets[-1]) if not any(t + o in missing for o in offsets)]
 
     train = [(t, m) for t in starts(0, boundary) for m in members]
     val = [(t, m) for t in starts(boundary, n_times) for m in members]
@@ -78,7 +85,8 @@ def build_samples(
         period = "training" if not train else "validation"
         raise DatasetError(
             f"no {period} sample: {n_times} dates, {n_val} of them for validation (data.val_fraction), "
-            f"{len(missing)} missing, and {horizon} step(s) of {lead} dates (data.lead_time); use a shorter "
-            "data.lead_time, fewer rollout or evaluation steps, or another data.val_fraction"
+            f"{len(missing)} missing, {history} earlier input(s) and {horizon} step(s) of {lead} dates "
+            "(data.multistep_input, data.lead_time); use a shorter data.lead_time, fewer rollout or evaluation "
+            "steps, or another data.val_fraction"
         )
     return Samples(train, val, lead)

@@ -34,6 +34,7 @@ from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
 from training.model.hidden_grid import HiddenGrid
 from training.model.mapper import GraphMapper
+from training.model.node_parameters import NodeParameters
 
 # The encoder's and decoder's kinds, and the edge features each reads.
 MAPPERS = {"graph_transformer": "local_frame", "mean_mlp": "chord"}
@@ -103,14 +104,18 @@ def make_mapper(kind: str, channels: int, num_heads: int) -> nn.Module:
 
 
 class Forecaster(nn.Module):
-    """Predicts the next state from the current one: ``(b, data points, num_variables +
-    forcings)`` -> ``(b, data points, num_variables + diagnostics)``.
+    """Predicts the next state from the current one (and ``multistep - 1`` before it): ``(b, data
+    points, multistep x num_variables + forcings)`` -> ``(b, data points, num_variables +
+    diagnostics)``.
 
-    The first ``num_variables`` channels of input and output are the prognostic state, predicted
-    as an increment of the input's; ``forcings`` more input channels are given and never
+    The input's first ``multistep`` blocks of ``num_variables`` channels are the prognostic
+    states, oldest first; the output's first ``num_variables`` are the next state, predicted as
+    an increment of the latest input's. ``forcings`` more input channels are given and never
     predicted, ``diagnostics`` more outputs are predicted outright and never given.
     ``mapper``: the encoder's and decoder's kind (:data:`MAPPERS`), ``mapper_heads`` the graph
-    transformer's heads."""
+    transformer's heads. ``node_parameters``: ``(data points, hidden points, size)``, learned
+    features of each point of both grids beside its coordinates (anemoi's ``trainable_size``),
+    zero at first; each rank keeps its blocks after :meth:`split_node_parameters`."""
 
     def __init__(
         self,
@@ -121,12 +126,19 @@ class Forecaster(nn.Module):
         mapper_heads: int = 4,
         forcings: int = 0,
         diagnostics: int = 0,
+        multistep: int = 1,
+        node_parameters: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         super().__init__()
         self.mapper = mapper
         self.num_prognostic = num_variables
-        self.data_embed = nn.Linear(num_variables + forcings + 4, num_channels)
-        self.hidden_embed = nn.Linear(4, num_channels)
+        self.multistep = multistep
+        data_points, hidden_points, size = node_parameters
+        # None without any: a model of trainable_size 0 has the parameters (and checkpoints) it had before
+        self.data_nodes = NodeParameters(data_points, size) if size else None
+        self.hidden_nodes = NodeParameters(hidden_points, size) if size else None
+        self.data_embed = nn.Linear(num_variables * multistep + forcings + 4 + size, num_channels)
+        self.hidden_embed = nn.Linear(4 + size, num_channels)
         self.encoder = make_mapper(mapper, num_channels, mapper_heads)
         self.processor = processor
         self.decoder = make_mapper(mapper, num_channels, mapper_heads)
@@ -145,8 +157,10 @@ class Forecaster(nn.Module):
             )
         b, model_group, group = x.shape[0], group, process_group_of(group)
         transport = transport or Transport()
-        data = self.data_embed(torch.cat([x, grids.data_features.expand(b, -1, -1)], dim=-1))
-        hidden = self.hidden_embed(grids.hidden_features).expand(b, -1, -1)
+        data_nodes = _with_nodes(grids.data_features, self.data_nodes, grids.data_layout)
+        hidden_nodes = _with_nodes(grids.hidden_features, self.hidden_nodes, grids.hidden_layout)
+        data = self.data_embed(torch.cat([x, data_nodes.expand(b, -1, -1)], dim=-1))
+        hidden = self.hidden_embed(hidden_nodes).expand(b, -1, -1)
         src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
         hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
         # The hidden split is known here: passing it keeps the ranks agreeing once per layout.
@@ -154,10 +168,21 @@ class Forecaster(nn.Module):
         src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group, transport)
         data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
         out = self.head(data)
-        n = self.num_prognostic
+        n, latest = self.num_prognostic, (self.multistep - 1) * self.num_prognostic
         if out.shape[-1] == n == x.shape[-1]:
             return x + out
-        return torch.cat([x[..., :n] + out[..., :n], out[..., n:]], dim=-1)
+        return torch.cat([x[..., latest : latest + n] + out[..., :n], out[..., n:]], dim=-1)
+
+    def split_node_parameters(self, grids: ShardedGrids) -> None:
+        """Keep this rank's blocks of the node parameters (of ``grids``' layouts)."""
+        for nodes, layout in ((self.data_nodes, grids.data_layout), (self.hidden_nodes, grids.hidden_layout)):
+            if nodes is not None:
+                nodes.split(layout)
+
+
+def _with_nodes(features: Tensor, nodes: NodeParameters | None, layout: ShardLayout) -> Tensor:
+    """``(local points, 4 [+ size])``: the coordinate features, and the node parameters if any."""
+    return features if nodes is None else nodes(features, layout)
 
 
 def _with_halo(

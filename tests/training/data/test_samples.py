@@ -44,6 +44,17 @@ def test_samples_touching_a_missing_date_are_skipped():
     assert samples.val == [(36, 0), (36, 1), (37, 0), (37, 1)]
 
 
+def test_earlier_inputs_are_present_in_the_same_period():
+    """Two earlier inputs a lead of 2 dates apart (``data.multistep_input=3``), date 10 missing:
+    a start needs dates t - 4, t - 2, t and t + 2, all in its period."""
+    samples = build_samples(40, frozenset({10}), [0], 2, 0.25, horizon=1, history=2)  # validation: 30..39
+    starts = {t for t, _ in samples.train}
+    assert min(starts) == 4 and max(starts) == 27
+    assert not starts & {8, 10, 12, 14}  # 10 is one of their dates
+    assert {9, 11, 13, 15} <= starts
+    assert [t for t, _ in samples.val] == [34, 35, 36, 37]
+
+
 def test_members_are_checked():
     assert select_members(3, None) == [0, 1, 2]
     assert select_members(3, [2]) == [2]

@@ -1,0 +1,153 @@
+"""Fetch small public samples of real reanalysis and build anemoi-datasets stores from them.
+
+    .venv-anemoi/bin/python scripts/real_data.py era5_uk_2t        # -> data/real/era5_uk_2t.zarr
+    .venv-anemoi/bin/python scripts/real_data.py --list
+    .venv-anemoi/bin/python scripts/real_data.py --test-sample     # rebuilds tests/data/'s sample
+
+Each source file is downloaded once into ``data/real/`` (git-ignored), checked against its
+published MD5, and turned into a store by ``anemoi-datasets create`` from a recipe written
+beside it: the store is anemoi's own, never written by hand. Runs in ``.venv-anemoi``
+(``bash scripts/setup_anemoi.sh``), which has anemoi-datasets and ecCodes.
+
+The sources (see docs/real-data.md for what each holds and the skill a model reaches on it):
+
+- ``era5_uk_2t``: ERA5 2 m temperature, hourly, March 2019, a 0.25 degree box over the British
+  Isles (33 x 49 points), from pydata/xarray-data (xarray's tutorial data; contains modified
+  Copernicus Climate Change Service information 2019).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "real"
+TEST_SAMPLE = ROOT / "tests" / "data" / "era5_uk_2t_2019-03_6h.grib"
+XARRAY_DATA = "https://github.com/pydata/xarray-data/raw/5b1bd4040d04f355446ea7f3d55ab3ca348512fa"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A public file of real reanalysis and the recipe's input section for it."""
+
+    url: str
+    md5: str
+    description: str
+    dates: tuple[str, str, str]  # start, end, frequency of the store
+    source: str  # anemoi-datasets' source: grib, netcdf, xarray
+    select: dict  # the source's selection (param, variable, ...)
+
+
+SOURCES = {
+    "era5_uk_2t": Source(
+        f"{XARRAY_DATA}/era5-2mt-2019-03-uk.grib",
+        "eae4f0d198f4f6c16ba950975a217155",
+        "ERA5 2 m temperature, hourly, 2019-03, 0.25 deg box over the British Isles (33 x 49)",
+        ("2019-03-01T00:00:00", "2019-03-31T23:00:00", "1h"),
+        "grib",
+        {"param": ["2t"]},
+    ),
+}
+
+
+def download(source: Source, into: Path) -> Path:
+    """The source's file in ``into``, downloaded unless already there with the right MD5."""
+    path = into / source.url.rsplit("/", 1)[-1]
+    if not path.exists() or _md5(path) != source.md5:
+        into.mkdir(parents=True, exist_ok=True)
+        print(f"downloading {source.url}", flush=True)
+        partial = path.with_suffix(path.suffix + ".part")
+        urllib.request.urlretrieve(source.url, partial)  # noqa: S310 - a fixed https URL
+        if _md5(partial) != source.md5:
+            partial.unlink()
+            sys.exit(f"error: {source.url} has MD5 {_md5(partial)}, expected {source.md5}: not the published file")
+        partial.replace(path)
+    return path
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()  # noqa: S324 - a checksum, not security
+
+
+def recipe(source: Source, file: Path) -> dict:
+    """anemoi-datasets' recipe for a store of ``file``."""
+    start, end, frequency = source.dates
+    return {
+        "description": source.description,
+        "dates": {"start": start, "end": end, "frequency": frequency},
+        "input": {source.source: {"path": str(file), **source.select}},
+    }
+
+
+def build(name: str, out: Path | None = None, overwrite: bool = False) -> Path:
+    """Download ``name``'s file and build its store (``data/real/<name>.zarr`` by default)."""
+    source = SOURCES[name]
+    file = download(source, DATA)
+    store = out or DATA / f"{name}.zarr"
+    if store.exists() and not overwrite:
+        print(f"{store} exists (--overwrite to build it again)")
+        return store
+    return create_store(recipe(source, file), store, overwrite)
+
+
+def create_store(recipe_: dict, store: Path, overwrite: bool = False) -> Path:
+    """``anemoi-datasets create`` of ``recipe_`` into ``store`` (the recipe is kept beside it)."""
+    store.parent.mkdir(parents=True, exist_ok=True)
+    recipe_path = store.with_suffix(".yaml")
+    recipe_path.write_text(json.dumps(recipe_, indent=2))  # JSON is YAML
+    command = [sys.executable, "-m", "anemoi.datasets", "create", str(recipe_path), str(store)]
+    if overwrite:
+        command.append("--overwrite")
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"error: anemoi-datasets create {recipe_path} failed:\n{done.stderr[-3000:]}")
+    print(f"built {store}")
+    return store
+
+
+def test_sample() -> Path:
+    """The tests' sample: the 6-hourly fields (00, 06, 12, 18 UTC) of ``era5_uk_2t``'s GRIB,
+    message by message (about 0.4 MiB)."""
+    import eccodes
+
+    file = download(SOURCES["era5_uk_2t"], DATA)
+    TEST_SAMPLE.parent.mkdir(parents=True, exist_ok=True)
+    kept = 0
+    with file.open("rb") as src, TEST_SAMPLE.open("wb") as out:
+        while (handle := eccodes.codes_grib_new_from_file(src)) is not None:
+            if eccodes.codes_get(handle, "time") % 600 == 0:
+                eccodes.codes_write(handle, out)
+                kept += 1
+            eccodes.codes_release(handle)
+    print(f"wrote {TEST_SAMPLE}: {kept} fields, {TEST_SAMPLE.stat().st_size / 2**20:.2f} MiB")
+    return TEST_SAMPLE
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help=f"sources to build: {', '.join(SOURCES)}")
+    parser.add_argument("--list", action="store_true", help="list the sources")
+    parser.add_argument("--overwrite", action="store_true", help="build a store again")
+    parser.add_argument("--test-sample", action="store_true", help="rebuild the tests' sample file")
+    args = parser.parse_args()
+    unknown = [n for n in args.names if n not in SOURCES]
+    if unknown:
+        sys.exit(f"error: unknown source {unknown}: choose among {', '.join(SOURCES)}")
+    if args.list or not (args.names or args.test_sample):
+        for name, source in SOURCES.items():
+            print(f"{name}: {source.description}")
+    for name in args.names:
+        build(name, overwrite=args.overwrite)
+    if args.test_sample:
+        test_sample()
+
+
+if __name__ == "__main__":
+    main()
