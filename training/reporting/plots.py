@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,14 +14,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator  # noqa: E402
 
-from processor.geometry import unit_vectors  # noqa: E402
+from training.reporting.map_frame import MapFrame, map_frame, raster  # noqa: E402
 
 if TYPE_CHECKING:
     from training.skill.scores import SkillTable
 
 DPI = 110
-_MARKERS = {"model": "o", "persistence": "s", "climatology": "^", "hourly_climatology": "v", "anomaly_persistence": "D"}
-_OTHER_MARKERS = ("D", "v", "P", "X", "*")
+# Each forecast kind's (colour, marker), the same in every panel: the model and the baselines.
+KIND_STYLES = {
+    "model": ("tab:blue", "o"),
+    "persistence": ("tab:orange", "s"),
+    "climatology": ("tab:green", "^"),
+    "hourly_climatology": ("tab:red", "v"),
+    "doy_climatology": ("tab:brown", "P"),
+    "anomaly_persistence": ("tab:purple", "D"),
+}
+_OTHER_COLOURS = ("tab:pink", "tab:gray", "tab:olive", "tab:cyan", "black")
+_OTHER_MARKERS = ("X", "*", "h", "p", "<", ">")
 
 
 class _PlainLogFormatter(LogFormatter):
@@ -67,31 +77,19 @@ MAP_DPI = 100
 _MAX_MAP_PX = 30000  # the tallest forecast map (many variables): its resolution is lowered to fit
 
 
-def _raster(lat: np.ndarray, lon: np.ndarray) -> tuple[np.ndarray, tuple[float, float, float, float]]:
-    """For any grid (reduced Gaussian, unstructured): the index of the nearest grid point (on the
-    sphere) of each cell of a regular latitude-longitude raster about as fine as the grid (90 to
-    360 rows, twice as many columns), and the raster's ``imshow`` extent. Each point's value
-    fills the cells nearest it: the field as the model sees it, not interpolated."""
-    from scipy.spatial import cKDTree
-
-    rows = int(np.clip(round(2 * np.sqrt(len(lat) / 2)), 90, 360))
-    west = -180.0 if float(np.min(lon)) < 0 else 0.0
-    lat_c = 90 - (np.arange(rows) + 0.5) * 180 / rows
-    lon_c = west + (np.arange(2 * rows) + 0.5) * 180 / rows
-    glon, glat = np.meshgrid(lon_c, lat_c)
-    _, nearest = cKDTree(unit_vectors(lat, lon).reshape(-1, 3)).query(unit_vectors(glat, glon).reshape(-1, 3))
-    return nearest.reshape(rows, 2 * rows), (west, west + 360.0, -90.0, 90.0)
-
-
 def _with_unit(label: str, unit: str | None) -> str:
     return f"{label} [{unit}]" if unit else label
 
 
-# The forecast map's layout, in inches: a map panel (2:1, longitude by latitude), the gaps beside
-# it, a colour bar, room for a colour bar's labels, the margins. Laid out by hand: matplotlib's
-# constrained layout takes seconds for a few dozen panels.
-_PANEL_W, _PANEL_H, _GAP, _BAR, _BAR_ROOM, _ROW_GAP = 4.4, 2.2, 0.25, 0.14, 1.05, 0.62
+# The forecast map's layout, in inches: a map panel (4.4 wide, as high as the domain's shape asks:
+# 2.2 for the globe), the gaps beside it, a colour bar, room for a colour bar's labels, the
+# margins. Laid out by hand: matplotlib's constrained layout takes seconds for a few dozen panels.
+_PANEL_W, _GAP, _BAR, _BAR_ROOM, _ROW_GAP = 4.4, 0.25, 0.14, 1.05, 0.62
+_PANEL_H_RANGE = (1.2, 6.0)  # a panel's height, whatever the domain's shape
 _LEFT, _RIGHT, _TOP, _BOTTOM = 0.75, 0.15, 0.75, 0.55
+_WIDTHS = [_PANEL_W, _GAP, _PANEL_W, 0.08, _BAR, _BAR_ROOM, _PANEL_W, 0.08, _BAR, _BAR_ROOM]
+# columns: truth | gap | forecast | gap | bar | room | error | gap | bar | room
+LON_LABEL, LAT_LABEL = "longitude (degrees east)", "latitude (degrees north)"
 
 
 @dataclass(frozen=True)
@@ -106,27 +104,60 @@ class _MapRow:
 
     def draw(self, fig: plt.Figure, grid, row: int, truth: np.ndarray, forecast: np.ndarray, show: dict, first):
         """Truth, forecast (one colour scale) and error (its own, symmetric) in row ``row`` of the
-        figure's ``grid``, from rasters ``(rows, columns)``; the first axes, which the others share."""
+        figure's ``grid``, from rasters ``(rows, columns)`` (NaN: no grid point); the first axes,
+        which the others share."""
         var, lead, valid = self.variable, self.lead, self.valid
-        lo, hi = float(min(truth.min(), forecast.min())), float(max(truth.max(), forecast.max()))
+        lo, hi = float(min(np.nanmin(truth), np.nanmin(forecast))), float(max(np.nanmax(truth), np.nanmax(forecast)))
         err = forecast - truth
-        elim = float(np.abs(err).max()) or 1.0
-        ax_t, ax_f, ax_e = (fig.add_subplot(grid[row, c], sharex=first, sharey=first) for c in (0, 2, 6))
+        elim = float(np.nanmax(np.abs(err))) or 1.0
+        ax_t = fig.add_subplot(grid[row, 0], sharex=first, sharey=first)
+        share = first or ax_t
+        ax_f, ax_e = (fig.add_subplot(grid[row, c], sharex=share, sharey=share) for c in (2, 6))
         ax_t.imshow(truth, cmap="viridis", vmin=lo, vmax=hi, **show)
         im = ax_f.imshow(forecast, cmap="viridis", vmin=lo, vmax=hi, **show)
         im_e = ax_e.imshow(err, cmap="RdBu_r", vmin=-elim, vmax=elim, **show)
         ax_t.set_title(f"{var}: truth, valid {valid}", fontsize="medium")
         ax_f.set_title(f"{var}: forecast {lead}, valid {valid}", fontsize="medium")
-        rms = float(np.sqrt(np.mean(err**2)))
+        rms = float(np.sqrt(np.nanmean(err**2)))
         ax_e.set_title(f"{var}: forecast \u2212 truth ({lead}), RMS {rms:.3g}", fontsize="medium")
         fig.colorbar(im, cax=fig.add_subplot(grid[row, 4]), label=_with_unit(var, self.unit))
         fig.colorbar(im_e, cax=fig.add_subplot(grid[row, 8]), label=_with_unit(f"{var} error", self.unit))
         for ax in (ax_t, ax_f, ax_e):
             ax.tick_params(labelsize="small", labelbottom=self.last, labelleft=ax is ax_t)
             if self.last:
-                ax.set_xlabel("longitude (\u00b0)")
-        ax_t.set_ylabel("latitude (\u00b0)")
+                ax.set_xlabel(LON_LABEL)
+        ax_t.set_ylabel(LAT_LABEL)
         return first or ax_t
+
+
+def _map_grid(frame: MapFrame, n: int) -> tuple[plt.Figure, object]:
+    """The figure and its grid of ``n`` map rows, each panel as high as ``frame``'s shape asks
+    (within :data:`_PANEL_H_RANGE`; a map of another shape keeps its aspect inside its panel)."""
+    panel_h = float(np.clip(_PANEL_W * frame.height_over_width(), *_PANEL_H_RANGE))
+    width = _LEFT + sum(_WIDTHS) + _RIGHT
+    height = _TOP + n * panel_h + (n - 1) * _ROW_GAP + _BOTTOM
+    fig = plt.figure(figsize=(width, height))
+    grid = fig.add_gridspec(
+        n, len(_WIDTHS), width_ratios=_WIDTHS, wspace=0, hspace=_ROW_GAP / panel_h,
+        left=_LEFT / width, right=1 - _RIGHT / width, top=1 - _TOP / height, bottom=_BOTTOM / height,
+    )  # fmt: skip
+    return fig, grid
+
+
+def _frame_axes(ax: plt.Axes, frame: MapFrame) -> None:
+    """Limits (``frame``'s extent) and ticks of the map axes ``ax`` (which the others share):
+    every 60 degrees of longitude and 45 of latitude on the globe; on a box, round ones (as
+    matplotlib's), no longitude by the box's edges, where the next panel's would run into it."""
+    if not frame.regional:
+        ax.set_xticks(np.arange(frame.west, frame.east + 1, 60))
+        ax.set_yticks([-90, -45, 0, 45, 90])
+    else:
+        ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(frame.west, frame.east)
+        margin = 0.04 * (frame.east - frame.west)
+        ax.xaxis.set_major_locator(FixedLocator([t for t in ticks if frame.west + margin <= t <= frame.east - margin]))
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    ax.set_xlim(frame.extent[:2])
+    ax.set_ylim(frame.extent[2:])
 
 
 def forecast_map_figure(
@@ -142,7 +173,9 @@ def forecast_map_figure(
     extra_rows: list[tuple[float, str | None]] | None = None,
 ) -> plt.Figure:
     """Truth, forecast and their difference of every variable: ``truth`` and ``forecast``
-    ``(points, variables)`` in physical units on the grid's points (degrees ``lat``, ``lon``).
+    ``(points, variables)`` in physical units on the grid's points (degrees ``lat``, ``lon``
+    ``(points,)``). The globe for a global grid; for a regional one, its box and its cells, on
+    axes that keep distances (:func:`training.reporting.map_frame.map_frame`).
     One row per variable; truth and forecast share a colour scale (one colour bar), the error
     has its own, symmetric about 0; each panel's title names the variable, the lead (hours) and
     the valid date (ISO); colour bars carry ``units`` where known. ``extra_rows``: the lead
@@ -152,35 +185,26 @@ def forecast_map_figure(
     if truth.ndim == 1:
         truth, forecast = truth[:, None], forecast[:, None]
     units = units or {}
-    nearest, extent = _raster(np.asarray(lat), np.asarray(lon))
+    frame = map_frame(lat, lon)
+    nearest = raster(np.asarray(lat), np.asarray(lon), frame)
     extra_rows = extra_rows or []
     rows = [(lead_hours, valid_date)] * (len(variables) - len(extra_rows)) + list(extra_rows)
-    # columns: truth | gap | forecast | gap | bar | room | error | gap | bar | room
-    widths = [_PANEL_W, _GAP, _PANEL_W, 0.08, _BAR, _BAR_ROOM, _PANEL_W, 0.08, _BAR, _BAR_ROOM]
     n = len(variables)
-    width = _LEFT + sum(widths) + _RIGHT
-    height = _TOP + n * _PANEL_H + (n - 1) * _ROW_GAP + _BOTTOM
-    fig = plt.figure(figsize=(width, height))
-    grid = fig.add_gridspec(
-        n, len(widths), width_ratios=widths, wspace=0, hspace=_ROW_GAP / _PANEL_H,
-        left=_LEFT / width, right=1 - _RIGHT / width, top=1 - _TOP / height, bottom=_BOTTOM / height,
-    )  # fmt: skip
-    show = {"origin": "upper", "extent": extent, "interpolation": "nearest", "aspect": "auto"}
+    fig, grid = _map_grid(frame, n)
+    show = {"origin": "upper", "extent": frame.extent, "interpolation": "nearest", "aspect": frame.aspect}
     first = None
     for row, var in enumerate(variables):
         lead = f"+{rows[row][0]:g} h" if rows[row][0] is not None else "lead ?"
         panels = _MapRow(var, lead, rows[row][1] or "?", units.get(var), row == n - 1)
-        first = panels.draw(fig, grid, row, truth[:, row][nearest], forecast[:, row][nearest], show, first)
-    first.set_xticks(np.arange(extent[0], extent[1] + 1, 60))
-    first.set_yticks([-90, -45, 0, 45, 90])
-    first.set_xlim(extent[:2])
-    first.set_ylim(extent[2:])
+        t, f = (np.where(nearest >= 0, x[:, row][nearest], np.nan) for x in (truth, forecast))
+        first = panels.draw(fig, grid, row, t, f, show, first)
+    _frame_axes(first, frame)
     init = f", initialised {initial_date}" if initial_date else ""
     lead, valid = f"+{lead_hours:g} h" if lead_hours is not None else "lead ?", valid_date or "?"
     further = f" (last {len(extra_rows)} rows further out)" if extra_rows else ""
     fig.suptitle(
         f"Forecast {lead}, valid {valid}{init}: truth, forecast and error of each variable{further}",
-        y=1 - 0.25 / height, fontsize="large",
+        y=1 - 0.25 / fig.get_figheight(), fontsize="large",
     )  # fmt: skip
     return fig
 
@@ -209,28 +233,46 @@ def forecast_map(
     return path
 
 
-def _marker(kind: str, i: int) -> str:
-    return _MARKERS.get(kind, _OTHER_MARKERS[i % len(_OTHER_MARKERS)])
+def kind_style(kind: str) -> tuple[str, str]:
+    """``(colour, marker)`` of a forecast kind's line, the same in every panel and every plot:
+    fixed for the kinds scores know (:data:`KIND_STYLES`), else picked by a hash of the name."""
+    if kind in KIND_STYLES:
+        return KIND_STYLES[kind]
+    h = zlib.crc32(kind.encode())
+    return _OTHER_COLOURS[h % len(_OTHER_COLOURS)], _OTHER_MARKERS[(h // len(_OTHER_COLOURS)) % len(_OTHER_MARKERS)]
 
 
-def rmse_by_lead(table: SkillTable, path: Path) -> Path:
+def rmse_by_lead(table: SkillTable, path: Path, units: dict[str, str] | None = None) -> Path:
     """RMSE (physical units, top row) and uncentred ACC (bottom row) against lead time (hours),
-    one column per variable, one line per kind (model, persistence, climatology); a PNG at least
-    1100 px wide at ``path``."""
+    one column per variable, one line per kind (model, persistence, climatologies), each kind
+    in its own colour and marker (:func:`kind_style`) in every panel; ``units``: each
+    variable's unit, on its RMSE axis, where known. A PNG at least 1100 px wide at ``path``."""
+    fig = rmse_by_lead_figure(table, units)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def rmse_by_lead_figure(table: SkillTable, units: dict[str, str] | None = None) -> plt.Figure:
+    """:func:`rmse_by_lead`'s figure: axes ``(2, variables)``, RMSE above ACC."""
     variables, leads, kinds = table.variables, table.lead_hours, table.kinds
+    units = units or {}
     fig, axes = plt.subplots(
         2, len(variables), figsize=(max(10.0, 4.2 * len(variables)), 7.5), squeeze=False, layout="constrained"
     )
     for col, var in enumerate(variables):
         top, bottom = axes[0, col], axes[1, col]
-        for i, kind in enumerate(kinds):
-            style = {"marker": _marker(kind, i), "markersize": 6, "label": kind}
+        for kind in kinds:
+            colour, marker = kind_style(kind)
+            style = {"color": colour, "marker": marker, "markersize": 6, "label": kind}
             top.plot(leads, table.rmse(kind, var), "-", **style)
             acc = table.acc(kind, var)
             if np.isfinite(acc).any():
                 bottom.plot(leads, acc, "-", **style)
         top.set_title(f"{var}: RMSE")
-        top.set_ylabel(f"RMSE of {var} (physical units)")
+        top.set_ylabel(
+            _with_unit(f"RMSE of {var}", units[var]) if units.get(var) else f"RMSE of {var} (physical units)"
+        )
         bottom.set_title(f"{var}: ACC (uncentred)")
         bottom.set_ylabel("ACC")
         bottom.set_xlabel("lead time (hours)")
@@ -241,6 +283,4 @@ def rmse_by_lead(table: SkillTable, path: Path) -> Path:
             if ax.lines:
                 ax.legend(fontsize="small")
     fig.suptitle("Forecast skill by lead time (area-weighted, averaged over samples)")
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return fig
