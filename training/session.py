@@ -25,6 +25,7 @@ from training.data import DatasetError, ZarrDataset
 from training.data.forcings import VariableRoles, computed_forcings
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
+from training.data.tendencies import tendency_statistics
 from training.distributed.device import rank_device, to_device
 from training.distributed.parallel import ParallelDims
 from training.model import Forecaster, ShardedGrids
@@ -103,6 +104,7 @@ def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Fo
         diagnostics=len(roles.diagnostic),
         multistep=cfg.data.multistep_input,
         node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
+        normalise_increments=model.normalise_increments,
     )
 
 
@@ -270,6 +272,10 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     model.split_node_parameters(grids)
     samples = dataset_samples(cfg.data, dataset, horizon)
+    if cfg.model.normalise_increments:  # a checkpoint loaded later brings its own
+        starts = sorted({t for t, _ in samples.train})
+        points = slice(grids.data_layout.start, grids.data_layout.stop)
+        model.set_increment_statistics(*tendency_statistics(dataset, starts, samples.lead, points, dims.mp_group))
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     batches = Batches(dataset, grids, samples.lead, device, cfg.data.valid_time_forcing, cfg.data.multistep_input - 1)

@@ -50,6 +50,7 @@ FORECASTER_KEYS = (
     "mapper",
     "mapper_heads",
     "trainable_size",
+    "normalise_increments",
 )
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
 # (configs/model/) gives the sizes, which have no default here; the rest is the processor's
@@ -68,6 +69,10 @@ ModelConfig = processor_schema(
         # learned features per data and hidden point, as anemoi's trainable_size: each point's
         # local climate, coast and hills, which its coordinates do not tell (docs/real-data.md)
         ("trainable_size", int, setting(8, at_least(0))),
+        # predict each step's change in units of the changes' own spread over the training period
+        # (anemoi's tendency statistics), not the field's (training/data/tendencies.py); off: on real
+        # data it did not help (docs/real-data.md)
+        ("normalise_increments", bool, field(default=False)),
     ],
     module=__name__,
 )

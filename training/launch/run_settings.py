@@ -45,7 +45,11 @@ MOVED_KEYS = {
 }
 # Settings added since runs were saved whose default is not what those runs ran: a saved run
 # without the key ran this value (its checkpoint holds that model), and resumes with it.
-EARLIER_VALUES = {"model.mapper": "mean_mlp"}
+EARLIER_VALUES = {
+    "model.mapper": "mean_mlp",
+    "model.trainable_size": 0,
+    "data.valid_time_forcing": False,
+}
 
 
 @dataclass(frozen=True)

@@ -113,9 +113,11 @@ class Forecaster(nn.Module):
     an increment of the latest input's. ``forcings`` more input channels are given and never
     predicted, ``diagnostics`` more outputs are predicted outright and never given.
     ``mapper``: the encoder's and decoder's kind (:data:`MAPPERS`), ``mapper_heads`` the graph
-    transformer's heads. ``node_parameters``: ``(data points, hidden points, size)``, learned
-    features of each point of both grids beside its coordinates (anemoi's ``trainable_size``),
-    zero at first; each rank keeps its blocks after :meth:`split_node_parameters`."""
+    transformer's heads. ``normalise_increments``: the head predicts the increment in units of
+    its own statistics (:meth:`set_increment_statistics`), not the field's. ``node_parameters``:
+    ``(data points, hidden points, size)``, learned features of each point of both grids beside
+    its coordinates (anemoi's ``trainable_size``), zero at first; each rank keeps its blocks
+    after :meth:`split_node_parameters`."""
 
     def __init__(
         self,
@@ -128,6 +130,7 @@ class Forecaster(nn.Module):
         diagnostics: int = 0,
         multistep: int = 1,
         node_parameters: tuple[int, int, int] = (0, 0, 0),
+        normalise_increments: bool = False,
     ) -> None:
         super().__init__()
         self.mapper = mapper
@@ -143,6 +146,17 @@ class Forecaster(nn.Module):
         self.processor = processor
         self.decoder = make_mapper(mapper, num_channels, mapper_heads)
         self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables + diagnostics))
+        if normalise_increments:  # buffers: checkpoints keep the statistics a model was trained with
+            self.register_buffer("increment_mean", torch.zeros(num_variables))
+            self.register_buffer("increment_stdev", torch.ones(num_variables))
+
+    @torch.no_grad()
+    def set_increment_statistics(self, mean: np.ndarray, stdev: np.ndarray) -> None:
+        """The increment's statistics ``(num_variables,)`` (normalised units,
+        :func:`training.data.tendencies.tendency_statistics`): the head's prognostic outputs are
+        the increment in units of ``stdev``, less ``mean``."""
+        self.increment_mean.copy_(torch.as_tensor(mean))
+        self.increment_stdev.copy_(torch.as_tensor(stdev))
 
     def forward(
         self, x: Tensor, grids: ShardedGrids, group: GroupLike, *, transport: Transport | None = None
@@ -169,9 +183,12 @@ class Forecaster(nn.Module):
         data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
         out = self.head(data)
         n, latest = self.num_prognostic, (self.multistep - 1) * self.num_prognostic
+        increment = out[..., :n]
+        if hasattr(self, "increment_stdev"):
+            increment = increment * self.increment_stdev.to(out.dtype) + self.increment_mean.to(out.dtype)
         if out.shape[-1] == n == x.shape[-1]:
-            return x + out
-        return torch.cat([x[..., latest : latest + n] + out[..., :n], out[..., n:]], dim=-1)
+            return x + increment
+        return torch.cat([x[..., latest : latest + n] + increment, out[..., n:]], dim=-1)
 
     def split_node_parameters(self, grids: ShardedGrids) -> None:
         """Keep this rank's blocks of the node parameters (of ``grids``' layouts)."""
