@@ -23,10 +23,11 @@ from training.config.schema import RunConfig
 from training.distributed.device import PeakDeviceMemory, autocast, synchronize
 from training.faults import FaultInjector
 from training.launch.interrupt import StopRequest, stop_requests
-from training.reporting.report import final_pictures, open_tracker, report_skill
+from training.reporting.report import final_pictures, open_tracker, report_skill, variable_units
 from training.rollout import RolloutSchedule, loss_weights, rollout
 from training.session import Session, join_ranks, open_session, rollout_horizon
 from training.skill.by_lead import evaluate_skill, evaluation_samples
+from training.skill.validation import ValidationSkill, forward_outputs
 from training.step import TrainStep, build_optimiser
 
 __all__ = ["sample_positions", "train", "train_step"]
@@ -103,6 +104,7 @@ class Trainer:
         self.last_step_s = 0.1
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_fn = train_step(session, self.optimiser, self.schedule)
+        self.val_skill: ValidationSkill | None = None  # built at the first validation (the baselines' scores)
 
     def nothing_to_do(self) -> str | None:
         """Why this run trains no step (already at ``trainer.stop_at_step`` or ``trainer.steps``)."""
@@ -156,7 +158,7 @@ class Trainer:
 
     def loop(self) -> list[tuple[int, dict[str, float]]]:
         history: list[tuple[int, dict[str, float]]] = []
-        t_cfg, last_val = self.t_cfg, float("nan")
+        t_cfg, last_val = self.t_cfg, {"val/loss": float("nan")}
         bar = tqdm(
             total=t_cfg.steps,
             initial=self.start,
@@ -168,11 +170,11 @@ class Trainer:
             for step in range(self.start, t_cfg.steps):
                 metrics = self.one_step(step)
                 if (step + 1) % t_cfg.val_interval == 0 or step + 1 == t_cfg.steps:
-                    metrics["val/loss"] = self.validate()
+                    metrics.update(self.validate())
                 history.append((step, metrics))
                 if step % self.session.cfg.logging.log_interval == 0 or "val/loss" in metrics:
                     self.tracker.log_metrics(step, metrics)
-                last_val = metrics.get("val/loss", last_val)
+                last_val = {k: v for k, v in metrics.items() if k.startswith("val/")} or last_val
                 bar.set_postfix(self.progress(metrics, last_val))
                 bar.update()
                 more = step + 1 < t_cfg.steps
@@ -230,30 +232,34 @@ class Trainer:
             **({"peak_device_memory_gib": device_peak} if s.device.type == "cuda" else {}),
         }
 
-    def progress(self, metrics: dict[str, float], last_val: float) -> dict[str, str]:
-        """What the progress bar shows after a step: losses, samples/s and, on a GPU, the step's
-        peak device memory (the largest over the ranks)."""
-        shown = {
-            "loss": f"{metrics['train/loss']:.4f}",
-            "val": f"{last_val:.4f}",
-            "samples/s": f"{metrics['samples_per_s']:.3g}",
-        }
+    def progress(self, metrics: dict[str, float], last_val: dict[str, float]) -> dict[str, str]:
+        """What the progress bar shows after a step: losses, the last validation's RMSE beside
+        the best baseline's, samples/s and, on a GPU, the step's peak device memory (the largest
+        over the ranks)."""
+        shown = {"loss": f"{metrics['train/loss']:.4f}", "val": f"{last_val['val/loss']:.4f}"}
+        shown |= self.val_skill.progress(last_val) if self.val_skill is not None else {}
+        shown["samples/s"] = f"{metrics['samples_per_s']:.3g}"
         if "peak_device_memory_gib" in metrics:
             shown["gpu_mem"] = f"{metrics['peak_device_memory_gib']:.2f}GiB"
         return shown
 
-    def validate(self) -> float:
-        """The one-step loss on the first ``trainer.val_batches`` batches of validation samples,
-        averaged over the replicas."""
+    def validate(self) -> dict[str, float]:
+        """``val/loss``: the one-step loss on the first ``trainer.val_batches`` batches of
+        validation samples, averaged over the replicas; and their RMSE in physical units beside
+        the best baseline's (:mod:`training.skill.validation`)."""
         s, t_cfg = self.session, self.t_cfg
         val = s.samples.val[: t_cfg.val_batches * t_cfg.batch_size]
+        if self.val_skill is None:
+            self.val_skill = ValidationSkill(s, val, variable_units(s.dataset))
+        losses = []
         s.model.eval()
-        with torch.no_grad():
-            batches = (s.batches([v]) for v in val)  # one step: no later forcings
-            losses = [self.step_fn.loss(b.x, b.targets, s.grids, s.model_group, s.transport).item() for b in batches]
+        with torch.no_grad(), forward_outputs(s.model) as forecasts:
+            for i, b in enumerate(s.batches([v]) for v in val):  # one step: no later forcings
+                losses.append(self.step_fn.loss(b.x, b.targets, s.grids, s.model_group, s.transport).item())
+                self.val_skill.add(i, forecasts.pop(), b.targets[0])
         s.model.train()
         total = sum(losses) / len(val) * t_cfg.batch_size
-        return s.dims.sum_over_world([total])[0] / s.dims.dp
+        return {"val/loss": s.dims.sum_over_world([total])[0] / s.dims.dp, **self.val_skill.metrics()}
 
     def checkpoint(self, step: int) -> None:
         """Save the state after ``step`` unless a parameter is not finite (then every rank stops)."""

@@ -1,6 +1,7 @@
 """Skill by lead time of a forecaster, sharded like training: the area-weighted RMSE and the
 anomaly correlation per output variable and lead, beside persistence, climatology, the hourly
-climatology and anomaly persistence (:mod:`training.skill.scores`).
+climatology, anomaly persistence and, when the training period spans a year, the climatology by
+day of year and hour (:mod:`training.skill.scores`, :mod:`training.skill.seasonal`).
 
 Initial dates are spread evenly over the validation period; data-parallel replicas take
 turns with them, and every rank scores its own block of points (see
@@ -11,6 +12,8 @@ turns with them, and every rank scores its own block of points (see
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,7 +25,15 @@ from training.data.samples import Sample
 from training.rollout import rollout
 from training.session import Session, dataset_samples
 from training.skill.centroid import CentroidAccumulator
-from training.skill.scores import SkillAccumulator, SkillTable, climatology, hourly_climatology
+from training.skill.scores import (
+    BASELINES,
+    DOY_CLIMATOLOGY,
+    SkillAccumulator,
+    SkillTable,
+    climatology,
+    hourly_climatology,
+)
+from training.skill.seasonal import SeasonalKey, doy_climatology, seasonal_keys, spans_a_year, window_dates
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +72,65 @@ def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
     return {hour: evenly_spread(ts, CLIMATOLOGY_DATES) for hour, ts in sorted(by_hour.items())}
 
 
+def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> list[int] | None:
+    """The training period's start dates in the windows of the ``(day of year, hour)`` targets
+    (at most :data:`CLIMATOLOGY_DATES` per hour, evenly spread): what
+    :func:`training.skill.seasonal.doy_climatology` averages; None when the training period
+    (its samples' dates and targets) spans less than a year.
+
+    Why a year: the window of a day of year (61 days) must find training dates around it in
+    every season scored, and the validation period follows the training period. Shorter, the
+    days of year past its end have none, or only the training period's last days; and on a store
+    shorter than the window (a month) every window holds every training date of its hour: the
+    hourly climatology of fewer dates, nothing to learn from it."""
+    dataset = session.dataset
+    dates = sorted({t for t, _ in session.samples.train})
+    last = dataset.dates[dates[-1]] + np.timedelta64(session.samples.lead * dataset.frequency_s, "s")
+    if not spans_a_year(dataset.dates[dates[0]], last, dataset.frequency_s):
+        return None
+    by_hour = window_dates(dataset.dates, dates, targets)
+    return sorted(t for ts in by_hour.values() for t in evenly_spread(ts, CLIMATOLOGY_DATES))
+
+
+@dataclass
+class Climatologies:
+    """The baselines' climatologies of the training period on this rank's points, the model's
+    outputs, in physical units: ``plain`` ``(local points, outputs)``, ``hourly`` ``{UTC hour:
+    (local points, outputs)}``, ``seasonal`` ``{(day of year, hour): (local points, outputs)}``
+    (None: the training period spans less than a year); ``dates``: the dataset's."""
+
+    plain: np.ndarray
+    hourly: dict[float, np.ndarray]
+    seasonal: dict[SeasonalKey, np.ndarray] | None
+    dates: np.ndarray
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The baselines scored, in the order of :data:`training.skill.scores.BASELINES`."""
+        return tuple(k for k in BASELINES if k != DOY_CLIMATOLOGY or self.seasonal is not None)
+
+    def forecasts(self, initial: np.ndarray, t: int, valid: int) -> dict[str, np.ndarray]:
+        """Each baseline's forecast ``(local points, outputs)`` from date index ``t``, whose state
+        is ``initial``, for date index ``valid``."""
+        return _baselines(initial, self.plain, self.hourly, self.dates, t, valid, self.seasonal)
+
+
+def training_climatologies(session: Session, dates: Iterable[int]) -> Climatologies:
+    """The :class:`Climatologies` of ``session``'s training period on its points; the one by day
+    of year for the ``(day of year, hour)`` of the date indices ``dates`` (the initial and valid
+    dates to be scored; others are not computed)."""
+    dataset, points = session.dataset, session.points
+    columns = dataset.roles.output_columns()
+    plain = climatology(dataset, climatology_dates(session), points)[:, columns]
+    by_hour = hourly_climatology(dataset, hourly_climatology_dates(session), points)
+    targets = set(seasonal_keys(dataset.dates[sorted(set(dates))]))
+    seasonal_dates = doy_climatology_dates(session, targets)
+    seasonal = None
+    if seasonal_dates is not None:
+        seasonal = doy_climatology(dataset, seasonal_dates, targets, points, columns=columns)
+    return Climatologies(plain, {h: c[:, columns] for h, c in by_hour.items()}, seasonal, dataset.dates)
+
+
 def lead_hours(session: Session, steps: int) -> list[float]:
     step_h = session.samples.lead * session.dataset.frequency_s / 3600
     return [step_h * (k + 1) for k in range(steps)]
@@ -87,13 +157,11 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     dataset, dims, model = session.dataset, session.dims, session.model
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
-    outputs, columns = dataset.roles.outputs, dataset.roles.output_columns()
+    outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
     weights = dataset.area_weights[session.points]
-    clim = climatology(dataset, climatology_dates(session), session.points)[:, columns]
-    by_hour = hourly_climatology(dataset, hourly_climatology_dates(session), session.points)
-    hourly = {hour: c[:, columns] for hour, c in by_hour.items()}
+    clims = training_climatologies(session, [t + k * lead for t, _ in mine for k in range(steps + 1)])
     leads = lead_hours(session, steps)
-    scores = SkillAccumulator(outputs, leads, weights=weights, climatology=clim)
+    scores = SkillAccumulator(outputs, leads, ("model", *clims.kinds), weights=weights, climatology=clims.plain)
     centroids = centroid_accumulator(session, weights, leads)
     was_training = model.training
     model.eval()
@@ -107,7 +175,7 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
                 truth = dataset.denormalise_outputs(target[0].cpu().numpy())
                 predicted = dataset.denormalise_outputs(forecast[0].cpu().numpy())
-                baselines = _baselines(initial, clim, hourly, dataset.dates, t, t + (k + 1) * session.samples.lead)
+                baselines = clims.forecasts(initial, t, t + (k + 1) * lead)
                 scores.add("model", k, predicted, truth, sample_id)
                 for kind, forecast_of_kind in baselines.items():
                     scores.add(kind, k, forecast_of_kind, truth, sample_id)
@@ -122,20 +190,33 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
 
 
 def _baselines(
-    initial: np.ndarray, clim: np.ndarray, hourly: dict[float, np.ndarray], dates: np.ndarray, t: int, valid: int
+    initial: np.ndarray,
+    clim: np.ndarray,
+    hourly: dict[float, np.ndarray],
+    dates: np.ndarray,
+    t: int,
+    valid: int,
+    seasonal: dict[SeasonalKey, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The baselines' forecasts ``(local points, outputs)`` from date index ``t`` for date index
-    ``valid``: persistence, climatology, the hourly climatology at the valid hour and the
-    initial anomaly from it, persisted (see :mod:`training.skill.scores`)."""
+    ``valid``: persistence, climatology, the hourly climatology at the valid hour, with
+    ``seasonal`` the climatology by day of year and hour at the valid date, and the initial
+    anomaly persisted (see :mod:`training.skill.scores`).
+
+    The anomaly persisted is the one from the climatology by day of year and hour where it has
+    both dates, else from the hourly climatology: its daily cycle is the season's (a summer day's
+    swing, not the year's mean swing) and it follows the season over long leads."""
     hour_0, hour_v = (float(h) for h in utc_hours(dates[[t, valid]]))
     at_valid = hourly.get(hour_v, clim)  # an hour no training date has: the plain climatology
     at_start = hourly.get(hour_0, clim)
-    return {
-        "persistence": initial,
-        "climatology": clim,
-        "hourly_climatology": at_valid,
-        "anomaly_persistence": initial - at_start + at_valid,
-    }
+    out = {"persistence": initial, "climatology": clim, "hourly_climatology": at_valid}
+    if seasonal is not None:
+        key_0, key_v = seasonal_keys(dates[[t, valid]])
+        out[DOY_CLIMATOLOGY] = seasonal.get(key_v, at_valid)  # no training date in its window: the hourly one
+        if key_0 in seasonal and key_v in seasonal:
+            at_start, at_valid = seasonal[key_0], seasonal[key_v]
+    out["anomaly_persistence"] = initial - at_start + at_valid
+    return out
 
 
 def skill_summary(table: SkillTable) -> str:

@@ -11,7 +11,10 @@
   (the climatological mean as forecast; its ACC is undefined, NaN), and for sub-daily data the
   two that know the daily cycle: ``hourly_climatology`` (the mean of the training dates at the
   valid time's UTC hour, :func:`hourly_climatology`) and ``anomaly_persistence`` (the initial
-  anomaly from the hourly climatology, persisted: ``x0 - c(hour0) + c(valid hour)``).
+  anomaly from the hourly climatology, persisted: ``x0 - c(hour0) + c(valid hour)``); and when
+  the training period spans a year, ``doy_climatology``, WeatherBench 2's climatology by day of
+  year and hour (:mod:`training.skill.seasonal`), from which anomaly persistence then takes its
+  anomalies (:func:`training.skill.by_lead._baselines`).
 
 Sharding: each model-parallel rank holds a contiguous block of points and adds local sums; data-
 parallel replicas add different samples. :meth:`SkillAccumulator.finalize` sums points over the
@@ -34,7 +37,9 @@ import torch.distributed as dist
 
 from processor.distributed.transport import collective_device
 
-KINDS = ("model", "persistence", "climatology", "hourly_climatology", "anomaly_persistence")
+KINDS = ("model", "persistence", "climatology", "hourly_climatology", "anomaly_persistence")  # always scored
+DOY_CLIMATOLOGY = "doy_climatology"  # scored when the training period spans a year
+BASELINES = ("persistence", "climatology", "hourly_climatology", DOY_CLIMATOLOGY, "anomaly_persistence")
 _N_SUMS = 5  # Σw(f-o)², Σw, Σw f'o', Σw f'², Σw o'²
 
 

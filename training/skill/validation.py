@@ -1,0 +1,120 @@
+"""Whether the model is learning, in physical units, at each validation of a training run: the
+model's area-weighted RMSE at the first lead on the validation samples beside the best simple
+baseline's on the same samples (the lowest of persistence, the climatologies and anomaly
+persistence: :class:`training.skill.by_lead.Climatologies`), scored as WeatherBench 2 does
+(:class:`training.skill.scores.SkillAccumulator`: ``RMSE = sqrt(mean over samples of the
+area-weighted MSE)``), so equal to what :func:`training.skill.by_lead.evaluate_skill` reports for
+the same samples at that lead.
+
+The baselines do not change as the model learns: their scores are computed once, when the
+:class:`ValidationSkill` is built. The trainer validates every sample on every data-parallel
+replica, so the model's sums run over the model-parallel group only (each rank holds a block of
+points) and every rank gets the same numbers.
+
+Metrics, per output variable ``<v>``: ``val/rmse/<v>/model`` and ``val/rmse/<v>/best_baseline``
+(the best baseline's name is in the progress bar and the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from torch import Tensor, nn
+
+from training.data.samples import Sample
+from training.session import Session
+from training.skill.by_lead import lead_hours, training_climatologies
+from training.skill.scores import SkillAccumulator, SkillTable, metric_part
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def forward_outputs(model: nn.Module) -> Iterator[list[Tensor]]:
+    """A list that receives, detached, each output of ``model``'s forward while in the context
+    (also when a wrapper, e.g. ``DistributedDataParallel``, calls it): the forecasts of a loss
+    computation, without a second forward pass."""
+    outputs: list[Tensor] = []
+    handle = model.register_forward_hook(lambda _module, _args, output: outputs.append(output.detach()))
+    try:
+        yield outputs
+    finally:
+        handle.remove()
+
+
+class ValidationSkill:
+    """The model's and the baselines' RMSE in physical units at the first lead on ``samples``
+    (the trainer's validation samples), on every rank of ``session``'s run (a collective over
+    the model-parallel group when built and at each :meth:`metrics`). ``units``: the variables'
+    units where known (shown in the progress bar)."""
+
+    def __init__(self, session: Session, samples: list[Sample], units: dict[str, str] | None = None) -> None:
+        self.session, self.samples, self.units = session, list(samples), units or {}
+        self.variables = list(session.dataset.roles.outputs)
+        lead = session.samples.lead
+        self.climatologies = training_climatologies(session, [d for t, _ in self.samples for d in (t, t + lead)])
+        self.baselines = self._score_baselines()
+        kinds = self.climatologies.kinds
+        self.best = {v: min(kinds, key=lambda k, v=v: self.baselines.rmse(k, v)[0]) for v in self.variables}
+        self._scores = self._accumulator(("model",))
+        if session.dims.rank == 0:
+            log.info("validation: %s", self.describe())
+
+    def _accumulator(self, kinds: tuple[str, ...]) -> SkillAccumulator:
+        s = self.session
+        weights = s.dataset.area_weights[s.points]
+        return SkillAccumulator(self.variables, lead_hours(s, 1), kinds, weights, self.climatologies.plain)
+
+    def _score_baselines(self) -> SkillTable:
+        """The baselines' scores on the samples, summed over the model-parallel group."""
+        s, dataset = self.session, self.session.dataset
+        columns, lead = dataset.roles.output_columns(), s.samples.lead
+        scores = self._accumulator(self.climatologies.kinds)
+        for i, (t, member) in enumerate(self.samples):
+            initial = dataset.denormalise(dataset.state(t, s.points, member))[:, columns]
+            truth = dataset.denormalise_outputs(dataset.state(t + lead, s.points, member)[:, columns])
+            for kind, forecast in self.climatologies.forecasts(initial, t, t + lead).items():
+                scores.add(kind, 0, forecast, truth, i)
+        return scores.finalize(s.dims.mp_group, None)
+
+    def describe(self) -> str:
+        """The baselines' RMSE per variable, the best named: what the log says once."""
+        lead_h = lead_hours(self.session, 1)[0]
+        parts = []
+        for v in self.variables:
+            cells = ", ".join(f"{k} {self.baselines.rmse(k, v)[0]:.4g}" for k in self.climatologies.kinds)
+            parts.append(f"{v}: {cells} (best: {self.best[v]})")
+        return f"baselines' RMSE at {lead_h:g} h on {len(self.samples)} validation samples: " + "; ".join(parts)
+
+    def add(self, index: int, forecast: Tensor, target: Tensor) -> None:
+        """The model's forecast of sample ``samples[index]`` and its target, each ``(1, local
+        points, outputs)`` normalised (a one-sample batch)."""
+        denormalise = self.session.dataset.denormalise_outputs
+        f, o = (denormalise(x[0].detach().float().cpu().numpy()) for x in (forecast, target))
+        self._scores.add("model", 0, f, o, index)
+
+    def metrics(self) -> dict[str, float]:
+        """The model's RMSE over the samples added since the last call and the best baseline's,
+        per output variable (see the module); every rank of the model-parallel group calls."""
+        table = self._scores.finalize(self.session.dims.mp_group, None)
+        self._scores = self._accumulator(("model",))
+        out = {}
+        for v in self.variables:
+            name = metric_part(v)
+            out[f"val/rmse/{name}/model"] = table.rmse("model", v)[0]
+            out[f"val/rmse/{name}/best_baseline"] = self.baselines.rmse(self.best[v], v)[0]
+        return out
+
+    def progress(self, metrics: dict[str, float]) -> dict[str, str]:
+        """The progress bar's fields for the first output variable ``v`` after a validation:
+        ``{"v_rmse": "1.62 K", "baseline": "1.78 (anomaly_persistence)"}``; none before one."""
+        v = self.variables[0]
+        model = metrics.get(f"val/rmse/{metric_part(v)}/model")
+        if model is None or not np.isfinite(model):
+            return {}
+        unit = f" {self.units[v]}" if v in self.units else ""
+        best = metrics[f"val/rmse/{metric_part(v)}/best_baseline"]
+        return {f"{v}_rmse": f"{model:.3g}{unit}", "baseline": f"{best:.3g} ({self.best[v]})"}
