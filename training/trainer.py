@@ -293,7 +293,8 @@ class Trainer:
                 sample = s.samples.val[0]
                 final_pictures(self.tracker, self.run_dir, s.dataset, part, sample, s.samples.lead, further)
         if skill is not None and dims.rank == 0:
-            report_skill(skill, self.run_dir, self.tracker, model_step=self.last_checkpoint)
+            units = variable_units(s.dataset)
+            report_skill(skill, self.run_dir, self.tracker, model_step=self.last_checkpoint, units=units)
         return skill
 
 

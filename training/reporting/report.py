@@ -141,11 +141,14 @@ def _denormalise_columns(dataset: ZarrDataset, values: np.ndarray, columns: list
     return values * dataset.output_stdev[columns] + dataset.output_mean[columns]
 
 
-def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -> str:
-    """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``) to
-    ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
-    (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored,
-    its checkpoint's step); return the table as markdown."""
+def report_skill(
+    table: SkillTable, directory: Path, tracker, model_step: int, units: dict[str, str] | None = None
+) -> str:
+    """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``, its axes
+    in each variable's ``units`` where the store names them) to ``directory``, log them as
+    artifacts and the scores as one evaluation with ``tracker`` (:meth:`SkillTable.metrics`, all
+    at ``model_step``: the training step of the model scored, its checkpoint's step); return the
+    table as markdown."""
     from training.reporting.plots import rmse_by_lead
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -153,7 +156,11 @@ def report_skill(table: SkillTable, directory: Path, tracker, model_step: int) -
     (directory / "skill.md").write_text(text + "\n")
     table.to_csv(directory / "skill.csv")
     tracker.log_evaluation(model_step, table.metrics())
-    for path in (directory / "skill.md", directory / "skill.csv", rmse_by_lead(table, directory / "rmse_by_lead.png")):
+    for path in (
+        directory / "skill.md",
+        directory / "skill.csv",
+        rmse_by_lead(table, directory / "rmse_by_lead.png", units),
+    ):
         tracker.log_artifact(path)
     return text
 
