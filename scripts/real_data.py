@@ -14,6 +14,9 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``era5_uk_2t``: ERA5 2 m temperature, hourly, March 2019, a 0.25 degree box over the British
   Isles (33 x 49 points), from pydata/xarray-data (xarray's tutorial data; contains modified
   Copernicus Climate Change Service information 2019).
+- ``inca_graz``: GeoSphere Austria's (ZAMG's) INCA analysis, hourly, May 2012, 2 m temperature,
+  mean sea-level pressure and relative humidity on its 1 km Lambert grid near Graz (17 x 20
+  points), from pyet-org/pyet's examples.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "real"
 TEST_SAMPLE = ROOT / "tests" / "data" / "era5_uk_2t_2019-03_6h.grib"
 XARRAY_DATA = "https://github.com/pydata/xarray-data/raw/5b1bd4040d04f355446ea7f3d55ab3ca348512fa"
+PYET = "https://github.com/pyet-org/pyet/raw/2e857fe5dcc7cfe8d1ef990156dd6f153769de7b"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,14 @@ SOURCES = {
         ("2019-03-01T00:00:00", "2019-03-31T23:00:00", "1h"),
         "grib",
         {"param": ["2t"]},
+    ),
+    "inca_graz": Source(
+        f"{PYET}/docs/examples/data/example_2/incal_hourly_20120501T0000_20120930T2300.nc",
+        "244860183dbbaafffd94a641580e6e73",
+        "INCA analysis (GeoSphere Austria), hourly, 2012-05, T2M, P0, RH2M on 1 km Lambert near Graz (17 x 20)",
+        ("2012-05-01T00:00:00", "2012-05-31T23:00:00", "1h"),
+        "netcdf",
+        {"param": ["T2M", "P0", "RH2M"]},
     ),
 }
 

@@ -44,7 +44,7 @@ def join_ranks(cfg: RunConfig) -> tuple[ParallelDims, AbstractContextManager]:
     return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg.heartbeat_s, t_cfg.timeout_s, dims.nodes)
 
 
-def open_dataset(data: DataConfig, horizon: int = 1) -> ZarrDataset:
+def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDataset:
     """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
     ``data.path``) and check it against the configuration: its grid by coordinates, the lead
     time against its frequency, the members, and that there are samples of ``horizon``
@@ -70,7 +70,7 @@ def open_dataset(data: DataConfig, horizon: int = 1) -> ZarrDataset:
         check_grid(*coordinates, data.grid, str(dataset.path))
     if dataset.n_times < 8:
         raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
-    dataset_samples(data, dataset, horizon)  # fails here on a bad lead_time, members or rollout
+    dataset_samples(data, dataset, horizon, history)  # fails here on a bad lead_time, members or rollout
     return dataset
 
 
@@ -79,12 +79,11 @@ def rollout_horizon(trainer: TrainerConfig) -> int:
     return max(1, trainer.rollout.max)
 
 
-def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1) -> Samples:
+def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1, history: int = 0) -> Samples:
     """The train and validation samples of ``dataset`` under ``data.lead_time`` and ``data.members``
     whose ``horizon`` successive targets are present (see :mod:`training.data.samples`)."""
     lead = lead_steps(data.lead_time, dataset.frequency_s, str(dataset.path))
     members = select_members(dataset.n_members, data.members)
-    history = data.multistep_input - 1
     return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon, history)
 
 
@@ -100,9 +99,9 @@ def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Fo
         processor,
         model.mapper,
         model.mapper_heads,
-        forcings=(len(roles.forcing) + len(roles.computed)) * (2 if cfg.data.valid_time_forcing else 1),
+        forcings=(len(roles.forcing) + len(roles.computed)) * (2 if model.valid_time_forcing else 1),
         diagnostics=len(roles.diagnostic),
-        multistep=cfg.data.multistep_input,
+        multistep=model.multistep_input,
         node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
         normalise_increments=model.normalise_increments,
     )
@@ -150,7 +149,7 @@ class Batches:
         self.dataset = dataset
         self.lead = lead
         self.valid_time_forcing = valid_time_forcing
-        self.history = history  # earlier states in the input: data.multistep_input - 1
+        self.history = history  # earlier states in the input: model.multistep_input - 1
         self.device = device
         layout = grids.data_layout
         self.points = slice(layout.start, layout.stop)
@@ -176,7 +175,7 @@ class Batches:
         dataset, roles = self.dataset, self.dataset.roles
         if t - self.history * self.lead < 0:
             raise DatasetError(
-                f"a forecast from {dataset.date(t)} needs the {self.history} state(s) before it (data.multistep_input"
+                f"a forecast from {dataset.date(t)} needs the {self.history} state(s) before it (model.multistep_input"
                 f" = {self.history + 1}): start at {dataset.date(self.history * self.lead)} or later"
             )
         lead_s = self.lead * dataset.frequency_s
@@ -254,7 +253,7 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     device = rank_device(t_cfg.device)
     torch.set_num_threads(t_cfg.threads_per_rank)
     set_freed_memory_policy(t_cfg.retain_freed_memory)
-    dataset = open_dataset(cfg.data, rollout_horizon(t_cfg))
+    dataset = open_dataset(cfg.data, rollout_horizon(t_cfg), cfg.model.multistep_input - 1)
     check_ranks_agree(cfg, dataset, dims)
     hidden = session_hidden_grid(cfg, dataset)
     grids = ShardedGrids.build(
@@ -271,14 +270,14 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     model = build_model(cfg, dataset.roles, grids).to(device)
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     model.split_node_parameters(grids)
-    samples = dataset_samples(cfg.data, dataset, horizon)
+    samples = dataset_samples(cfg.data, dataset, horizon, cfg.model.multistep_input - 1)
     if cfg.model.normalise_increments:  # a checkpoint loaded later brings its own
         starts = sorted({t for t, _ in samples.train})
         points = slice(grids.data_layout.start, grids.data_layout.stop)
         model.set_increment_statistics(*tendency_statistics(dataset, starts, samples.lead, points, dims.mp_group))
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
-    batches = Batches(dataset, grids, samples.lead, device, cfg.data.valid_time_forcing, cfg.data.multistep_input - 1)
+    batches = Batches(dataset, grids, samples.lead, device, cfg.model.valid_time_forcing, cfg.model.multistep_input - 1)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)

@@ -24,7 +24,7 @@ FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one stor
 SETTINGS = [
     f"data.forcing=[{','.join(FORCING)}]",
     "data.diagnostic=[v]",
-    "data.multistep_input=2",
+    "model.multistep_input=2",
     "trainer.rollout.start=2",
     "trainer.rollout.max=2",
     "trainer.steps=3",
@@ -78,7 +78,7 @@ def test_anomaly_persistence_carries_the_initial_anomaly_to_the_valid_hour():
 @pytest.mark.parametrize("valid_time", [False, True])
 def test_batches_give_the_rollout_the_forcings_of_its_later_dates(small_dataset, valid_time):
     """Step ``k`` of a rollout from date 5 is given the forcings of its input date ``5 + k`` and,
-    with ``data.valid_time_forcing``, of its valid date ``6 + k`` after them."""
+    with ``model.valid_time_forcing``, of its valid date ``6 + k`` after them."""
     dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
     grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 1, 4, 3)
     batches = Batches(dataset, grids, lead=1, device=torch.device("cpu"), valid_time_forcing=valid_time)
@@ -105,7 +105,7 @@ def test_batches_give_the_rollout_the_forcings_of_its_later_dates(small_dataset,
 
 
 def test_batches_give_the_model_its_earlier_states_oldest_first(small_dataset):
-    """``data.multistep_input=3`` from date 5, a lead of 2 dates: the states of dates 1, 3 and 5,
+    """``model.multistep_input=3`` from date 5, a lead of 2 dates: the states of dates 1, 3 and 5,
     then the forcings of date 5; targets from date 7; no forecast before date 4."""
     dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
     grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 0, 4, 3)
@@ -117,5 +117,5 @@ def test_batches_give_the_model_its_earlier_states_oldest_first(small_dataset):
         np.testing.assert_array_equal(x[0, :, k * n : (k + 1) * n].numpy(), dataset.state(t, points)[:, prognostic])
     np.testing.assert_array_equal(targets[0, 0].numpy(), dataset.state(7, points)[:, dataset.roles.output_columns()])
     torch.testing.assert_close(batches.forecast_inputs(5, 0, 2)[0], x, rtol=0, atol=0)
-    with pytest.raises(DatasetError, match=r"needs the 2 state\(s\) before it \(data.multistep_input = 3\)"):
+    with pytest.raises(DatasetError, match=r"needs the 2 state\(s\) before it \(model.multistep_input = 3\)"):
         batches.forecast_inputs(3, 0, 2)

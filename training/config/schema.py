@@ -51,6 +51,8 @@ FORECASTER_KEYS = (
     "mapper_heads",
     "trainable_size",
     "normalise_increments",
+    "valid_time_forcing",
+    "multistep_input",
 )
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
 # (configs/model/) gives the sizes, which have no default here; the rest is the processor's
@@ -73,6 +75,12 @@ ModelConfig = processor_schema(
         # (anemoi's tendency statistics), not the field's (training/data/tendencies.py); off: on real
         # data it did not help (docs/real-data.md)
         ("normalise_increments", bool, field(default=False)),
+        # each step is given the forcings at the date it forecasts too, not only at its input
+        # date: the sun of the valid hour (docs/real-data.md)
+        ("valid_time_forcing", bool, field(default=True)),
+        # the states the model is given: the input date's and multistep_input - 1 before it, a lead
+        # time apart (anemoi's training.multistep_input): what is changing, not only what is
+        ("multistep_input", int, setting(1, at_least(1))),
     ],
     module=__name__,
 )
@@ -142,12 +150,6 @@ class DataConfig:
     # (lsm, z) and computed ones (cos_latitude, cos_local_time, insolation, ...: training/data/forcings.py).
     forcing: list[str] = field(default_factory=list)
     diagnostic: list[str] = field(default_factory=list)  # store variables predicted, never given as inputs
-    # each step is given the forcings at the date it forecasts too, not only at its input date:
-    # the sun of the valid hour (docs/real-data.md)
-    valid_time_forcing: bool = True
-    # the states the model is given: the input date's and multistep_input - 1 before it, a lead
-    # time apart (anemoi's training.multistep_input): what is changing, not only what is
-    multistep_input: int = setting(1, at_least(1))
     lead_time: int | None = None  # hours from input to target, a multiple of the store's frequency; None: one step
     members: list[int] | None = None  # ensemble members to train on, each its own sample; None: all
     # Arguments of anemoi.datasets.open_dataset (select, start/end, frequency, join, ...): read through

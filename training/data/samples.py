@@ -69,7 +69,7 @@ def build_samples(
     history: int = 0,
 ) -> Samples:
     """The train and validation samples of a dataset of ``n_times`` dates (see the module) whose
-    ``history`` earlier inputs (``t - history * lead``, ..., ``t - lead``; ``data.multistep_input``
+    ``history`` earlier inputs (``t - history * lead``, ..., ``t - lead``; ``model.multistep_input``
     - 1) and ``horizon`` successive targets (``t + lead``, ..., ``t + horizon * lead``; a
     rollout's) are all present in the same period."""
     n_val = max(2, int(n_times * val_fraction))
@@ -86,7 +86,7 @@ def build_samples(
         raise DatasetError(
             f"no {period} sample: {n_times} dates, {n_val} of them for validation (data.val_fraction), "
             f"{len(missing)} missing, {history} earlier input(s) and {horizon} step(s) of {lead} dates "
-            "(data.multistep_input, data.lead_time); use a shorter data.lead_time, fewer rollout or evaluation "
+            "(model.multistep_input, data.lead_time); use a shorter data.lead_time, fewer rollout or evaluation "
             "steps, or another data.val_fraction"
         )
     return Samples(train, val, lead)

@@ -102,7 +102,7 @@ def prepare(
     from training.checkpoint.resume import check_resumable
     from training.session import open_dataset, rollout_horizon, session_hidden_grid
 
-    dataset = open_dataset(data, rollout_horizon(trainer))  # fails here, clearly, on a missing or mismatched dataset
+    dataset = open_dataset(data, rollout_horizon(trainer), cfg.model.multistep_input - 1)  # fails here, clearly
     hidden = session_hidden_grid(cfg, dataset)  # and here on a hidden grid that does not suit the data
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow

@@ -48,7 +48,7 @@ MOVED_KEYS = {
 EARLIER_VALUES = {
     "model.mapper": "mean_mlp",
     "model.trainable_size": 0,
-    "data.valid_time_forcing": False,
+    "model.valid_time_forcing": False,
 }
 
 

@@ -49,7 +49,7 @@ def evenly_spread(items: list, count: int) -> list:
 def evaluation_samples(session: Session, steps: int, count: int) -> list[Sample]:
     """Up to ``count`` validation samples with targets ``steps`` leads on, evenly spread."""
     try:
-        val = dataset_samples(session.cfg.data, session.dataset, horizon=steps).val
+        val = dataset_samples(session.cfg.data, session.dataset, steps, session.cfg.model.multistep_input - 1).val
     except DatasetError as exc:
         raise DatasetError(f"evaluate.steps = {steps}: {exc}") from None
     return evenly_spread(val, count)

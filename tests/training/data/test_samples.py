@@ -45,7 +45,7 @@ def test_samples_touching_a_missing_date_are_skipped():
 
 
 def test_earlier_inputs_are_present_in_the_same_period():
-    """Two earlier inputs a lead of 2 dates apart (``data.multistep_input=3``), date 10 missing:
+    """Two earlier inputs a lead of 2 dates apart (``model.multistep_input=3``), date 10 missing:
     a start needs dates t - 4, t - 2, t and t + 2, all in its period."""
     samples = build_samples(40, frozenset({10}), [0], 2, 0.25, horizon=1, history=2)  # validation: 30..39
     starts = {t for t, _ in samples.train}
