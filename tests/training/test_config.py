@@ -168,3 +168,23 @@ def test_the_startup_line_shows_how_the_strategy_lays_out_the_model_group(overri
     from training.launch.run_start import startup_line
 
     assert mesh in startup_line(_typed(*overrides, "run_dir=/tmp/x", "logging.mlflow=false"), 5248, 1600)
+
+
+def test_a_checkpoint_from_before_the_node_parameters_continues_as_it_ran():
+    """A run saved before ``model.trainable_size``, ``valid_time_forcing`` and ``multistep_input``
+    existed continues under the values it ran with, and its checkpoint is not refused for them."""
+    from pathlib import Path
+
+    from training.checkpoint.resume import check_compatible
+    from training.config.settings import to_settings
+    from training.launch.run_settings import SavedRun, continue_from, current_names
+
+    saved = {k: to_settings(getattr(_typed(), k)) for k in ("model", "data", "strategy")}
+    for key in ("trainable_size", "valid_time_forcing", "multistep_input", "normalise_increments"):
+        del saved["model"][key]
+    cfg = continue_from(_typed(), SavedRun(current_names(saved), 30, Path("x")), given=[])
+    assert (cfg.model.trainable_size, cfg.model.valid_time_forcing, cfg.model.multistep_input) == (0, False, 1)
+    assert check_compatible(saved, cfg) == []
+    saved["model"]["num_layers"] += 1
+    with pytest.raises(Exception, match="model.num_layers"):
+        check_compatible(saved, cfg)

@@ -47,7 +47,9 @@ def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     variables)."""
     notes = []
     saved_model, model = dict(saved.get("model") or {}), to_settings(cfg.model)
-    for key in sorted(set(saved_model) | set(model)):
+    # A key added since the checkpoint was written is not in it: the run continues with the value
+    # the run ran with (run_settings.EARLIER_VALUES), and a model it does not fit fails to load.
+    for key in sorted(set(saved_model)):
         if saved_model.get(key) != model.get(key):
             message = f"model.{key} = {saved_model.get(key)} in the checkpoint, {model.get(key)} in this run"
             if key not in _RUNTIME_MODEL_KEYS:
