@@ -3,9 +3,10 @@
 python -m training.evaluate evaluate.checkpoint=outputs/2026-11-23/10-00-00/checkpoints/latest.pt
 python -m training.evaluate evaluate.checkpoint=... evaluate.steps=20 strategy=shard_heads trainer.nprocs=4
 
-Loads a training checkpoint (its model section replaces this configuration's: the architecture
-is the checkpoint's; grid and variables must match), rolls it out ``evaluate.steps`` leads from
-``evaluate.samples`` validation dates on the configured ranks and strategy, and reports the
+Loads a training checkpoint and takes the settings it was written with (model, data, strategy,
+ranks, precision, evaluation settings: :mod:`training.checkpoint.adopt`), with what this command
+line sets on top (a setting the parameters depend on must keep the checkpoint's value), rolls it
+out ``evaluate.steps`` leads from ``evaluate.samples`` validation dates, and reports the
 area-weighted RMSE and anomaly correlation per variable and lead beside persistence and
 climatology: ``skill.md``, ``skill.csv`` and ``rmse_by_lead.png`` in its run directory, and an
 MLflow run in the checkpoint's run store unless ``logging.tracking_uri`` names another, tagged
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +65,30 @@ def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
         return {"skill": table, "run_id": tracker.run_id, "checkpoint_step": step}
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """:func:`evaluate_on_rank` on the configured ranks (local or torchrun), after the checks."""
+def checkpoint_adopter(key: str, given: list[str] | None) -> Callable[[RunConfig], None]:
+    """What makes a resolved configuration the checkpoint's own for the command ``key``
+    (``evaluate``, ``predict``), ``given`` the keys its command line set (None: the API's
+    configuration as it is, but for the model: :func:`training.checkpoint.adopt.adopt_checkpoint`)."""
+    from training.launch.run_settings import current_names
+
+    return lambda resolved: adopt_checkpoint(resolved, key, given, current_names)
+
+
+def command_line_keys() -> list[str] | None:
+    """The keys this command line set (a ``--multirun`` member's own included); None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from training.launch.run_settings import given_keys
+
+    return given_keys(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
+
+
+def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str, Any]:
+    """:func:`evaluate_on_rank` on the configured ranks (local or torchrun), after the checks, with
+    the checkpoint's settings under those the command line set (``given``, see :func:`checkpoint_adopter`)."""
     from training.launch.launcher import run as launch
 
-    return launch(cfg, evaluate_on_rank, adopt=lambda resolved: adopt_checkpoint(resolved, "evaluate"))
+    return launch(cfg, evaluate_on_rank, adopt=checkpoint_adopter("evaluate", given))
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
@@ -75,7 +96,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     from training.launch.launcher import run_reporting_errors
     from training.reporting.report import log_skill
 
-    result = run_reporting_errors(run, cfg)
+    given = command_line_keys()
+    result = run_reporting_errors(lambda c: run(c, given), cfg)
     log_skill(result["skill"], cfg.run_dir)
 
 

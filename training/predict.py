@@ -4,10 +4,12 @@ anemoi-datasets layout.
 python -m training.predict predict.checkpoint=outputs/.../checkpoints/latest.pt \
     'predict.initial_dates=["2020-03-01T00:00:00"]' predict.steps=20
 
-One store per initial date, ``<predict.output>/forecast_<date>.zarr`` (default output: the
-``predictions/`` folder of the run that wrote the checkpoint), whose dates are the initial date
-plus 0, 1, ... ``steps`` leads (the first holds the initial state), in physical units, with the
-source dataset's statistics.
+The settings are the checkpoint's (model, data, strategy, ranks, precision:
+:mod:`training.checkpoint.adopt`), with what this command line sets on top. One store per
+initial date, ``<predict.output>/forecast_<date>.zarr`` (default output: the ``predictions/``
+folder of the run that wrote the checkpoint), whose dates are the initial date plus 0, 1, ...
+``steps`` leads (the first holds the initial state), in physical units, with the source
+dataset's statistics and point order (its latitudes and longitudes, point by point).
 The model-parallel ranks write their own blocks of points (no rank holds the whole grid);
 data-parallel replicas take turns with the initial dates.
 """
@@ -23,10 +25,10 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from training.checkpoint.adopt import adopt_checkpoint
 from training.config.schema import RunConfig
 from training.data import DatasetError
 from training.distributed.device import to_device
+from training.evaluate import checkpoint_adopter, command_line_keys
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
         layout=session.grids.data_layout,
         group=dims.mp_group,
         transport=session.transport,
+        order=dataset.point_set.order,  # the states are in the processor's order; the store in the source's
     )
     initial = dataset.state(t, session.points)[:, dataset.roles.output_columns()]
     store.write(0, _physical(dataset, to_device(initial, session.device)))
@@ -118,18 +121,21 @@ def predict_on_rank(cfg: RunConfig) -> list[str]:
         return written
 
 
-def run(cfg: DictConfig) -> list[str]:
-    """:func:`predict_on_rank` on the configured ranks (local or torchrun), after the checks."""
+def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> list[str]:
+    """:func:`predict_on_rank` on the configured ranks (local or torchrun), after the checks, with
+    the checkpoint's settings under those the command line set (``given``, see
+    :func:`training.evaluate.checkpoint_adopter`)."""
     from training.launch.launcher import run as launch
 
-    return launch(cfg, predict_on_rank, adopt=lambda resolved: adopt_checkpoint(resolved, "predict"))
+    return launch(cfg, predict_on_rank, adopt=checkpoint_adopter("predict", given))
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     from training.launch.launcher import run_reporting_errors
 
-    for path in run_reporting_errors(run, cfg):
+    given = command_line_keys()
+    for path in run_reporting_errors(lambda c: run(c, given), cfg):
         log.info("wrote %s", path)
 
 

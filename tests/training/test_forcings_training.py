@@ -51,8 +51,8 @@ def test_forcings_and_diagnostics_train_sharded_exactly(tmp_path, small_dataset)
         load_checkpoint(tmp_path / d / "checkpoints" / "latest.pt")["model"] for d in ("sharded", "single")
     )
     prognostic = 3  # psi, u, tracer: zeta is a forcing, v a diagnostic
-    # two states, the forcings at the input and the valid date, the position features, the node parameters
-    assert reference["data_embed.weight"].shape[1] == 2 * prognostic + 2 * len(FORCING) + 4 + 8
+    # two states, the forcings at the input and the valid date, the position features
+    assert reference["data_embed.weight"].shape[1] == 2 * prognostic + 2 * len(FORCING) + 4
     assert reference["head.1.weight"].shape[0] == prognostic + 1
     for name, value in reference.items():
         if not name.endswith(("k_norm.bias", "lin_key.bias")):  # round-off gradients, scaled up by Adam

@@ -1,13 +1,49 @@
 """A saved model for the commands that use one (evaluation, prediction): the checkpoint a
-configuration names, and the configuration made to describe its model."""
+configuration names, and the configuration made the checkpoint's own.
+
+As a resumed training run continues from its saved settings, ``python -m training.evaluate`` and
+``python -m training.predict`` start from the settings the checkpoint was written with (its
+model, data, strategy, trainer and evaluation settings), and only what their command line sets
+explicitly changes them: a run trained with ``data=zarr data.path=S`` is evaluated with
+``evaluate.checkpoint=...`` alone. The command line may change what does not change the
+parameters: the ranks and the strategy (a checkpoint holds full tensors, so it loads on any),
+``trainer.precision``, ``data.path`` or ``data.open_dataset`` (a moved store), lead time,
+evaluation and prediction settings; a setting the parameters depend on (``model.num_channels``,
+``data.forcing``, ...) set to another value than the checkpoint's is refused in one line naming it.
+Never taken from the checkpoint: :data:`OWN_KEYS`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from training.checkpoint.files import CheckpointError, load_training_checkpoint
-from training.config.schema import ModelConfig, RunConfig
-from training.config.settings import from_settings
+from training.checkpoint.resume import _RUNTIME_MODEL_KEYS
+from training.config.schema import ModelConfig, RunConfig, schema_keys
+from training.config.settings import from_settings, to_settings
+
+# This command's own settings, never the checkpoint's: where it runs and writes, on which device,
+# which checkpoint, and the training run's debugging (fault injection) and parity settings.
+OWN_KEYS = (
+    "run_dir",
+    "trainer.device",
+    "trainer.debug_share_gpu",
+    "trainer.resume",
+    "trainer.stop_at_step",
+    "evaluate.checkpoint",
+    "predict",
+    "logging.run_name",
+    "debug",
+    "parity",
+)
+# Data settings the parameters depend on (the grid's learned features, the input and output
+# channels); every model setting does too, except the runtime ones (resume's _RUNTIME_MODEL_KEYS).
+DATA_PARAMETER_KEYS = ("grid", "variables", "forcing", "diagnostic")
+READ_FROM_STORE = ("data.grid", "data.variables")  # null: read from the store, then checked on load
+
+Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def checkpoint_path(cfg: RunConfig, key: str) -> Path:
@@ -20,18 +56,109 @@ def checkpoint_path(cfg: RunConfig, key: str) -> Path:
     return path.resolve()
 
 
-def adopt_checkpoint(resolved: RunConfig, key: str) -> None:
+def adopt_checkpoint(
+    resolved: RunConfig, key: str, given: list[str] | None = None, upgrade: Upgrade | None = None
+) -> None:
     """Make ``resolved`` describe the checkpoint's model (``<key>`` is ``evaluate`` or
-    ``predict``): its model section and, when unset here, its variables and grid; record the path.
-    Runs before the dataset is opened, so grid and variables are checked against the store."""
+    ``predict``) and record the path. Runs before the dataset is opened, so grid and variables
+    are checked against the store.
+
+    ``given``: the keys this command line set (:func:`training.launch.run_settings.given_keys`):
+    every other setting is the checkpoint's (:data:`OWN_KEYS` aside), and a given one the
+    parameters depend on must be the checkpoint's value (:func:`check_given_settings`).
+    ``upgrade`` reads saved settings under the current names (``run_settings.current_names``).
+    None (the API): ``resolved`` as it is, but for the checkpoint's model section and, where
+    unset here, its variables, grid and lead time."""
     path = checkpoint_path(resolved, key)
-    _, saved = load_training_checkpoint(path)
+    saved = load_training_checkpoint(path)[1]
+    saved = upgrade(saved) if upgrade is not None else saved
+    if given is None:
+        _take_model(resolved, saved)
+    else:
+        check_given_settings(saved, resolved, given, path)
+        take_saved_settings(resolved, saved, given)
+        check_adopted(resolved)
+    getattr(resolved, key).checkpoint = str(path)
+    source_store = path.parent.parent / "mlflow.db"
+    if resolved.logging.tracking_uri is None and source_store.exists():
+        resolved.logging.tracking_uri = f"sqlite:///{source_store}"  # beside the run it evaluates
+
+
+def _take_model(resolved: RunConfig, saved: dict[str, Any]) -> None:
+    """The checkpoint's model section and, when unset in ``resolved``, its variables, grid and lead time."""
     resolved.model = from_settings(ModelConfig, saved["model"])
     data, saved_data = resolved.data, saved.get("data") or {}
     for name in ("variables", "grid", "lead_time"):
         if getattr(data, name) is None:
             setattr(data, name, saved_data.get(name))
-    getattr(resolved, key).checkpoint = str(path)
-    source_store = path.parent.parent / "mlflow.db"
-    if resolved.logging.tracking_uri is None and source_store.exists():
-        resolved.logging.tracking_uri = f"sqlite:///{source_store}"  # beside the run it evaluates
+
+
+def _is_given(key: str, given: list[str]) -> bool:
+    """Whether this command line sets ``key``: itself, its section (a config group such as
+    ``model=small``) or a key inside it (``data.open_dataset.dataset``)."""
+    return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
+
+
+def parameter_keys(saved: dict[str, Any]) -> list[str]:
+    """The settings of checkpoint settings ``saved`` that its parameters depend on."""
+    model = [f"model.{k}" for k in saved.get("model") or {} if k not in _RUNTIME_MODEL_KEYS]
+    return [*model, *(f"data.{k}" for k in DATA_PARAMETER_KEYS)]
+
+
+def check_given_settings(saved: dict[str, Any], resolved: RunConfig, given: list[str], path: Path) -> None:
+    """Raise ``CheckpointError`` naming the first setting the command line gives (``given``) that the
+    parameters depend on, at another value than in the checkpoint's settings ``saved``."""
+    mine = to_settings(resolved)
+    for key in parameter_keys(saved):
+        section, name = key.split(".")
+        if not _is_given(key, given) or name not in (saved.get(section) or {}):
+            continue
+        value, was = mine[section].get(name), saved[section][name]
+        if value != was and not (value is None and key in READ_FROM_STORE):
+            raise CheckpointError(
+                f"{key} = {value} on the command line, but checkpoint {path} was trained with {key} = {was}: "
+                f"its parameters need that value (leave {key} out to take the checkpoint's)"
+            )
+
+
+def saved_part(saved: dict[str, Any], given: list[str], known: dict[str, bool], prefix: str = "") -> dict[str, Any]:
+    """The part of ``saved`` to take: every schema key (``known``: :func:`schema_keys`) that
+    neither the command line (``given``) nor :data:`OWN_KEYS` sets."""
+    kept: dict[str, Any] = {}
+    for key, value in saved.items():
+        path = prefix + str(key)
+        if path not in known or path in OWN_KEYS:
+            continue
+        if known[path] and isinstance(value, dict):  # a section: the keys inside it the command line does not set
+            inner = saved_part(value, given, known, path + ".")
+            if inner:
+                kept[key] = inner
+        elif not _is_given(path, given):
+            kept[key] = value
+    return kept
+
+
+def take_saved_settings(resolved: RunConfig, saved: dict[str, Any], given: list[str]) -> None:
+    """``resolved`` (in place) with every setting the command line does not give from ``saved``.
+    An attention path that ``attention_path=auto`` measured on the training host is measured
+    again here (``auto``), unless the command line names one."""
+    adopted = from_settings(RunConfig, saved_part(saved, given, schema_keys()), base=resolved)
+    for name in vars(adopted):
+        setattr(resolved, name, getattr(adopted, name))
+    model = resolved.model
+    if model.attention_auto is not None and not _is_given("model.attention_path", given):
+        model.attention_path, model.attention_auto = "auto", None
+
+
+def check_adopted(resolved: RunConfig) -> None:
+    """The checks the launcher made before the checkpoint's settings were taken, again: the
+    strategy on the ranks (:func:`training.config.checks.check_config`) and the local ranks' devices."""
+    from processor.runtime.torchrun import under_torchrun
+    from training.config.checks import check_config
+    from training.distributed.device import check_local_ranks, launch_world
+
+    t = resolved.trainer
+    if resolved.strategy.name != "auto":  # auto is checked once it has picked
+        check_config(resolved, launch_world(t.nprocs))
+    if not under_torchrun():
+        check_local_ranks(t.device, t.nprocs, t.debug_share_gpu)

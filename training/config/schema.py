@@ -69,8 +69,10 @@ ModelConfig = processor_schema(
         ("mapper", str, setting("graph_transformer", one_of("graph_transformer", "mean_mlp"))),
         ("mapper_heads", int, setting(4, at_least(1))),  # the graph transformer's heads
         # learned features per data and hidden point, as anemoi's trainable_size: each point's
-        # local climate, coast and hills, which its coordinates do not tell (docs/real-data.md)
-        ("trainable_size", int, setting(8, at_least(0))),
+        # local climate, coast and hills, which its coordinates do not tell. 8 on real data
+        # (data=zarr, data=era5_uk_2t: docs/real-data.md); 0 here: on the synthetic default, whose
+        # points have no local climate, they cost 20% of the 24 h skill
+        ("trainable_size", int, setting(0, at_least(0))),
         # predict each step's change in units of the changes' own spread over the training period
         # (anemoi's tendency statistics), not the field's (training/data/tendencies.py); off: on real
         # data it did not help (docs/real-data.md)

@@ -12,12 +12,17 @@ own, reduced over the ranks when the store is closed. No tendency statistics are
 
 Parallel writing without gathering the grid: ``data`` is chunked ``(1, variables, 1, c)`` with
 ``c`` at most the smallest shard (and at most :data:`CHUNK_POINTS_CAP`). Rank ``r`` (block
-``[s_r, e_r)``) writes the chunk-aligned region ``[a_r, a_{r+1})``, ``a_r`` the first multiple of
-``c`` at or after ``s_r`` (``a_0 = 0``, ``a_P = N``): it drops its first ``a_r - s_r`` rows (they
-are in the previous rank's region) and receives the rows ``[e_r, a_{r+1})`` from the ranks after
-it through the halo exchange (:func:`processor.distributed.halo.start_halo_exchange`, of its
-right side only; the left side it also brings, fewer than ``c`` rows, is dropped). So every
-chunk has exactly one writer, and no rank holds more than its block and fewer than ``c`` rows on either side.
+``[s_r, e_r)``) writes the chunk-aligned region ``[a_r, a_{r+1})`` of store positions, ``a_r`` the
+first multiple of ``c`` at or after ``s_r`` (``a_0 = 0``, ``a_P = N``), so every chunk has exactly
+one writer; each date, one all-to-all brings every rank the rows of its region from the ranks
+that hold them (:class:`_Routes`).
+
+Point order: the source store's. The states come in the processor's order (the reader's);
+given the source's ``point_set.order``, each row goes to the rank whose region holds its store
+position, so a forecast lines up point by point with the source data in anemoi-datasets, its
+``latitudes``/``longitudes`` the source's. In the layout's own order (no ``order``) a rank keeps
+its block but its first ``a_r - s_r`` rows and receives the fewer than ``c`` rows ``[e_r,
+a_{r+1})`` after it: no rank holds more than its block and fewer than ``c`` rows.
 
 The store is written at ``<path>.partial`` and renamed to ``path`` by :meth:`ForecastStore.close`:
 an interrupted run never leaves something that reads as a complete forecast, and an existing
@@ -41,7 +46,6 @@ import torch
 import torch.distributed as dist
 import zarr
 
-from processor.distributed.halo import HaloConfig, start_halo_exchange
 from processor.distributed.shards import ShardLayout, shard_offsets
 from processor.distributed.transport import Transport, collective_device
 from training.data.anemoi_layout import FORMAT_VERSION, frequency_to_string
@@ -70,12 +74,6 @@ def chunk_regions(sizes: tuple[int, ...] | list[int], chunk: int) -> list[tuple[
     total = sum(sizes)
     bounds = [min(total, -(-start // chunk) * chunk) for start in shard_offsets(list(sizes))] + [total]
     return [(bounds[r], bounds[r + 1]) for r in range(len(sizes))]
-
-
-def _exchange_width(sizes: tuple[int, ...], chunk: int) -> int:
-    """Rows the rank that needs most must receive after its block: the halo width (< ``chunk``)."""
-    stops = [o + s for o, s in zip(shard_offsets(list(sizes)), sizes)]
-    return max(max(0, b - e) for (a, b), e in zip(chunk_regions(sizes, chunk), stops) if b > a)
 
 
 def _partial(path: Path) -> Path:
@@ -116,6 +114,18 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path | datetime.datetime | datetime.date):
         return str(value)
     return value
+
+
+def _routes(order: np.ndarray, layout: ShardLayout, regions: list[tuple[int, int]]) -> tuple:
+    """Where this rank's rows go, ``order[i]`` being the store position of the layout's point ``i``:
+    its rows sorted by store position (``send``), how many go to each rank (``sent``) and come from
+    each (``received``), and the offsets in its region of the rows received, in rank order (``place``)."""
+    world, (a, b) = layout.world_size, regions[layout.rank]
+    mine = order[layout.start : layout.stop]
+    region_of = np.searchsorted([stop for _, stop in regions], mine, side="right")
+    owner = np.searchsorted(np.cumsum(layout.sizes), np.argsort(order)[a:b], side="right")
+    sent, received = np.bincount(region_of, minlength=world), np.bincount(owner, minlength=world)
+    return np.argsort(mine, kind="stable"), sent.tolist(), received.tolist(), np.argsort(owner, kind="stable")
 
 
 def _provenance(layout: ShardLayout, chunk: int, extra: dict[str, Any]) -> dict[str, Any]:
@@ -165,9 +175,12 @@ def _check_arguments(
     stats: tuple[np.ndarray, np.ndarray],
     layout: ShardLayout,
     attributes: dict[str, Any],
+    order: np.ndarray,
 ) -> None:
     """Raise ``ValueError`` for shapes that do not fit: the same on every rank given the same input."""
     n, v = layout.total, len(variables)
+    if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
+        raise ValueError(f"order must hold each of the {n} store positions once, got {order}")
     if len(set(variables)) != v or v == 0:
         raise ValueError(f"variables must be distinct and at least one, got {variables}")
     if any(c.shape != (n,) for c in coords):
@@ -202,14 +215,17 @@ class ForecastStore:
         dates: np.ndarray,
         root: Any = None,
         transport: Transport | None = None,
+        order: np.ndarray | None = None,
     ) -> None:
-        """Use :meth:`create`. ``data`` is the open ``data`` array; ``root`` the group, on rank 0."""
+        """Use :meth:`create`. ``data`` is the open ``data`` array; ``root`` the group, on rank 0;
+        ``order`` the store position of each of the layout's points (None: the layout's order)."""
         self.path, self._data, self.layout, self.group = path, data, layout, group
         self.transport = transport
         self.variables, self.dates, self._root = list(variables), dates, root
         self.chunk = int(data.chunks[3])
-        self.region = chunk_regions(layout.sizes, self.chunk)[layout.rank]
-        self._width = _exchange_width(layout.sizes, self.chunk) if layout.world_size > 1 else 0
+        regions = chunk_regions(layout.sizes, self.chunk)
+        self.region, order = regions[layout.rank], np.arange(layout.total) if order is None else order
+        self._send, self._sent, self._received, self._place = _routes(order, layout, regions)
         self._low = np.full(len(variables), np.inf)
         self._high = np.full(len(variables), -np.inf)
         self._written: set[int] = set()
@@ -236,6 +252,7 @@ class ForecastStore:
         layout: ShardLayout,
         group: dist.ProcessGroup | None,
         transport: Transport | None = None,
+        order: np.ndarray | None = None,
     ) -> ForecastStore:
         """Create the store (collective over ``group``, None for one rank): rank 0 writes the arrays
         and metadata at ``<path>.partial`` (refusing an existing ``path`` or ``<path>.partial``) and
@@ -243,8 +260,9 @@ class ForecastStore:
         ``(steps,)`` ``datetime64[s]``, ``mean``/``stdev`` ``(variables,)`` of the source dataset.
         ``attributes`` become store attributes (``resolution``, ``field_shape``, ``initial_date``,
         ``checkpoint``, ...); a ``provenance`` mapping among them (git commit, checkpoint, ...) is
-        merged into the store's own provenance record. ``transport``: what sends the block edges
-        in :meth:`write` (the session's; default: the process group)."""
+        merged into the store's own provenance record. ``transport``: what sends the rows
+        in :meth:`write` (the session's; default: the process group). ``order``: the store position of
+        each point of the states and coordinates (the source's ``point_set.order``); None: the layout's."""
         world = 1 if group is None else dist.get_world_size(group)
         if (layout.world_size, layout.rank) != (world, _rank(group)):
             raise ValueError(
@@ -253,7 +271,9 @@ class ForecastStore:
         dates = np.asarray(dates).astype("datetime64[s]")
         coords = (np.asarray(latitudes, np.float64), np.asarray(longitudes, np.float64))
         stats = (np.asarray(mean, np.float64), np.asarray(stdev, np.float64))
-        _check_arguments(list(variables), coords, dates, int(frequency_s), stats, layout, attributes)
+        order = np.arange(layout.total) if order is None else np.asarray(order)
+        _check_arguments(list(variables), coords, dates, int(frequency_s), stats, layout, attributes, order)
+        coords = tuple(c[np.argsort(order)] for c in coords)  # in store order
         path, chunk = Path(path), chunk_points(layout.sizes)
 
         def make() -> Any:
@@ -267,12 +287,12 @@ class ForecastStore:
         if root is None:
             root = zarr.open_group(str(_partial(path)), mode="r+")
         mine = root if _rank(group) == 0 else None
-        return cls(path, root["data"], layout, group, list(variables), dates, mine, transport)
+        return cls(path, root["data"], layout, group, list(variables), dates, mine, transport, order)
 
     def write(self, step_index: int, local_state: np.ndarray | torch.Tensor) -> None:
         """Write this rank's ``(local points, variables)`` state (physical units) at date index
-        ``step_index``; collective over the group (the halo exchange brings the rows up to the
-        next chunk boundary). A tensor is exchanged on its device (CUDA for an NCCL group)."""
+        ``step_index``; collective over the group (an all-to-all brings this rank the rows of its
+        region). A tensor is exchanged on its device (CUDA for an NCCL group)."""
         if self.closed:
             raise RuntimeError(f"{self.path}: write after close")
         if not 0 <= step_index < len(self.dates):
@@ -283,13 +303,13 @@ class ForecastStore:
                 f"rank {self.layout.rank}: state is {tuple(x.shape)}, expected "
                 f"({self.layout.local_size}, {len(self.variables)}) (local points, variables)"
             )
-        if self._width > 0:
-            with torch.no_grad():
-                config = HaloConfig(self._width, dim=0)
-                _, right = start_halo_exchange(x, config, self.layout, self.group, self.transport).finish()
-            x = torch.cat([x, right], dim=0)  # global rows [start, stop + len(right))
-        a, b = self.region
-        rows = x[a - self.layout.start : b - self.layout.start].cpu().numpy()
+        a, b, v = *self.region, len(self.variables)
+        x = x[torch.as_tensor(self._send, device=x.device)]  # by store position, so by region
+        if self.group is not None:  # the rows of this rank's region, from the ranks that hold them
+            sent, received = [n * v for n in self._sent], [n * v for n in self._received]
+            x = (self.transport or Transport()).all_to_all(x.reshape(-1), sent, received, self.group).view(-1, v)
+        rows = np.empty((b - a, v), np.float32)
+        rows[self._place] = x.cpu().numpy()  # in store order
         if b > a:
             self._data[step_index, :, 0, a:b] = rows.T
             self._low = np.minimum(self._low, rows.min(axis=0))

@@ -53,12 +53,13 @@ def _create(group, path: str, sizes: tuple[int, ...], rank: int, **overrides) ->
     return ForecastStore.create(path, **{**arguments, **overrides})
 
 
-def _write_forecast(group, path: str, sizes: tuple[int, ...]) -> dict:
-    """On each rank: write only this rank's block of :func:`_forecast`; report the region."""
+def _write_forecast(group, path: str, sizes: tuple[int, ...], order: np.ndarray | None = None) -> dict:
+    """On each rank: write only this rank's block of :func:`_forecast` (``order``: the store
+    position of each of its points); report the region."""
     import torch.distributed as dist
 
     rank = 0 if group is None else dist.get_rank(group)
-    store = _create(group, path, sizes, rank)
+    store = _create(group, path, sizes, rank, order=order)
     start = shard_offsets(list(sizes))[rank]
     block = _forecast()[:, start : start + sizes[rank]]
     for k in range(STEPS):
@@ -182,3 +183,34 @@ def test_anemoi_datasets_reads_the_forecast(rank_pool, tmp_path):
     np.testing.assert_array_equal(stats["stdev"], STDEV)
     np.testing.assert_array_equal(stats["minimum"], expected.min(axis=(0, 1)))
     assert tuple(ds.field_shape) == (N,)
+
+
+ORDERED_LAYOUTS = [(N,), tuple(shard_sizes(N, 2)), (40, 7, 54), (45, 0, 30, 26)]
+
+
+@pytest.mark.parametrize("sizes", ORDERED_LAYOUTS, ids=lambda s: "-".join(map(str, s)))
+def test_states_in_another_order_are_written_at_their_store_positions(rank_pool, tmp_path, sizes):
+    """The states come in the layout's (processor's) order; the store holds them, and their
+    coordinates, in the source's: point ``i`` at position ``order[i]``, whatever the ranks."""
+    order = np.random.default_rng(7).permutation(N)
+    path = tmp_path / "forecast.zarr"
+    if len(sizes) == 1:
+        _write_forecast(None, str(path), sizes, order)
+    else:
+        rank_pool.run_ok(_write_forecast, len(sizes), str(path), sizes, order)
+    root = zarr.open_group(str(path), mode="r")
+    latitudes, longitudes = _coordinates()
+    np.testing.assert_array_equal(root["latitudes"][:][order], latitudes)
+    np.testing.assert_array_equal(root["longitudes"][:][order], longitudes)
+    written = root["data"][:, :, 0].transpose(0, 2, 1)  # (steps, store positions, variables)
+    np.testing.assert_array_equal(written[:, order], _forecast())
+    np.testing.assert_array_equal(root["minimum"][:], _forecast().min(axis=(0, 1)))
+    ds = ZarrDataset(path)  # the reader's order is its own, from the coordinates: the same states
+    reader = ds.point_set.order
+    np.testing.assert_allclose(ds.denormalise(ds.state(1)), written[1][reader], rtol=1e-6, atol=1e-3)
+
+
+def test_an_order_that_is_no_permutation_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="each of the 101 store positions once"):
+        _create(None, str(tmp_path / "x.zarr"), (N,), 0, order=np.zeros(N, np.int64))
+    assert not any(Path(tmp_path).iterdir())

@@ -48,6 +48,7 @@ def _config(run_dir: Path, store: Path, *overrides: str):
         f"data.path={store}",
         "model.hidden_grid=data",
         "model.hidden_stride=2",
+        "model.trainable_size=8",  # as the real-data preset
         "model.num_layers=2",
         "model.num_channels=32",
         "model.window_size=40",
