@@ -22,7 +22,7 @@ from typing import Any
 from training.checkpoint.files import CheckpointError, load_training_checkpoint
 from training.checkpoint.resume import _RUNTIME_MODEL_KEYS
 from training.config.schema import ModelConfig, RunConfig, schema_keys
-from training.config.settings import from_settings, to_settings
+from training.config.settings import from_settings, sets_key, settings_not_given, to_settings
 
 # This command's own settings, never the checkpoint's: where it runs and writes, on which device,
 # which checkpoint, and the training run's debugging (fault injection) and parity settings.
@@ -93,12 +93,6 @@ def _take_model(resolved: RunConfig, saved: dict[str, Any]) -> None:
             setattr(data, name, saved_data.get(name))
 
 
-def _is_given(key: str, given: list[str]) -> bool:
-    """Whether this command line sets ``key``: itself, its section (a config group such as
-    ``model=small``) or a key inside it (``data.open_dataset.dataset``)."""
-    return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
-
-
 def parameter_keys(saved: dict[str, Any]) -> list[str]:
     """The settings of checkpoint settings ``saved`` that its parameters depend on."""
     model = [f"model.{k}" for k in saved.get("model") or {} if k not in _RUNTIME_MODEL_KEYS]
@@ -111,7 +105,7 @@ def check_given_settings(saved: dict[str, Any], resolved: RunConfig, given: list
     mine = to_settings(resolved)
     for key in parameter_keys(saved):
         section, name = key.split(".")
-        if not _is_given(key, given) or name not in (saved.get(section) or {}):
+        if not sets_key(key, given) or name not in (saved.get(section) or {}):
             continue
         value, was = mine[section].get(name), saved[section][name]
         if value != was and not (value is None and key in READ_FROM_STORE):
@@ -121,32 +115,15 @@ def check_given_settings(saved: dict[str, Any], resolved: RunConfig, given: list
             )
 
 
-def saved_part(saved: dict[str, Any], given: list[str], known: dict[str, bool], prefix: str = "") -> dict[str, Any]:
-    """The part of ``saved`` to take: every schema key (``known``: :func:`schema_keys`) that
-    neither the command line (``given``) nor :data:`OWN_KEYS` sets."""
-    kept: dict[str, Any] = {}
-    for key, value in saved.items():
-        path = prefix + str(key)
-        if path not in known or path in OWN_KEYS:
-            continue
-        if known[path] and isinstance(value, dict):  # a section: the keys inside it the command line does not set
-            inner = saved_part(value, given, known, path + ".")
-            if inner:
-                kept[key] = inner
-        elif not _is_given(path, given):
-            kept[key] = value
-    return kept
-
-
 def take_saved_settings(resolved: RunConfig, saved: dict[str, Any], given: list[str]) -> None:
     """``resolved`` (in place) with every setting the command line does not give from ``saved``.
     An attention path that ``attention_path=auto`` measured on the training host is measured
     again here (``auto``), unless the command line names one."""
-    adopted = from_settings(RunConfig, saved_part(saved, given, schema_keys()), base=resolved)
+    adopted = from_settings(RunConfig, settings_not_given(saved, given, OWN_KEYS, schema_keys()), base=resolved)
     for name in vars(adopted):
         setattr(resolved, name, getattr(adopted, name))
     model = resolved.model
-    if model.attention_auto is not None and not _is_given("model.attention_path", given):
+    if model.attention_auto is not None and not sets_key("model.attention_path", given):
         model.attention_path, model.attention_auto = "auto", None
 
 

@@ -124,6 +124,33 @@ def from_settings(kind: type[T], settings: Mapping[str, Any], base: T | None = N
     return OmegaConf.to_object(OmegaConf.merge(node, known_part(kind, settings)))  # type: ignore[return-value]
 
 
+def sets_key(key: str, given: list[str] | tuple[str, ...]) -> bool:
+    """Whether keys ``given`` (a command line's, or keys never taken from saved settings) set
+    ``key``: itself, its section (a config group such as ``model=small``) or a key inside it
+    (``data.open_dataset.dataset``)."""
+    return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in given)
+
+
+def settings_not_given(
+    saved: Mapping[str, Any], given: list[str], own: tuple[str, ...], known: dict[str, bool], prefix: str = ""
+) -> dict[str, Any]:
+    """The part of saved settings to take over: every schema key (``known``: path -> is a
+    section) that neither the command line (``given``) nor the command's ``own`` keys set; keys
+    the schema no longer has are dropped."""
+    kept: dict[str, Any] = {}
+    for key, value in saved.items():
+        path = prefix + str(key)
+        if path not in known or any(path == k or path.startswith(k + ".") for k in own):
+            continue
+        if known[path] and isinstance(value, Mapping):
+            inner = settings_not_given(value, given, own, known, path + ".")
+            if inner:
+                kept[key] = inner
+        elif not sets_key(path, given):
+            kept[key] = value
+    return kept
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``."""
     out: dict[str, str] = {}

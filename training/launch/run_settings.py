@@ -26,7 +26,14 @@ import yaml
 
 from training.checkpoint.files import LATEST, load_training_checkpoint
 from training.config.schema import RunConfig, schema_keys
-from training.config.settings import SAVED_CONFIG, flatten, from_settings, to_settings
+from training.config.settings import (
+    SAVED_CONFIG,
+    flatten,
+    from_settings,
+    sets_key,
+    settings_not_given,
+    to_settings,
+)
 
 # Settings of one invocation, not of the run: this command line's (or the default) always. The
 # device is the machine's: a run trained on GPUs continues on CPUs under the default ``auto``.
@@ -110,31 +117,14 @@ def given_keys(overrides: list[str]) -> list[str]:
 def _taken(key: str, given: list[str]) -> bool:
     """Whether ``key`` is this invocation's: set on its command line (itself or its section) or
     one of :data:`INVOCATION_KEYS`."""
-    covered = (*given, *INVOCATION_KEYS)
-    return any(key == g or key.startswith(g + ".") or g.startswith(key + ".") for g in covered)
-
-
-def _kept(saved: dict[str, Any], given: list[str], known: dict[str, bool], prefix: str = "") -> dict[str, Any]:
-    """The part of ``saved`` this invocation does not set: every schema key outside ``given`` and
-    :data:`INVOCATION_KEYS` (keys the schema no longer has are dropped)."""
-    kept: dict[str, Any] = {}
-    for key, value in saved.items():
-        path = prefix + str(key)
-        if path not in known:
-            continue
-        if known[path] and isinstance(value, dict):
-            inner = _kept(value, given, known, path + ".")
-            if inner:
-                kept[key] = inner
-        elif not _taken(path, given):
-            kept[key] = value
-    return kept
+    return sets_key(key, (*given, *INVOCATION_KEYS))
 
 
 def continue_from(cfg: RunConfig, saved: SavedRun, given: list[str]) -> RunConfig:
     """``cfg`` (this command line's configuration) with every setting it does not give explicitly
     taken from ``saved``: the run as it was started, changed only where asked."""
-    return from_settings(RunConfig, _kept(saved.settings, given, schema_keys()), base=cfg)
+    kept = settings_not_given(saved.settings, given, INVOCATION_KEYS, schema_keys())
+    return from_settings(RunConfig, kept, base=cfg)
 
 
 def changed_settings(saved: dict[str, Any], resolved: RunConfig) -> list[str]:
