@@ -13,6 +13,19 @@ def small_dataset(tmp_path_factory) -> Path:
     return generate_rossby_haurwitz(tmp_path_factory.mktemp("data") / "rh_o16.zarr", "o16", steps=40, seed=3)
 
 
+# A run of seconds: 6 steps, validated and checkpointed every 3, scored at 2 leads from 2 dates.
+SHORT_RUN = [
+    "trainer.steps=6",
+    "trainer.val_interval=3",
+    "trainer.val_batches=2",
+    "trainer.checkpoint_interval=3",
+    "trainer.warmup_steps=2",
+    "trainer.timeout_s=120",
+    "evaluate.steps=2",  # the last validation dates: 2 leads from 2 initial dates
+    "evaluate.samples=2",
+]
+
+
 def small_overrides(run_dir: Path, dataset: Path) -> list[str]:
     """The overrides that shrink the default config to seconds: o16 data, o8 hidden grid, 2 layers
     of 32 channels (also usable on a ``python -m training`` command line)."""
@@ -26,14 +39,7 @@ def small_overrides(run_dir: Path, dataset: Path) -> list[str]:
         "model.num_channels=32",
         "model.num_heads=4",
         "model.window_size=40",
-        "trainer.steps=6",
-        "trainer.val_interval=3",
-        "trainer.val_batches=2",
-        "trainer.checkpoint_interval=3",
-        "trainer.warmup_steps=2",
-        "trainer.timeout_s=120",
-        "evaluate.steps=2",  # the last validation dates: 2 leads from 2 initial dates
-        "evaluate.samples=2",
+        *SHORT_RUN,
     ]
 
 

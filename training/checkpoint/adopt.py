@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.files import CheckpointError, load_training_checkpoint
-from training.checkpoint.resume import _RUNTIME_MODEL_KEYS
+from training.checkpoint.resume import RUNTIME_MODEL_KEYS
 from training.config.schema import ModelConfig, RunConfig, schema_keys
 from training.config.settings import from_settings, sets_key, settings_not_given, to_settings
 
@@ -39,7 +39,7 @@ OWN_KEYS = (
     "parity",
 )
 # Data settings the parameters depend on (the grid's learned features, the input and output
-# channels); every model setting does too, except the runtime ones (resume's _RUNTIME_MODEL_KEYS).
+# channels); every model setting does too, except the runtime ones (resume's RUNTIME_MODEL_KEYS).
 DATA_PARAMETER_KEYS = ("grid", "variables", "forcing", "diagnostic")
 READ_FROM_STORE = ("data.grid", "data.variables")  # null: read from the store, then checked on load
 
@@ -95,7 +95,7 @@ def _take_model(resolved: RunConfig, saved: dict[str, Any]) -> None:
 
 def parameter_keys(saved: dict[str, Any]) -> list[str]:
     """The settings of checkpoint settings ``saved`` that its parameters depend on."""
-    model = [f"model.{k}" for k in saved.get("model") or {} if k not in _RUNTIME_MODEL_KEYS]
+    model = [f"model.{k}" for k in saved.get("model") or {} if k not in RUNTIME_MODEL_KEYS]
     return [*model, *(f"data.{k}" for k in DATA_PARAMETER_KEYS)]
 
 

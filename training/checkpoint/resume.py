@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # Settings that do not change the parameters: a checkpoint continues under other values (noted).
 # The attention path (and attention_path=auto's switch and record) picks a kernel, not weights:
 # a run continues under another (a checkpoint from before these keys existed included).
-_RUNTIME_MODEL_KEYS = ("num_chunks", "attention_path", "attention_probe", "attention_auto")
+RUNTIME_MODEL_KEYS = ("num_chunks", "attention_path", "attention_probe", "attention_auto")
 _NOTED_DATA_KEYS = ("lead_time", "members")
 
 
@@ -52,7 +52,7 @@ def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     for key in sorted(set(saved_model)):
         if saved_model.get(key) != model.get(key):
             message = f"model.{key} = {saved_model.get(key)} in the checkpoint, {model.get(key)} in this run"
-            if key not in _RUNTIME_MODEL_KEYS:
+            if key not in RUNTIME_MODEL_KEYS:
                 raise CheckpointError(f"checkpoint was written with {message}: it is another model")
             notes.append(message)
     saved_data = saved.get("data") or {}

@@ -16,6 +16,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 import training.config.schema  # noqa: F401  (registers the schema)
+from tests.training.conftest import SHORT_RUN
 from training.data import ZarrDataset
 
 pytest.importorskip("anemoi.datasets")
@@ -52,14 +53,7 @@ def _config(run_dir: Path, store: Path, *overrides: str):
         "model.num_layers=2",
         "model.num_channels=32",
         "model.window_size=40",
-        "trainer.steps=6",
-        "trainer.val_interval=3",
-        "trainer.val_batches=2",
-        "trainer.checkpoint_interval=3",
-        "trainer.warmup_steps=2",
-        "trainer.timeout_s=120",
-        "evaluate.steps=2",
-        "evaluate.samples=2",
+        *SHORT_RUN,
     ]
     with initialize_config_module(config_module="configs", version_base="1.3"):
         return compose(config_name="config", overrides=[*small, *overrides])
