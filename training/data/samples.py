@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from training.data.dataset import DatasetError
 
 Sample = tuple[int, int]  # (start date index, member)
@@ -30,6 +32,12 @@ class Samples:
     train: list[Sample]
     val: list[Sample]
     lead: int
+
+
+def evenly_spread(items: list, count: int) -> list:
+    """At most ``count`` of ``items``, evenly spread from the first to the last, in order."""
+    picks = np.unique(np.linspace(0, len(items) - 1, min(count, len(items))).round().astype(int))
+    return [items[i] for i in picks]
 
 
 def lead_steps(lead_time_h: int | None, frequency_s: int, where: str = "the dataset") -> int:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from processor.distributed.transport import collective_device
+from training.data.samples import evenly_spread
 
 DATES = 64  # start dates the statistics are estimated from (evenly spread over the training period)
 
@@ -29,9 +30,8 @@ def tendency_statistics(
     over ``starts`` (at most :data:`DATES` of them, evenly spread) and every point of the grid:
     this rank's ``points``, summed over ``group``. Every rank of ``group`` calls."""
     columns = dataset.roles.prognostic_columns()
-    picks = np.unique(np.linspace(0, len(starts) - 1, min(DATES, len(starts))).round().astype(int))
     sums = np.zeros((3, len(columns)), dtype=np.float64)  # count, sum, sum of squares
-    for t in (starts[i] for i in picks):
+    for t in evenly_spread(starts, DATES):
         change = (dataset.state(t + lead, points) - dataset.state(t, points))[:, columns].astype(np.float64)
         sums += [np.full(len(columns), len(change)), change.sum(0), (change**2).sum(0)]
     if group is not None and dist.get_world_size(group) > 1:

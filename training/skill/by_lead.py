@@ -21,7 +21,7 @@ import torch
 from processor.geometry import unit_vectors
 from training.data import DatasetError
 from training.data.forcings import utc_hours
-from training.data.samples import Sample
+from training.data.samples import Sample, evenly_spread
 from training.rollout import rollout
 from training.session import Session, dataset_samples
 from training.skill.centroid import CentroidAccumulator
@@ -38,12 +38,6 @@ from training.skill.seasonal import SeasonalKey, doy_climatology, seasonal_keys,
 log = logging.getLogger(__name__)
 
 CLIMATOLOGY_DATES = 365  # training dates averaged into the climatology, at most (evenly spread)
-
-
-def evenly_spread(items: list, count: int) -> list:
-    """At most ``count`` of ``items``, evenly spread from the first to the last, in order."""
-    picks = np.unique(np.linspace(0, len(items) - 1, min(count, len(items))).round().astype(int))
-    return [items[i] for i in picks]
 
 
 def evaluation_samples(session: Session, steps: int, count: int) -> list[Sample]:
