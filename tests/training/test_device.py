@@ -19,7 +19,15 @@ from tests.training.conftest import small_config, small_overrides
 from training.app import run
 from training.checkpoint.files import load_checkpoint
 from training.config.schema import ConfigValueError
-from training.distributed.device import autocast, backend_for, check_local_ranks, device_free, resolve_device, to_device
+from training.distributed.device import (
+    autocast,
+    backend_for,
+    check_local_ranks,
+    device_free,
+    resolve_device,
+    threads_per_rank,
+    to_device,
+)
 from training.launch.errors import DEBUG_HINT, EXIT_USER_ERROR
 
 ONE_RANK = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "logging.mlflow=false"]
@@ -111,6 +119,13 @@ def test_more_local_ranks_than_gpus_names_both_numbers(monkeypatch):
     check_local_ranks("cuda", 4, share_gpu=True)  # the test mode: ranks share the GPU
     with pytest.raises(ConfigValueError, match="trainer.debug_share_gpu = true shares a GPU .* resolves to cpu"):
         check_local_ranks("cpu", 2, share_gpu=True)
+
+
+def test_threads_per_rank_zero_shares_the_cores_among_the_local_ranks(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(8)), raising=False)
+    assert threads_per_rank(3, 2) == 3  # asked for: kept
+    assert (threads_per_rank(0, 1), threads_per_rank(0, 2), threads_per_rank(0, 3)) == (8, 4, 2)
+    assert threads_per_rank(0, 16) == 1  # more ranks than cores: one each
 
 
 @NO_GPU

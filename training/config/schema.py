@@ -210,7 +210,7 @@ class TrainerConfig:
     # within_nodes: a model group's ranks are consecutive, inside one node when ranks_per_model
     # divides the ranks per node; across_nodes: one rank per node (processor/runtime/placement.py)
     placement: str = setting("within_nodes", one_of(*PLACEMENTS))
-    threads_per_rank: int = 1
+    threads_per_rank: int = setting(1, at_least(0, " (0: the node's cores shared among its local ranks)"))
     timeout_s: float = setting(300.0, above(0))  # bounds every collective; a lost or stuck rank fails the run by then
     heartbeat_s: float = setting(1.0, above(0))  # a rank silent for 3 heartbeats is named as lost
     # CPU: keep freed memory in the process. Faster steps (no page faults), but the heap can

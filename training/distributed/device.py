@@ -39,6 +39,15 @@ def resolve_device(setting: str) -> str:
     return setting
 
 
+def threads_per_rank(asked: int, local_ranks: int) -> int:
+    """``asked`` (``trainer.threads_per_rank``), or for 0 the cores this process may run on
+    shared evenly among the node's ``local_ranks`` (at least one each)."""
+    if asked > 0:
+        return asked
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // local_ranks)
+
+
 def check_local_ranks(device: str, local_ranks: int, share_gpu: bool) -> None:
     """On CUDA, one GPU per local rank unless ``share_gpu`` (``trainer.debug_share_gpu``)."""
     if share_gpu and device != "cuda":

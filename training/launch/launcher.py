@@ -47,7 +47,14 @@ from training.config.auto_strategy import resolve_auto
 from training.config.checks import check_config
 from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
 from training.config.settings import write_settings
-from training.distributed.device import backend_for, check_local_ranks, launch_world, rank_device, resolve_device
+from training.distributed.device import (
+    backend_for,
+    check_local_ranks,
+    launch_world,
+    rank_device,
+    resolve_device,
+    threads_per_rank,
+)
 from training.launch.cli_check import check_overrides
 from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.launch.interrupt import LauncherSignals, remove_stop_marker
@@ -91,6 +98,7 @@ def prepare(
     trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
     check_local_ranks(trainer.device, local_ranks, trainer.debug_share_gpu)
+    trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     cfg.run_dir = str(Path(cfg.run_dir).resolve())
     if adopt is not None:
         adopt(cfg)
