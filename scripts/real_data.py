@@ -17,6 +17,9 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``inca_graz``: GeoSphere Austria's (ZAMG's) INCA analysis, hourly, May 2012, 2 m temperature,
   mean sea-level pressure and relative humidity on its 1 km Lambert grid near Graz (17 x 20
   points), from pyet-org/pyet's examples.
+- ``ncep_msl_daily``: the NCEP/NCAR Reanalysis 1's daily mean sea-level pressure, 2001-2010
+  (3652 days), 2.5 degrees over the North Atlantic and Europe (17 x 33 points, 30-70 N, 70 W-10
+  E), from SantanderMetGroup/climate4R.datasets (an R file, made CF NetCDF here with ``rdata``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +39,35 @@ DATA = ROOT / "data" / "real"
 TEST_SAMPLE = ROOT / "tests" / "data" / "era5_uk_2t_2019-03_6h.grib"
 XARRAY_DATA = "https://github.com/pydata/xarray-data/raw/5b1bd4040d04f355446ea7f3d55ab3ca348512fa"
 PYET = "https://github.com/pyet-org/pyet/raw/2e857fe5dcc7cfe8d1ef990156dd6f153769de7b"
+CLIMATE4R = "https://github.com/SantanderMetGroup/climate4R.datasets/raw/ba034fb48a6ec7544d7f96f1d3fbe3d673828404"
+
+
+def climate4r_msl(rda: Path) -> Path:
+    """The climate4R grid in ``rda`` (an R list: ``Data`` (time, lat, lon), ``xyCoords``,
+    ``Dates``) of daily mean sea-level pressure in Pa, written beside it as CF NetCDF
+    (``msl``) for anemoi-datasets' netcdf source."""
+    import numpy as np
+    import pandas as pd
+    import rdata
+    import xarray as xr
+
+    out = rda.with_suffix(".nc")
+    if out.exists():
+        return out
+    (grid,) = rdata.read_rda(str(rda)).values()
+    dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(grid["Dates"]["start"])])
+    lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
+    lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
+    msl = xr.DataArray(
+        np.asarray(grid["Data"], dtype="float32"),
+        dims=("time", "latitude", "longitude"),
+        coords={"time": dates, "latitude": lat, "longitude": lon},
+        attrs={"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"},
+    )
+    partial = out.with_suffix(".nc.part")
+    msl.to_dataset(name="msl").to_netcdf(partial)
+    partial.replace(out)
+    return out
 
 
 @dataclass(frozen=True)
@@ -47,6 +80,7 @@ class Source:
     dates: tuple[str, str, str]  # start, end, frequency of the store
     source: str  # anemoi-datasets' source: grib, netcdf, xarray
     select: dict  # the source's selection (param, variable, ...)
+    convert: Callable[[Path], Path] | None = None  # the downloaded file -> one anemoi-datasets reads
 
 
 SOURCES = {
@@ -65,6 +99,15 @@ SOURCES = {
         ("2012-05-01T00:00:00", "2012-05-31T23:00:00", "1h"),
         "netcdf",
         {"param": ["T2M", "P0", "RH2M"]},
+    ),
+    "ncep_msl_daily": Source(
+        f"{CLIMATE4R}/data/NCEP_slp_2001_2010.rda",
+        "3d82071b7186de9bfe8132a41897e2d8",
+        "NCEP/NCAR Reanalysis 1, daily mean sea-level pressure, 2001-2010, 2.5 deg, North Atlantic-Europe (17 x 33)",
+        ("2001-01-01T00:00:00", "2010-12-31T00:00:00", "1d"),
+        "netcdf",
+        {"param": ["msl"]},
+        climate4r_msl,
     ),
 }
 
@@ -102,6 +145,8 @@ def build(name: str, out: Path | None = None, overwrite: bool = False) -> Path:
     """Download ``name``'s file and build its store (``data/real/<name>.zarr`` by default)."""
     source = SOURCES[name]
     file = download(source, DATA)
+    if source.convert is not None:
+        file = source.convert(file)
     store = out or DATA / f"{name}.zarr"
     if store.exists() and not overwrite:
         print(f"{store} exists (--overwrite to build it again)")

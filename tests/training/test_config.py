@@ -27,12 +27,13 @@ def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
 
-def test_the_real_data_preset_runs_one_rank_on_every_core_unless_sharded_on_the_command_line():
-    preset = _typed("data=era5_uk_2t")
+@pytest.mark.parametrize("data", ["era5_uk_2t", "ncep_msl_daily"])
+def test_a_real_data_preset_runs_one_rank_on_every_core_unless_sharded_on_the_command_line(data):
+    preset = _typed(f"data={data}")
     t = preset.trainer
     assert (preset.strategy.name, t.nprocs, t.ranks_per_model, t.threads_per_rank) == ("none", 1, 1, 0)
     check_config(preset)
-    sharded = _typed("data=era5_uk_2t", "strategy=shard_sequence", "trainer.nprocs=2", "trainer.ranks_per_model=2")
+    sharded = _typed(f"data={data}", "strategy=shard_sequence", "trainer.nprocs=2", "trainer.ranks_per_model=2")
     assert (sharded.strategy.name, sharded.trainer.nprocs, sharded.trainer.ranks_per_model) == ("shard_sequence", 2, 2)
     check_config(sharded)
 
@@ -72,7 +73,7 @@ def test_wrong_type_fails_naming_the_key():
         (["data.val_fraction=1.0"], r"data.val_fraction = 1.0 is out of range: expected in \(0, 1\)"),
         (["model.window_size=-2"], "model.window_size"),
         (["trainer.precision=fp8"], "trainer.precision"),
-        (["trainer.threads_per_rank=-1"], r"trainer.threads_per_rank = -1 is out of range: expected >= 0 \(0: the node's"),
+        (["trainer.threads_per_rank=-1"], r"trainer.threads_per_rank = -1 is out of range: expected >= 0 \(0: "),
         (["trainer.ranks_per_model=3"], "does not divide the world size 2"),
         (["strategy=none"], "runs on one rank"),
         (["strategy=shard_heads", "model.num_heads=1", "model.num_channels=8"], "num_heads"),

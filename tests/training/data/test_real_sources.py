@@ -1,0 +1,67 @@
+"""``scripts/real_data.py``'s conversion of a climate4R grid (an R list saved as ``.rda``, as the
+NCEP daily sea-level pressure comes) into CF NetCDF, and the store anemoi-datasets builds of it:
+every value at its date, latitude and longitude. Skipped without anemoi-datasets and ``rdata``
+(they are in ``.venv-anemoi``, as CI runs this)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from training.data import ZarrDataset
+
+pytest.importorskip("anemoi.datasets")
+rdata = pytest.importorskip("rdata")
+pytestmark = pytest.mark.filterwarnings("ignore:Loading the settings config file:DeprecationWarning")  # anemoi-utils
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "real_data.py"
+LATITUDES = np.array([30.0, 32.5, 35.0])  # ascending, as the NCEP file's
+LONGITUDES = np.array([-70.0, -67.5, -65.0, -62.5])
+
+
+@pytest.fixture(scope="module")
+def real_data():
+    spec = importlib.util.spec_from_file_location("real_data", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def _climate4r_grid(days: int) -> tuple[dict, np.ndarray]:
+    """A climate4R grid list of ``days`` daily fields whose every value is unique."""
+    rng = np.random.default_rng(0)
+    data = 101000 + rng.normal(0, 800, (days, len(LATITUDES), len(LONGITUDES)))
+    dates = np.array([f"2001-01-{day + 1:02d} GMT" for day in range(days)])
+    grid = {
+        "Variable": {"varName": np.array(["slp"]), "level": np.array([np.nan])},
+        "Data": data,
+        "xyCoords": {"x": LONGITUDES, "y": LATITUDES},
+        "Dates": {"start": dates, "end": dates},
+    }
+    return grid, data
+
+
+def test_a_climate4r_grid_becomes_a_store_with_every_value_in_its_place(tmp_path, real_data):
+    grid, data = _climate4r_grid(days=10)
+    rda = tmp_path / "slp.rda"
+    rdata.write_rda(str(rda), {"NCEP_slp": grid})
+    netcdf = real_data.climate4r_msl(rda)
+    source = real_data.SOURCES["ncep_msl_daily"]
+    recipe = real_data.recipe(source, netcdf)
+    recipe["dates"].update(start="2001-01-01T00:00:00", end="2001-01-10T00:00:00")
+    store = real_data.create_store(recipe, tmp_path / "slp.zarr")
+
+    ds = ZarrDataset(store)
+    assert (ds.variables, ds.n_times, ds.frequency_s) == (["msl"], 10, 86400)
+    assert ds.point_set.name == "regional lat-lon 3 x 4 at 2.5 degrees"
+    pascal = np.stack([ds.denormalise(ds.state(t))[:, 0] for t in range(ds.n_times)])  # (dates, points)
+    for i, lat in enumerate(LATITUDES):
+        for j, lon in enumerate(LONGITUDES):
+            (point,) = np.flatnonzero((ds.latitudes == lat) & (ds.longitudes == lon))
+            np.testing.assert_allclose(pascal[:, point], data[:, i, j], rtol=1e-6)
