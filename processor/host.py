@@ -6,6 +6,7 @@ them cannot be compared."""
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -45,6 +46,11 @@ def cpu_name() -> str:
     model = _cpuinfo()[0]
     isa = cpu_isa()
     return f"{model} ({', '.join(isa)})" if isa else model
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS tells it, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def device_name(device: torch.device) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from processor.host import usable_cores
 from processor.plan.machine import Machine
 
 WINDOWS = (16, 64, 256, 1024)  # the probe's windows for the attention kernel's rate
@@ -26,7 +27,7 @@ def probe(threads: int = 1, channels: int = 128, heads: int = 8) -> Machine:
     global_ = _attention_rate(4096, None, channels, heads)
     latency, bandwidth = _link()
     other = _other_per_value(channels, heads, gemm, dict(curve)[64])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Machine(
         name="probe",

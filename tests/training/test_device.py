@@ -122,7 +122,7 @@ def test_more_local_ranks_than_gpus_names_both_numbers(monkeypatch):
 
 
 def test_threads_per_rank_zero_shares_the_cores_among_the_local_ranks(monkeypatch):
-    monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(8)), raising=False)
+    monkeypatch.setattr("training.distributed.device.usable_cores", lambda: 8)
     assert threads_per_rank(3, 2) == 3  # asked for: kept
     assert (threads_per_rank(0, 1), threads_per_rank(0, 2), threads_per_rank(0, 3)) == (8, 4, 2)
     assert threads_per_rank(0, 16) == 1  # more ranks than cores: one each

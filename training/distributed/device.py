@@ -20,6 +20,7 @@ import os
 import numpy as np
 import torch
 
+from processor.host import usable_cores
 from training.config.schema import ConfigValueError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -44,8 +45,7 @@ def threads_per_rank(asked: int, local_ranks: int) -> int:
     shared evenly among the node's ``local_ranks`` (at least one each)."""
     if asked > 0:
         return asked
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // local_ranks)
+    return max(1, usable_cores() // local_ranks)
 
 
 def check_local_ranks(device: str, local_ranks: int, share_gpu: bool) -> None:
