@@ -35,7 +35,8 @@ from processor.runtime.torchrun import torchrun_rank
 from training.config.schema import RunConfig
 from training.launch import launcher
 from training.launch.cli_check import discard_refused_run_dir
-from training.launch.run_end import RunFinished, command_line_keys, report_end
+from training.launch.run_end import RunFinished, report_end
+from training.launch.run_settings import command_line_keys
 from training.reporting.report import log_skill
 
 log = logging.getLogger(__name__)

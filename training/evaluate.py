@@ -74,15 +74,6 @@ def checkpoint_adopter(key: str, given: list[str] | None) -> Callable[[RunConfig
     return lambda resolved: adopt_checkpoint(resolved, key, given, current_names)
 
 
-def command_line_keys() -> list[str] | None:
-    """The keys this command line set (a ``--multirun`` member's own included); None outside Hydra."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from training.launch.run_settings import given_keys
-
-    return given_keys(list(HydraConfig.get().overrides.task)) if HydraConfig.initialized() else None
-
-
 def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str, Any]:
     """:func:`evaluate_on_rank` on the configured ranks (local or torchrun), after the checks, with
     the checkpoint's settings under those the command line set (``given``, see :func:`checkpoint_adopter`)."""
@@ -94,9 +85,10 @@ def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     from training.launch.launcher import run_reporting_errors
+    from training.launch.run_settings import command_line_keys
     from training.reporting.report import log_skill
 
-    given = command_line_keys()
+    given = command_line_keys(multirun_members=True)
     result = run_reporting_errors(lambda c: run(c, given), cfg)
     log_skill(result["skill"], cfg.run_dir)
 

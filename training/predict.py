@@ -28,7 +28,8 @@ from omegaconf import DictConfig
 from training.config.schema import RunConfig
 from training.data import DatasetError
 from training.distributed.device import to_device
-from training.evaluate import checkpoint_adopter, command_line_keys
+from training.evaluate import checkpoint_adopter
+from training.launch.run_settings import command_line_keys
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> list[str
 def _hydra_main(cfg: DictConfig) -> None:
     from training.launch.launcher import run_reporting_errors
 
-    given = command_line_keys()
+    given = command_line_keys(multirun_members=True)
     for path in run_reporting_errors(lambda c: run(c, given), cfg):
         log.info("wrote %s", path)
 

@@ -19,7 +19,7 @@ from typing import Any
 from processor.runtime.torchrun import under_torchrun
 from training.config.schema import RunConfig
 from training.launch.interrupt import exit_code, signal_name
-from training.launch.run_settings import SavedRun, given_keys
+from training.launch.run_settings import SavedRun
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +41,6 @@ def check_not_finished(saved: SavedRun, resolved: RunConfig) -> None:
         + (f"; its results: {', '.join(results)} there" if results else "")
         + f"; to train on, give a larger trainer.steps (e.g. trainer.steps={2 * steps})"
     )
-
-
-def command_line_keys() -> list[str] | None:
-    """The keys this ``python -m training`` command line set (None outside a single Hydra run:
-    the API, or ``--multirun``, whose members do not resume from saved settings)."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.RUN:
-        return None
-    return given_keys(list(HydraConfig.get().overrides.task))
 
 
 def continue_command(run_dir: str | Path) -> str:

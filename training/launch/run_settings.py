@@ -114,6 +114,19 @@ def given_keys(overrides: list[str]) -> list[str]:
     return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
 
 
+def command_line_keys(multirun_members: bool = False) -> list[str] | None:
+    """The keys this command line set (:func:`given_keys` of Hydra's overrides); None outside
+    Hydra (the API) and, unless ``multirun_members``, in a ``--multirun`` member: a training
+    sweep's members do not resume from saved settings, an evaluation sweep's still take the
+    checkpoint's."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or (HydraConfig.get().mode != RunMode.RUN and not multirun_members):
+        return None
+    return given_keys(list(HydraConfig.get().overrides.task))
+
+
 def _taken(key: str, given: list[str]) -> bool:
     """Whether ``key`` is this invocation's: set on its command line (itself or its section) or
     one of :data:`INVOCATION_KEYS`."""
