@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from processor.attention.native_build import load
+from processor.host import cpu_isa
 
 PROFILE_NAME = "gridshard_band_attention"  # what the profiler calls its calls
 
@@ -36,6 +37,7 @@ def native_forward(
     ids: Tensor | None,
     q_ids: Tensor | None = None,
     variant: str = "native",
+    bf16_products: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of queries ``(batch, heads, n_q, head_dim)`` over keys ``(batch, heads, n_k,
     head_dim)`` (any dtype: computed in float32); query ``i`` at key position ``q_offset + i``
@@ -43,12 +45,16 @@ def native_forward(
     ``(1 or batch, n_q)`` the queries' own (None: those of keys ``q_offset + i``).
     ``out`` has q's dtype and strides, ``lse`` ``(batch, heads, n_q)`` float32 (``-inf`` for a
     query that reaches no key, whose output is 0). ``variant``: which build
-    (:mod:`.native_build`; the tests run each)."""
+    (:mod:`.native_build`; the tests run each). ``bf16_products``: the tiles' products in bfloat16
+    with float32 accumulation and softmax (None: where q is bfloat16 and the host runs them, see
+    :func:`bf16_products_here`)."""
     kernel = load(variant)
     assert kernel is not None, f"the {variant} band-attention kernel is not built"
+    in_bf16 = _products_in_bf16(kernel, q, bf16_products)
     q32, k32, v32 = (_float_rows(t) for t in (q, k, v))
+    args = (int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids), in_bf16)
     with torch.profiler.record_function(PROFILE_NAME):
-        out, lse = kernel.forward(q32, k32, v32, int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids))
+        out, lse = kernel.forward(q32, k32, v32, *args)
     return out.to(q.dtype), lse
 
 
@@ -65,15 +71,32 @@ def native_backward(
     ids: Tensor | None,
     q_ids: Tensor | None = None,
     variant: str = "native",
+    bf16_products: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` given the (possibly merged) ``out`` and ``lse`` of these queries."""
     kernel = load(variant)
     assert kernel is not None, f"the {variant} band-attention kernel is not built"
+    in_bf16 = _products_in_bf16(kernel, q, bf16_products)
     tensors = [_float_rows(t) for t in (grad, q, k, v, out)]
-    args = (lse.float(), int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids))
+    args = (lse.float(), int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids), in_bf16)
     with torch.profiler.record_function(PROFILE_NAME + "_backward"):
         dq, dk, dv = kernel.backward(*tensors, *args)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def bf16_products_here(variant: str = "native") -> bool:
+    """Whether this host runs the kernel's bfloat16 products: oneDNN's BRGeMM has a kernel for it
+    (AVX-512) and the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; elsewhere oneDNN would
+    convert to float32, no faster than the float32 products)."""
+    kernel = load(variant)
+    native_bf16 = {"AVX512-BF16", "AMX"} & set(cpu_isa())
+    return kernel is not None and bool(native_bf16) and bool(kernel.bf16_products())
+
+
+def _products_in_bf16(kernel: ModuleType, q: Tensor, asked: bool | None) -> bool:
+    if asked is None:
+        asked = q.dtype == torch.bfloat16 and bf16_products_here()
+    return asked and bool(kernel.bf16_serves(q.shape[-1]))
 
 
 def _float_rows(t: Tensor) -> Tensor:

@@ -28,7 +28,10 @@ from processor.host import cpu_name
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCE = CSRC / "band_attention.cpp"
-HEADERS = tuple(CSRC / name for name in ("simd.h", "small_gemm.h", "tile_products.h", "row_passes.h"))
+HEADERS = tuple(
+    CSRC / name
+    for name in ("simd.h", "small_gemm.h", "tile_products.h", "bf16_rows.h", "bf16_products.h", "row_passes.h")
+)
 BUILD = CSRC / "build"
 NAME = "gridshard_band_attention"
 # -fvisibility=hidden: each variant keeps its own micro-kernels (same names, other bodies) even

@@ -5,8 +5,9 @@
 // ring's blocks, whose queries lie outside the keys). Each (batch, head) is one task of at::parallel_for
 // (PyTorch's thread budget); inside it, tiles of kTileRows queries go against exactly the keys
 // their band reaches, in chunks of at most kChunkCols keys with an online softmax, their
-// products through tile_products.h (register-tiled for thin heads, else BLAS), the softmax in
-// base 2 through row_passes.h (lse is returned in natural units). The backward recomputes the
+// products through tile_products.h (float32: register-tiled for thin heads, else BLAS) or, when
+// the call asks (`bf16`), bf16_products.h (bfloat16 operands, float32 accumulation, oneDNN's
+// BRGeMM), the softmax in float32 and base 2 (lse is returned in natural units). The backward recomputes the
 // probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
 // D = rowsum(dO O)): no N x W tensor is ever kept. Tasks own their heads' dq, dk and dv rows,
 // so nothing is reduced across threads.
@@ -29,12 +30,14 @@
 #include <limits>
 #include <vector>
 
+#include "bf16_products.h"
 #include "row_passes.h"
 #include "tile_products.h"
 
 namespace {
 
-using tile_products::Products;
+using tile_products::KeyGrad;
+using tile_products::KeyGrads;
 using tile_products::Rows;
 
 // Tile sizes (-D overrides them for tuning runs; measured: 32, 48 and 64 rows alike, 96 and 128
@@ -71,7 +74,8 @@ inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
 // scores (rows x cols, row stride ld) of queries q0.. against keys c0.., in base 2:
 // log2(e) scale Q K^T, -inf where not allowed. Returns, per row, the allowed column range in
 // `first`/`last` (empty: first == last).
-void masked_scores(const Geometry& g, const Products& products, const Rows& q, const Rows& k, int64_t q0, int64_t rows,
+template <class Products>
+void masked_scores(const Geometry& g, Products& products, const Rows& q, const Rows& k, int64_t q0, int64_t rows,
                    int64_t c0, int64_t cols, int64_t ld, float* s, int64_t* first, int64_t* last) {
   products.scores(rows, cols, g.scale * kLog2e, q.row(q0), q.stride, k, false, c0, s, ld);
   for (int64_t r = 0; r < rows; ++r) {
@@ -94,6 +98,7 @@ void masked_scores(const Geometry& g, const Products& products, const Rows& q, c
 
 // Keys [k_lo, k_hi) that some query of the tile q0 .. q0 + rows reaches (k_lo where `products`
 // wants its tiles to start).
+template <class Products>
 void tile_reach(const Geometry& g, const Products& products, int64_t q0, int64_t rows, int64_t* k_lo, int64_t* k_hi) {
   int64_t lo, unused;
   reach(g, g.q_offset + q0, &lo, &unused);
@@ -101,8 +106,9 @@ void tile_reach(const Geometry& g, const Products& products, int64_t q0, int64_t
   *k_lo = std::min(products.first_column(lo), *k_hi);
 }
 
+template <class Products>
 void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, float* lse) {
-  const Products products(g.dim, g.n_k, k, v, false);
+  Products products(g.dim, g.n_k, k, v, nullptr);
   std::vector<float> s(kTileRows * products.stride(kChunkCols)), acc(kTileRows * g.dim), m(kTileRows), l(kTileRows);
   std::vector<int64_t> first(kTileRows), last(kTileRows);
   for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
@@ -118,12 +124,9 @@ void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v
       for (int64_t r = 0; r < rows; ++r) {
         float* row = s.data() + r * ld;
         const float top = std::max(row_passes::row_max(row + first[r], last[r] - first[r]), m[r]);  // NaN kept
-        if (top == kNegInf) {  // nothing allowed yet: this chunk adds nothing for the row
-          std::fill(row, row + cols, 0.0f);
-          continue;
-        }
+        const float sum = products.exponentiate(r, row, cols, top);  // 0 outside the allowed keys (-inf)
+        if (top == kNegInf) continue;  // nothing allowed yet: this chunk adds nothing for the row
         const float alpha = m[r] == kNegInf ? 0.0f : std::exp2(m[r] - top);
-        const float sum = row_passes::exp2_and_sum(row, cols, top);  // 0 outside the allowed keys (-inf)
         l[r] = l[r] * alpha + sum;
         m[r] = top;
         float* a = acc.data() + r * g.dim;
@@ -141,15 +144,12 @@ void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v
   }
 }
 
-struct Grads {
-  Rows dq, dk, dv;
-};
-
+template <class Products>
 void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, const Rows& dout,
-                   const float* lse, const Grads& grads) {
-  Products products(g.dim, g.n_k, k, v, true);
+                   const float* lse, const Rows& dq, const KeyGrads& key_grads) {
+  Products products(g.dim, g.n_k, k, v, &key_grads);
   const int64_t size = kTileRows * products.stride(kChunkCols);
-  std::vector<float> p(size), dp(size), delta(kTileRows);
+  std::vector<float> p(size), dp(size), delta(kTileRows), shift(kTileRows);
   std::vector<int64_t> first(kTileRows), last(kTileRows);
   for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
     const int64_t rows = std::min(kTileRows, g.n_q - q0);
@@ -158,6 +158,7 @@ void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& 
       float sum = 0.0f;
       for (int64_t d = 0; d < g.dim; ++d) sum += o[d] * d_o[d];
       delta[r] = sum;
+      shift[r] = lse[q0 + r] * kLog2e;  // P = 2^(S - shift): S is in base 2
     }
     int64_t k_lo, k_hi;
     tile_reach(g, products, q0, rows, &k_lo, &k_hi);
@@ -165,24 +166,14 @@ void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& 
       const int64_t cols = std::min(kChunkCols, k_hi - c0), ld = products.stride(cols);
       masked_scores(g, products, q, k, q0, rows, c0, cols, ld, p.data(), first.data(), last.data());
       products.scores(rows, cols, 1.0f, dout.row(q0), dout.stride, v, true, c0, dp.data(), ld);  // dP = dO V^T
-      for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse) in p; dS = P (dP - D) in dp
-        float *pr = p.data() + r * ld, *ds = dp.data() + r * ld;
-        const float shift = lse[q0 + r] * kLog2e;
-        if (shift == kNegInf) {
-          std::fill(pr, pr + cols, 0.0f);
-          std::fill(ds, ds + cols, 0.0f);
-          continue;
-        }
-        row_passes::probabilities_and_ds(pr, ds, cols, shift, delta[r]);
-      }
+      products.probabilities_and_ds(rows, cols, p.data(), dp.data(), ld, shift.data(), delta.data());
       // dV += P^T dO;  dQ += scale dS K;  dK += scale dS^T Q
-      products.transposed_times(rows, cols, 1.0f, p.data(), ld, dout.row(q0), dout.stride, grads.dv.row(c0),
-                                grads.dv.stride);
-      products.times_keys(rows, cols, g.scale, dp.data(), ld, k, false, c0, grads.dq.row(q0), grads.dq.stride);
-      products.transposed_times(rows, cols, g.scale, dp.data(), ld, q.row(q0), q.stride, grads.dk.row(c0),
-                                grads.dk.stride);
+      products.add_key_grad(KeyGrad::dv, rows, cols, 1.0f, p.data(), ld, dout.row(q0), dout.stride, c0);
+      products.times_keys(rows, cols, g.scale, dp.data(), ld, k, false, c0, dq.row(q0), dq.stride);
+      products.add_key_grad(KeyGrad::dk, rows, cols, g.scale, dp.data(), ld, q.row(q0), q.stride, c0);
     }
   }
+  products.finish(g.n_k);
 }
 
 void check_ids(const c10::optional<at::Tensor>& ids, int64_t batch, int64_t n, const char* what) {
@@ -216,10 +207,18 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, int64_t window, int6
   return {q.size(2), k.size(2), q.size(3), window, q_offset, static_cast<float>(scale), id_row(ids, b), id_row(q_ids, b)};
 }
 
+// Whether this call's products run in bfloat16 (asked for, and served: see bf16_products.h).
+bool bf16_products_for(bool asked, int64_t dim) {
+  static const bool available = bf16_products::available();
+  TORCH_CHECK(!asked || available, "band attention: bfloat16 products need oneDNN's BRGeMM (AVX-512 hosts)");
+  return asked && bf16_products::Products::serves(dim);
+}
+
 std::vector<at::Tensor> band_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                                      int64_t q_offset, double scale, const c10::optional<at::Tensor>& ids,
-                                     const c10::optional<at::Tensor>& q_ids) {
+                                     const c10::optional<at::Tensor>& q_ids, bool bf16) {
   check_inputs(q, k, v, ids, q_ids);
+  const bool in_bf16 = bf16_products_for(bf16, q.size(3));
   auto out = at::empty_like(q);
   auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   const int64_t heads = q.size(1);
@@ -228,7 +227,12 @@ std::vector<at::Tensor> band_forward(const at::Tensor& q, const at::Tensor& k, c
       const int64_t b = task / heads, h = task % heads;
       const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
       float* lse_row = lse.data_ptr<float>() + (b * heads + h) * q.size(2);
-      forward_head(g, head_rows(q, b, h), head_rows(k, b, h), head_rows(v, b, h), head_rows(out, b, h), lse_row);
+      const Rows qh = head_rows(q, b, h), kh = head_rows(k, b, h), vh = head_rows(v, b, h), oh = head_rows(out, b, h);
+      if (in_bf16) {
+        forward_head<bf16_products::Products>(g, qh, kh, vh, oh, lse_row);
+      } else {
+        forward_head<tile_products::Products>(g, qh, kh, vh, oh, lse_row);
+      }
     }
   });
   return {out, lse};
@@ -237,8 +241,10 @@ std::vector<at::Tensor> band_forward(const at::Tensor& q, const at::Tensor& k, c
 std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                       int64_t window, int64_t q_offset, double scale,
-                                      const c10::optional<at::Tensor>& ids, const c10::optional<at::Tensor>& q_ids) {
+                                      const c10::optional<at::Tensor>& ids, const c10::optional<at::Tensor>& q_ids,
+                                      bool bf16) {
   check_inputs(q, k, v, ids, q_ids);
+  const bool in_bf16 = bf16_products_for(bf16, q.size(3));
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() && dout.stride(3) == 1 && out.stride(3) == 1 &&
                   dout.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
               "band attention backward: grad and out must be float32 like q, head_dim contiguous");
@@ -252,9 +258,14 @@ std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& 
       const int64_t b = task / heads, h = task % heads;
       const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
       const float* lse_row = lse_c.data_ptr<float>() + (b * heads + h) * q.size(2);
-      const Grads grads{head_rows(dq, b, h), head_rows(dk, b, h), head_rows(dv, b, h)};
-      backward_head(g, head_rows(q, b, h), head_rows(k, b, h), head_rows(v, b, h), head_rows(out, b, h),
-                    head_rows(dout, b, h), lse_row, grads);
+      const Rows qh = head_rows(q, b, h), kh = head_rows(k, b, h), vh = head_rows(v, b, h), oh = head_rows(out, b, h);
+      const Rows dq_h = head_rows(dq, b, h), dout_h = head_rows(dout, b, h);
+      const KeyGrads key_grads{head_rows(dk, b, h), head_rows(dv, b, h)};
+      if (in_bf16) {
+        backward_head<bf16_products::Products>(g, qh, kh, vh, oh, dout_h, lse_row, dq_h, key_grads);
+      } else {
+        backward_head<tile_products::Products>(g, qh, kh, vh, oh, dout_h, lse_row, dq_h, key_grads);
+      }
     }
   });
   return {dq, dk, dv};
@@ -263,8 +274,14 @@ std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &band_forward, "band attention forward: (out, lse)");
-  m.def("backward", &band_backward, "band attention backward: (dq, dk, dv)");
+  using pybind11::arg;
+  m.def("forward", &band_forward, "band attention forward: (out, lse)", arg("q"), arg("k"), arg("v"), arg("window"),
+        arg("q_offset"), arg("scale"), arg("ids"), arg("q_ids"), arg("bf16") = false);
+  m.def("backward", &band_backward, "band attention backward: (dq, dk, dv)", arg("dout"), arg("q"), arg("k"),
+        arg("v"), arg("out"), arg("lse"), arg("window"), arg("q_offset"), arg("scale"), arg("ids"), arg("q_ids"),
+        arg("bf16") = false);
   m.def("isa", []() { return std::string(GRIDSHARD_ISA); }, "the vector instructions this build's micro-kernels use");
   m.def("serves", &small_gemm::serves, "whether the register-tiled products serve this head dim");
+  m.def("bf16_products", &bf16_products::available, "whether oneDNN runs the bfloat16 products on this host");
+  m.def("bf16_serves", &bf16_products::Products::serves, "whether the bfloat16 products serve this head dim");
 }

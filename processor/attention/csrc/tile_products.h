@@ -3,10 +3,12 @@
 // MKL in the x86 wheels).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "row_passes.h"
 #include "small_gemm.h"
 
 extern "C" void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -34,6 +36,12 @@ struct Rows {
   float* row(int64_t i) const { return data + i * stride; }
 };
 
+// The keys' gradients of one head (the backward's outputs that its tiles add P^T B to).
+enum class KeyGrad { dk, dv };
+struct KeyGrads {
+  Rows dk, dv;
+};
+
 // The products a head's tiles need. Where the register-tiled kernels of small_gemm.h serve this
 // head dim, keys and values are first copied once per head into the layouts those read without
 // striding through the (points, heads, dim) tensors: panels of kPanel (16) keys (dim x 16 each, zero
@@ -41,12 +49,13 @@ struct Rows {
 // keys (the columns before its reach are masked like any other). Elsewhere BLAS.
 class Products {
  public:
-  // What each pass reads: forward S = Q K^T and P V; backward also dP = dO V^T and dS K.
-  Products(int64_t dim, int64_t n_k, const Rows& k, const Rows& v, bool backward)
-      : dim_(dim), small_(small_gemm::serves(dim)) {
+  // What each pass reads: forward S = Q K^T and P V; backward (`grads`, the head's dk and dv,
+  // else null) also dP = dO V^T and dS K.
+  Products(int64_t dim, int64_t n_k, const Rows& k, const Rows& v, const KeyGrads* grads)
+      : dim_(dim), small_(small_gemm::serves(dim)), grads_(grads) {
     if (!small_) return;
     panels(k, n_k, &k_panels_);
-    if (backward) {
+    if (grads != nullptr) {
       panels(v, n_k, &v_panels_);
       rows(k, n_k, &k_rows_);
     } else {
@@ -73,6 +82,31 @@ class Products {
     gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
   }
 
+  // Forward: row r's probabilities 2^(s - top) in place (all 0 where top is -inf: nothing allowed
+  // yet); returns their sum.
+  float exponentiate(int64_t, float* row, int64_t cols, float top) const {
+    if (top == row_passes::kNegInf) {
+      std::fill(row, row + cols, 0.0f);
+      return 0.0f;
+    }
+    return row_passes::exp2_and_sum(row, cols, top);
+  }
+
+  // Backward: P = 2^(S - shift) in p and dS = P (dP - delta) in ds, row by row (row stride ld);
+  // 0 for a row whose shift is -inf (it reached no key).
+  void probabilities_and_ds(int64_t rows, int64_t cols, float* p, float* ds, int64_t ld, const float* shift,
+                            const float* delta) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      float *pr = p + r * ld, *dr = ds + r * ld;
+      if (shift[r] == row_passes::kNegInf) {
+        std::fill(pr, pr + cols, 0.0f);
+        std::fill(dr, dr + cols, 0.0f);
+        continue;
+      }
+      row_passes::probabilities_and_ds(pr, dr, cols, shift[r], delta[r]);
+    }
+  }
+
   // c (rows x dim) += alpha P X(c0 .. c0 + cols): P (rows x cols, row stride ld) times the keys
   // (X = k) or the values (`values`).
   void times_keys(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const Rows& x, bool values,
@@ -86,10 +120,13 @@ class Products {
     gemm(false, false, rows, dim_, cols, alpha, p, ld, x.row(c0), x.stride, 1.0f, c, c_stride);
   }
 
-  // c (cols x dim) += alpha P^T B: P (rows x cols, row stride ld) transposed, times B (rows x
-  // dim: the tile's own rows of dO or q, from `b` with stride b_stride).
-  void transposed_times(int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld, const float* b,
-                        int64_t b_stride, float* c, int64_t c_stride) {
+  // The keys' gradient `which` (rows c0 .. c0 + cols) += alpha P^T B: P (rows x cols, row
+  // stride ld) transposed, times B (rows x dim: the tile's own rows of dO or q, stride b_stride).
+  void add_key_grad(KeyGrad which, int64_t rows, int64_t cols, float alpha, const float* p, int64_t ld,
+                    const float* b, int64_t b_stride, int64_t c0) {
+    const Rows& target = which == KeyGrad::dk ? grads_->dk : grads_->dv;
+    float* c = target.row(c0);
+    const int64_t c_stride = target.stride;
 #if GRIDSHARD_SIMD
     if (small_) {
       scratch_.resize(rows * dim_);
@@ -100,6 +137,8 @@ class Products {
 #endif
     gemm(true, false, cols, dim_, rows, alpha, p, ld, b, b_stride, 1.0f, c, c_stride);
   }
+
+  void finish(int64_t) const {}  // the key gradients are written in place
 
  private:
   void panels(const Rows& t, int64_t n, std::vector<float>* out) const {
@@ -118,6 +157,7 @@ class Products {
 
   int64_t dim_;
   bool small_;
+  const KeyGrads* grads_;
   std::vector<float> k_panels_, v_panels_, k_rows_, v_rows_, scratch_;
 };
 

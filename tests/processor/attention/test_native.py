@@ -1,5 +1,6 @@
 """The fused C++ CPU kernel against dense float64 attention (fp32 at 1e-5, bf16 at its own error),
-each ISA variant built here (AVX-512, AVX2, scalar: the code paths users' CPUs take), and the
+each ISA variant built here (AVX-512, AVX2, scalar: the code paths users' CPUs take), its
+bfloat16 products (oneDNN's BRGeMM, where the host runs them) to bfloat16's error, and the
 ``native`` build against the Python banded kernel on random geometries: outputs, log-sum-exp
 and every gradient. Skipped where the kernel is not built
 (``python -m processor.attention.build_kernel``)."""
@@ -14,11 +15,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processor.attention import dense_window_attention, sliding_window_attention
-from processor.attention.native import NativeBandAttention, native_available, native_backward, native_forward
+from processor.attention.native import (
+    NativeBandAttention,
+    bf16_products_here,
+    native_available,
+    native_backward,
+    native_forward,
+)
 from processor.attention.native_build import built_variants, load
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the fused CPU kernel is not built")
 VARIANTS = built_variants() or ["native"]
+needs_bf16_products = pytest.mark.skipif(
+    not native_available() or not bf16_products_here(),
+    reason="no bfloat16 BRGeMM with native bf16 here (AVX512-BF16 or AMX)",
+)
 
 
 def _qkv(batch, heads, n_q, n_k, dim, dtype, seed):
@@ -36,22 +47,24 @@ def _ids(batch, n_k, seed, rate=0.03):
     return torch.cumsum((torch.rand(batch, n_k, generator=g) < rate).long(), dim=1)
 
 
-def _variant_call(q, k, v, window, q_offset, scale, ids, variant, cotangent=None):
+def _variant_call(q, k, v, window, q_offset, scale, ids, variant, cotangent=None, bf16_products=None):
     """``variant``'s output and, given a cotangent, its ``(dq, dk, dv)``; ``native`` through its
-    autograd function."""
-    if variant == "native":
+    autograd function (which decides on bfloat16 products itself)."""
+    if variant == "native" and bf16_products is None:
         out = NativeBandAttention.apply(q, k, v, window, q_offset, scale, ids)
         cotangent = torch.randn_like(out) if cotangent is None else cotangent
         return out, torch.autograd.grad(out, (q, k, v), cotangent), cotangent
     q, k, v = (t.detach() for t in (q, k, v))
-    out, lse = native_forward(q, k, v, window, q_offset, scale, ids, variant=variant)
+    products = {"variant": variant, "bf16_products": bf16_products}
+    out, lse = native_forward(q, k, v, window, q_offset, scale, ids, **products)
     cotangent = torch.randn_like(out) if cotangent is None else cotangent
-    grads = native_backward(cotangent, q, k, v, out, lse, window, q_offset, scale, ids, variant=variant)
+    grads = native_backward(cotangent, q, k, v, out, lse, window, q_offset, scale, ids, **products)
     return out, grads, cotangent
 
 
-def _against_dense(q, k, v, window, q_offset, ids, rtol, variant="native"):
-    out, grads, cotangent = _variant_call(q, k, v, window, q_offset, 1 / math.sqrt(q.shape[-1]), ids, variant)
+def _against_dense(q, k, v, window, q_offset, ids, rtol, variant="native", bf16_products=None):
+    scale = 1 / math.sqrt(q.shape[-1])
+    out, grads, cotangent = _variant_call(q, k, v, window, q_offset, scale, ids, variant, None, bf16_products)
     assert out.dtype == q.dtype and out.stride() == q.stride()  # point-major in, point-major out
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = dense_window_attention(q64, k64, v64, window, q_offset, ids)
@@ -91,6 +104,48 @@ def test_bf16_matches_dense_to_its_own_error(variant):
     _against_dense(q, k, v, 33, 30, _ids(1, 260, 1), rtol=2e-2, variant=variant)
 
 
+@needs_bf16_products
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dim", [16, 32, 48, 64, 128])
+@pytest.mark.parametrize(
+    "n_q,left,right,window,with_ids",
+    [(300, 0, 0, 20, False), (257, 60, 83, 70, True), (131, 0, 0, 500, True), (65, 5, 0, 0, False)],
+)
+def test_bf16_products_match_dense_float64_to_bf16_error(variant, dim, n_q, left, right, window, with_ids):
+    """The products in bfloat16 (oneDNN's BRGeMM) with float32 softmax and accumulation: fp32
+    inputs, each variant (the products are oneDNN's on every build; the row passes are each
+    build's), head dims 16-128 (128: two blocks of the head dim), odd tiles, edges, offsets, ids.
+    3e-2 of the largest term: dq and dk come from dS = P (dP - D), a difference of terms of the
+    size of dO V (at W = 0 they cancel exactly, and what is left is bfloat16's error of them)."""
+    q, k, v = _qkv(2, 2, n_q, left + n_q + right, dim, torch.float32, dim)
+    ids = _ids(2, left + n_q + right, dim) if with_ids else None
+    _against_dense(q, k, v, window, left, ids, rtol=3e-2, variant=variant, bf16_products=True)
+
+
+@needs_bf16_products
+def test_bf16_products_are_what_bf16_inputs_get_and_differ_from_fp32_products():
+    """bf16 inputs take the bfloat16 products where the host runs them (the autograd function as
+    the processor calls it); their results are within bfloat16's error of the float32 products
+    on the same inputs (relative RMS), and not equal to them (the bf16 path did run)."""
+    q, k, v = _qkv(1, 4, 200, 200, 32, torch.bfloat16, 5)
+    out = NativeBandAttention.apply(q, k, v, 40, 0, 32**-0.5, None)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    q32, k32, v32 = (t.detach().float() for t in (q, k, v))
+    for products in (True, False):
+        got, got_grads, _ = _variant_call(
+            q32, k32, v32, 40, 0, 32**-0.5, None, "native", torch.ones(out.shape), bf16_products=products
+        )
+        results = [(got.to(out.dtype), out), *((a.to(b.dtype), b) for a, b in zip(got_grads, grads))]
+        if products:  # the same computation as the autograd function's, to its output's rounding
+            for a, b in results:
+                torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+        rms = max(float((a.float() - b.float()).norm() / b.float().norm()) for a, b in results)
+        assert rms < 1e-2
+    fp32_out, _ = native_forward(q32, k32, v32, 40, 0, 32**-0.5, None, bf16_products=False)
+    bf16_out, _ = native_forward(q32, k32, v32, 40, 0, 32**-0.5, None, bf16_products=True)
+    assert float((bf16_out - fp32_out).abs().max()) > 1e-4
+
+
 def test_a_query_that_reaches_no_key_gets_zero_and_minus_infinity():
     """The ring's partial blocks: queries whose window misses every key of the block."""
     q, k, v = _qkv(1, 1, 10, 50, 16, torch.float32, 2)
@@ -102,7 +157,10 @@ def test_a_query_that_reaches_no_key_gets_zero_and_minus_infinity():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dim", [16, 64, 128])  # the tiled products (64: AVX-512's) and BLAS
-def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(variant, dim):
+@pytest.mark.parametrize(
+    "products", [False, pytest.param(True, marks=needs_bf16_products)], ids=["fp32_products", "bf16_products"]
+)
+def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(variant, dim, products):
     """A diverged input must show: a row of NaN scores must not read as a row of masked keys.
     Outputs are NaN exactly where a NaN query or key is seen; gradients NaN there too (and,
     through the tiles' masked zeros times NaN, possibly beside it, as in any dense product),
@@ -111,7 +169,7 @@ def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(variant, dim):
     with torch.no_grad():
         q[0, 0, 5, 0] = math.nan  # query 5: its whole row of scores
         k[0, 0, 200, 0] = math.nan  # key 200: one score of each query within 20 of it
-    out, grads, _ = _variant_call(q, k, v, 20, 0, dim**-0.5, None, variant, torch.ones(1, 1, 300, dim))
+    out, grads, _ = _variant_call(q, k, v, 20, 0, dim**-0.5, None, variant, torch.ones(1, 1, 300, dim), products)
     dq = grads[0][0, 0]
     seen = torch.zeros(300, dtype=torch.bool)
     seen[5] = True
