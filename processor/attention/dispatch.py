@@ -12,7 +12,8 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
   forward and backward; CPU forward only. No dropout.
 - ``native``: the fused C++ CPU kernel (:mod:`.native`, built by ``scripts/setup.sh``): tiles of
   queries against exactly the keys their band reaches, online softmax, a backward that
-  recomputes the probabilities from the log-sum-exp; CPU, fp32 and bf16, no dropout.
+  recomputes the probabilities from the log-sum-exp; CPU, fp32 and bf16 (bf16 products where the
+  host multiplies bf16 natively), no dropout.
 - ``banded``: PyTorch's fused CPU flash kernel block by block, with its own backward
   (:mod:`.banded`); CPU, fp32/fp64, no dropout.
 - ``sdpa_blocks``: blocks of queries against their key bands in one SDPA call on strided views

@@ -5,6 +5,7 @@ built, :func:`native_kernel` returns None and the dispatcher keeps to the Python
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 import torch
@@ -89,8 +90,12 @@ def bf16_products_here(variant: str = "native") -> bool:
     (AVX-512) and the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; elsewhere oneDNN would
     convert to float32, no faster than the float32 products)."""
     kernel = load(variant)
-    native_bf16 = {"AVX512-BF16", "AMX"} & set(cpu_isa())
-    return kernel is not None and bool(native_bf16) and bool(kernel.bf16_products())
+    return kernel is not None and _multiplies_bf16() and bool(kernel.bf16_products())
+
+
+@functools.cache
+def _multiplies_bf16() -> bool:
+    return bool({"AVX512-BF16", "AMX"} & set(cpu_isa()))
 
 
 def _products_in_bf16(kernel: ModuleType, q: Tensor, asked: bool | None) -> bool:

@@ -282,6 +282,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("bf16") = false);
   m.def("isa", []() { return std::string(GRIDSHARD_ISA); }, "the vector instructions this build's micro-kernels use");
   m.def("serves", &small_gemm::serves, "whether the register-tiled products serve this head dim");
-  m.def("bf16_products", &bf16_products::available, "whether oneDNN runs the bfloat16 products on this host");
+  m.def("bf16_products", []() { static const bool available = bf16_products::available(); return available; },
+        "whether oneDNN runs the bfloat16 products on this host");
   m.def("bf16_serves", &bf16_products::Products::serves, "whether the bfloat16 products serve this head dim");
 }
