@@ -7,8 +7,8 @@
 // their band reaches, in chunks of at most kChunkCols keys with an online softmax, their
 // products through tile_products.h (float32: register-tiled for thin heads, else BLAS) or, when
 // the call asks (`bf16`), bf16_products.h (bfloat16 operands, float32 accumulation, oneDNN's
-// BRGeMM), the softmax in float32 and base 2 (lse is returned in natural units). The backward recomputes the
-// probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
+// BRGeMM), the softmax in float32 and base 2 (lse is returned in natural units). The backward
+// recomputes the probabilities from the saved log-sum-exp (P = exp(S - lse), dS = P (dP - D),
 // D = rowsum(dO O)): no N x W tensor is ever kept. Tasks own their heads' dq, dk and dv rows,
 // so nothing is reduced across threads.
 //
