@@ -99,8 +99,9 @@ def _multiplies_bf16() -> bool:
 
 
 def _products_in_bf16(kernel: ModuleType, q: Tensor, asked: bool | None) -> bool:
-    if asked is None:
-        asked = q.dtype == torch.bfloat16 and bf16_products_here()
+    if asked is None:  # oneDNN's kernels are off where the user turned mkldnn off
+        asked = q.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() and bf16_products_here()
+        asked = asked and torch.backends.mkldnn.enabled
     return asked and bool(kernel.bf16_serves(q.shape[-1]))
 
 

@@ -50,6 +50,7 @@ using tile_products::Rows;
 #endif
 constexpr int64_t kTileRows = GRIDSHARD_TILE_ROWS;
 constexpr int64_t kChunkCols = GRIDSHARD_CHUNK_COLS;
+static_assert(kChunkCols % bf16_products::kBlock == 0, "chunks start at a block of the bf16 products' (and a panel)");
 using row_passes::kNegInf;
 constexpr float kLog2e = 1.44269504088896341f;  // scores are computed in base 2 (row_passes.h)
 constexpr float kLn2 = 0.693147180559945309f;

@@ -90,13 +90,14 @@ class Products {
   // or values.
   void scores(int64_t rows, int64_t cols, float alpha, const float* a, int64_t a_stride, const Rows&, bool values,
               int64_t c0, float* s, int64_t ld) {
+    cols_ = cols;
     depth_ = stride(cols);
     p_.resize(rows * depth_);
     a_.resize(rows * dim_);
     for (int64_t r = 0; r < rows; ++r) bf16_rows::convert(a + r * a_stride, dim_, dim_, alpha, &a_[r * dim_]);
-    const uint16_t* blocks = (values ? v_blocks_ : k_blocks_).data() + c0 * dim_;  // c0 % kBlock == 0
-    for (int64_t j = 0; j < depth_; j += kBlock) {
-      brgemm(rows, kBlock, dim_, dim_, kBlock, ld, false, a_.data(), blocks + j * dim_, s + j);  // c0 + j: block
+    const uint32_t* blocks = (values ? v_blocks_ : k_blocks_).data() + c0 * dim_ / 2;  // c0 % kBlock == 0
+    for (int64_t j = 0; j < depth_; j += kBlock) {  // columns past `cols` are computed, never read
+      brgemm(rows, kBlock, dim_, dim_, kBlock, ld, false, a_.data(), blocks + j * dim_ / 2, s + j);
     }
   }
 
@@ -134,15 +135,24 @@ class Products {
   void times_keys(int64_t rows, int64_t, float alpha, const float*, int64_t, const Rows&, bool values, int64_t c0,
                   float* c, int64_t c_stride) {
     const uint16_t* a = (values ? p_ : ds_rows_).data();
-    const uint16_t* pairs = (values ? v_pairs_ : k_pairs_).data();
+    const std::vector<uint32_t>& pairs = values ? v_pairs_ : k_pairs_;
     const bool scaled = alpha != 1.0f;  // BRGeMM has no alpha: into a scratch, then scaled in
     if (scaled) scratch_.assign(rows * dim_, 0.0f);
     float* target = scaled ? scratch_.data() : c;
     const int64_t target_stride = scaled ? dim_ : c_stride;
-    for (int64_t d0 = 0; d0 < dim_; d0 += kBlock) {
+    // Exactly the chunk's keys (a key past them may hold a NaN that a zero of P must not see):
+    // their pairs through BRGeMM, an odd last key on its own.
+    const int64_t even = cols_ - cols_ % 2;
+    for (int64_t d0 = 0; d0 < dim_ && even > 0; d0 += kBlock) {
       const int64_t width = std::min(kBlock, dim_ - d0);
-      brgemm(rows, width, depth_, depth_, width, target_stride, !scaled, a, pairs + d0 * n_pad_ + c0 * width,
-             target + d0);
+      brgemm(rows, width, even, depth_, width, target_stride, true, a,
+             pairs.data() + d0 * n_pad_ / 2 + c0 / 2 * width, target + d0);
+    }
+    if (even < cols_) {
+      for (int64_t d = 0; d < dim_; ++d) {
+        const float x = bf16_rows::key_value(pairs, n_pad_, dim_, c0 + even, d);
+        for (int64_t r = 0; r < rows; ++r) target[r * target_stride + d] += bf16_rows::value(a[r * depth_ + even]) * x;
+      }
     }
     if (!scaled) return;
     for (int64_t r = 0; r < rows; ++r)
@@ -159,9 +169,9 @@ class Products {
       for (int64_t d = 0; d < dim_; ++d) a_[d * depth + r] = bf16_rows::to_bf16(alpha * b[r * b_stride + d]);
     const uint32_t* pairs = (which == KeyGrad::dk ? ds_pairs_ : p_pairs_).data();
     float* out = (which == KeyGrad::dk ? dk_t_ : dv_t_).data() + c0;
-    for (int64_t j = 0; j < depth_; j += kBlock) {
-      brgemm(dim_, kBlock, depth, depth, kBlock, n_pad_, true, a_.data(), pairs + j / kBlock * (depth / 2) * kBlock,
-             out + j);
+    for (int64_t j = 0; j < cols_; j += kBlock) {  // exactly the chunk's keys: B^T may hold a NaN
+      const int64_t n = std::min(kBlock, cols_ - j);
+      brgemm(dim_, n, depth, depth, kBlock, n_pad_, true, a_.data(), pairs + j / kBlock * (depth / 2) * kBlock, out + j);
     }
   }
 
@@ -172,10 +182,10 @@ class Products {
   }
 
  private:
-  int64_t dim_, n_pad_, depth_ = 0;  // depth_: the chunk's keys, padded to kBlock
+  int64_t dim_, n_pad_, cols_ = 0, depth_ = 0;  // the chunk's keys, and padded to kBlock
   const KeyGrads* grads_;
-  std::vector<uint16_t> k_blocks_, v_blocks_, k_pairs_, v_pairs_, a_, p_, ds_rows_;
-  std::vector<uint32_t> p_pairs_, ds_pairs_;
+  std::vector<uint16_t> a_, p_, ds_rows_;
+  std::vector<uint32_t> k_blocks_, v_blocks_, k_pairs_, v_pairs_, p_pairs_, ds_pairs_;
   std::vector<float> dk_t_, dv_t_, scratch_;
 };
 

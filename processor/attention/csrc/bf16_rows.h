@@ -41,6 +41,14 @@ inline void convert(const float* x, int64_t n, int64_t padded, float alpha, uint
 
 inline uint32_t pair(float low, float high) { return to_bf16(low) | static_cast<uint32_t>(to_bf16(high)) << 16; }
 
+// The float a bfloat16's bits stand for.
+inline float value(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &word, sizeof(x));
+  return x;
+}
+
 #if GRIDSHARD_SIMD
 using simd::IntVec;
 using simd::kLanes;
@@ -137,8 +145,8 @@ inline void backward_pair(const BackwardRow& r0, const BackwardRow& r1, int64_t 
       const int64_t at = j + h * kLanes;
       p[0][h] = live0 ? row_passes::exp2(Vec::loadu(r0.s + at) - shift0) : zero;
       p[1][h] = live1 ? row_passes::exp2(Vec::loadu(r1.s + at) - shift1) : zero;
-      ds[0][h] = p[0][h] * (Vec::loadu(r0.dp + at) - delta0);
-      ds[1][h] = p[1][h] * (Vec::loadu(r1.dp + at) - delta1);
+      ds[0][h] = live0 ? p[0][h] * (Vec::loadu(r0.dp + at) - delta0) : zero;  // exactly 0: dP may be NaN
+      ds[1][h] = live1 ? p[1][h] * (Vec::loadu(r1.dp + at) - delta1) : zero;
       pairs(p[0][h], p[1][h]).store(out.p_pairs + slot(at));
       pairs(ds[0][h], ds[1][h]).store(out.ds_pairs + slot(at));
     }
@@ -150,7 +158,8 @@ inline void backward_pair(const BackwardRow& r0, const BackwardRow& r1, int64_t 
     const bool in = j < cols;
     const float p0 = in && live0 ? row_passes::exp2(r0.s[j] - r0.shift) : 0.0f;
     const float p1 = in && live1 ? row_passes::exp2(r1.s[j] - r1.shift) : 0.0f;
-    const float ds0 = in ? p0 * (r0.dp[j] - r0.delta) : 0.0f, ds1 = in ? p1 * (r1.dp[j] - r1.delta) : 0.0f;
+    const float ds0 = in && live0 ? p0 * (r0.dp[j] - r0.delta) : 0.0f;
+    const float ds1 = in && live1 ? p1 * (r1.dp[j] - r1.delta) : 0.0f;
     out.p_pairs[slot(j)] = pair(p0, p1);
     out.ds_pairs[slot(j)] = pair(ds0, ds1);
     out.ds_row0[j] = to_bf16(ds0);
@@ -159,34 +168,38 @@ inline void backward_pair(const BackwardRow& r0, const BackwardRow& r1, int64_t 
 }
 
 // t^T (dim x n) in blocks of kBlock keys, each [dim / 2][kBlock] pairs: a pair is two adjacent
-// dims of one key, so each key's row, rounded, is its column of pairs. 0 past the last key.
+// dims of one key. 0 past the last key.
 inline void transposed_blocks(const tile_products::Rows& t, int64_t n, int64_t dim, int64_t n_pad,
-                              std::vector<uint16_t>* out) {
-  out->assign(n_pad * dim, 0);
-  std::vector<uint16_t> row(dim);
+                              std::vector<uint32_t>* out) {
+  out->assign(n_pad * dim / 2, 0u);
   for (int64_t j = 0; j < n; ++j) {
-    convert(t.row(j), dim, dim, 1.0f, row.data());
-    uint32_t* column = reinterpret_cast<uint32_t*>(out->data()) + (j / kBlock) * kBlock * dim / 2 + j % kBlock;
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(row.data());
-    for (int64_t d = 0; d < dim / 2; ++d) column[d * kBlock] = words[d];  // within one block: in cache
+    uint32_t* column = out->data() + (j / kBlock) * kBlock * dim / 2 + j % kBlock;
+    const float* x = t.row(j);
+    for (int64_t d = 0; d < dim / 2; ++d) column[d * kBlock] = pair(x[2 * d], x[2 * d + 1]);  // one block: in cache
   }
 }
 
 // t (n x dim) in key pairs, in blocks of kBlock head dims, each [n_pad / 2][width] pairs; 0 past
 // the last key.
 inline void key_pairs(const tile_products::Rows& t, int64_t n, int64_t dim, int64_t n_pad,
-                      std::vector<uint16_t>* out) {
-  out->assign(n_pad * dim, 0);
-  auto* words = reinterpret_cast<uint32_t*>(out->data());
+                      std::vector<uint32_t>* out) {
+  out->assign(n_pad * dim / 2, 0u);
   for (int64_t d0 = 0; d0 < dim; d0 += kBlock) {
     const int64_t width = std::min(kBlock, dim - d0);
-    uint32_t* block = words + d0 * n_pad / 2;
+    uint32_t* block = out->data() + d0 * n_pad / 2;
     for (int64_t j = 0; j < n; j += 2) {
       const float *x0 = t.row(j) + d0, *x1 = j + 1 < n ? t.row(j + 1) + d0 : nullptr;
       uint32_t* dst = block + (j / 2) * width;
       for (int64_t d = 0; d < width; ++d) dst[d] = pair(x0[d], x1 == nullptr ? 0.0f : x1[d]);
     }
   }
+}
+
+// Key j's value at head dim d, as key_pairs stored it.
+inline float key_value(const std::vector<uint32_t>& pairs, int64_t n_pad, int64_t dim, int64_t j, int64_t d) {
+  const int64_t d0 = d - d % kBlock, width = std::min(kBlock, dim - d0);
+  const uint32_t word = pairs[d0 * n_pad / 2 + (j / 2) * width + (d - d0)];
+  return value(static_cast<uint16_t>(j % 2 == 0 ? word & 0xffffu : word >> 16));
 }
 
 // The transposed accumulator t (dim x n_pad) into rows (n x dim), kBlock keys at a time (both

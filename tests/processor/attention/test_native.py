@@ -178,6 +178,27 @@ def test_a_nan_shows_in_every_output_and_gradient_that_sees_it(variant, dim, pro
     assert dq[seen].isnan().all() and dq[64:128].isfinite().all()
 
 
+@needs_bf16_products
+@pytest.mark.parametrize("dim", [16, 64, 128])
+def test_bf16_products_keep_a_nan_key_to_the_tiles_that_reach_it(dim):
+    """The bf16 products pad a chunk's keys to blocks of 64; a NaN key just past a tile's reach
+    (key 170: queries 64-127 reach keys up to 147, padded to 191) must not reach that tile's dq
+    through the padding, nor the dk and dv of keys past the chunk of the queries that see it
+    (150-190: their tile's chunk ends at key 211, padded to 255). Within a chunk, masked zeros
+    times NaN show as in the fp32 products and any dense product."""
+    q, k, v = _qkv(1, 1, 300, 300, dim, torch.float32, 4)
+    q, k, v = (t.detach() for t in (q, k, v))
+    k[0, 0, 170, 0] = math.nan
+    out, (dq, dk, dv), _ = _variant_call(q, k, v, 20, 0, dim**-0.5, None, "native", torch.ones(1, 1, 300, dim), True)
+    out, dq, dk, dv = (t[0, 0] for t in (out, dq, dk, dv))
+    seen = torch.zeros(300, dtype=torch.bool)
+    seen[150:191] = True
+    assert out[seen].isnan().all() and out[~seen].isfinite().all()
+    assert dq[64:128].isfinite().all()
+    assert dk[:64].isfinite().all() and dk[212:].isfinite().all() and dv[212:].isfinite().all()
+    assert dk[150:191].isnan().any()
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n_q=st.integers(1, 260),
