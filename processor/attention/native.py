@@ -6,6 +6,7 @@ built, :func:`native_kernel` returns None and the dispatcher keeps to the Python
 from __future__ import annotations
 
 import functools
+import warnings
 from types import ModuleType
 
 import torch
@@ -56,6 +57,7 @@ def native_forward(
     args = (int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids), in_bf16)
     with torch.profiler.record_function(PROFILE_NAME):
         out, lse = kernel.forward(q32, k32, v32, *args)
+    _warn_of_refusal(kernel, in_bf16)
     return out.to(q.dtype), lse
 
 
@@ -82,6 +84,7 @@ def native_backward(
     args = (lse.float(), int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids), in_bf16)
     with torch.profiler.record_function(PROFILE_NAME + "_backward"):
         dq, dk, dv = kernel.backward(*tensors, *args)
+    _warn_of_refusal(kernel, in_bf16)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -103,6 +106,24 @@ def _products_in_bf16(kernel: ModuleType, q: Tensor, asked: bool | None) -> bool
         asked = q.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() and bf16_products_here()
         asked = asked and torch.backends.mkldnn.enabled
     return asked and bool(kernel.bf16_serves(q.shape[-1]))
+
+
+def _warn_of_refusal(kernel: ModuleType, in_bf16: bool) -> None:
+    """Once per process: oneDNN refused the bf16 products (a host the kernel was not tested on),
+    so the kernel computed, and goes on computing, in fp32."""
+    reason = kernel.bf16_refusal() if in_bf16 else ""
+    if reason:
+        _warn_once(reason)
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    warnings.warn(
+        f"band attention: oneDNN refused the bf16 products ({reason}); the kernel computes in fp32 from now on. "
+        "Please report it with the output of `lscpu`.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _float_rows(t: Tensor) -> Tensor:

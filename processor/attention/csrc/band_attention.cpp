@@ -24,10 +24,13 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "bf16_products.h"
@@ -215,28 +218,58 @@ bool bf16_products_for(bool asked, int64_t dim) {
   return asked && bf16_products::Products::serves(dim);
 }
 
+// Why oneDNN refused the bfloat16 products in this process ("" while it has not).
+struct Refusal {
+  std::mutex mutex;
+  std::string reason;
+};
+Refusal& bf16_refusal() {
+  static Refusal refusal;
+  return refusal;
+}
+
+// pass(bf16) with bfloat16 products where asked and served; should oneDNN refuse one of their
+// shapes (on a host this kernel was not tested on), the same pass again with float32 products,
+// and float32 products for the rest of the process (the Python side warns with the reason). A
+// pass makes its own outputs.
+template <class Pass>
+std::vector<at::Tensor> with_products(bool asked, int64_t dim, const Pass& pass) {
+  static std::atomic<bool> refused{false};
+  if (!bf16_products_for(asked, dim) || refused) return pass(false);
+  try {
+    return pass(true);
+  } catch (const std::exception& error) {
+    const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
+    std::lock_guard<std::mutex> lock(bf16_refusal().mutex);
+    bf16_refusal().reason = torch_error != nullptr ? torch_error->what_without_backtrace() : error.what();
+    refused = true;
+  }
+  return pass(false);
+}
+
 std::vector<at::Tensor> band_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                                      int64_t q_offset, double scale, const c10::optional<at::Tensor>& ids,
                                      const c10::optional<at::Tensor>& q_ids, bool bf16) {
   check_inputs(q, k, v, ids, q_ids);
-  const bool in_bf16 = bf16_products_for(bf16, q.size(3));
-  auto out = at::empty_like(q);
-  auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  const int64_t heads = q.size(1);
-  at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / heads, h = task % heads;
-      const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
-      float* lse_row = lse.data_ptr<float>() + (b * heads + h) * q.size(2);
-      const Rows qh = head_rows(q, b, h), kh = head_rows(k, b, h), vh = head_rows(v, b, h), oh = head_rows(out, b, h);
-      if (in_bf16) {
-        forward_head<bf16_products::Products>(g, qh, kh, vh, oh, lse_row);
-      } else {
-        forward_head<tile_products::Products>(g, qh, kh, vh, oh, lse_row);
+  return with_products(bf16, q.size(3), [&](bool in_bf16) -> std::vector<at::Tensor> {
+    auto out = at::empty_like(q);
+    auto lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    const int64_t heads = q.size(1);
+    at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / heads, h = task % heads;
+        const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
+        float* lse_row = lse.data_ptr<float>() + (b * heads + h) * q.size(2);
+        const Rows qh = head_rows(q, b, h), kh = head_rows(k, b, h), vh = head_rows(v, b, h), oh = head_rows(out, b, h);
+        if (in_bf16) {
+          forward_head<bf16_products::Products>(g, qh, kh, vh, oh, lse_row);
+        } else {
+          forward_head<tile_products::Products>(g, qh, kh, vh, oh, lse_row);
+        }
       }
-    }
+    });
+    return {out, lse};
   });
-  return {out, lse};
 }
 
 std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
@@ -245,31 +278,32 @@ std::vector<at::Tensor> band_backward(const at::Tensor& dout, const at::Tensor& 
                                       const c10::optional<at::Tensor>& ids, const c10::optional<at::Tensor>& q_ids,
                                       bool bf16) {
   check_inputs(q, k, v, ids, q_ids);
-  const bool in_bf16 = bf16_products_for(bf16, q.size(3));
   TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes() && dout.stride(3) == 1 && out.stride(3) == 1 &&
                   dout.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
               "band attention backward: grad and out must be float32 like q, head_dim contiguous");
   auto lse_c = lse.contiguous();
   TORCH_CHECK(lse_c.scalar_type() == at::kFloat && lse_c.numel() == q.size(0) * q.size(1) * q.size(2),
               "band attention backward: lse must be float32 (batch, heads, n_q)");
-  auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
-  const int64_t heads = q.size(1);
-  at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / heads, h = task % heads;
-      const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
-      const float* lse_row = lse_c.data_ptr<float>() + (b * heads + h) * q.size(2);
-      const Rows qh = head_rows(q, b, h), kh = head_rows(k, b, h), vh = head_rows(v, b, h), oh = head_rows(out, b, h);
-      const Rows dq_h = head_rows(dq, b, h), dout_h = head_rows(dout, b, h);
-      const KeyGrads key_grads{head_rows(dk, b, h), head_rows(dv, b, h)};
-      if (in_bf16) {
-        backward_head<bf16_products::Products>(g, qh, kh, vh, oh, dout_h, lse_row, dq_h, key_grads);
-      } else {
-        backward_head<tile_products::Products>(g, qh, kh, vh, oh, dout_h, lse_row, dq_h, key_grads);
+  return with_products(bf16, q.size(3), [&](bool in_bf16) -> std::vector<at::Tensor> {
+    auto dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+    const int64_t heads = q.size(1);
+    at::parallel_for(0, q.size(0) * heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / heads, h = task % heads;
+        const Geometry g = geometry(q, k, window, q_offset, scale, ids, q_ids, b);
+        const float* lse_row = lse_c.data_ptr<float>() + (b * heads + h) * q.size(2);
+        const Rows qh = head_rows(q, b, h), kh = head_rows(k, b, h), vh = head_rows(v, b, h), oh = head_rows(out, b, h);
+        const Rows dq_h = head_rows(dq, b, h), dout_h = head_rows(dout, b, h);
+        const KeyGrads key_grads{head_rows(dk, b, h), head_rows(dv, b, h)};
+        if (in_bf16) {
+          backward_head<bf16_products::Products>(g, qh, kh, vh, oh, dout_h, lse_row, dq_h, key_grads);
+        } else {
+          backward_head<tile_products::Products>(g, qh, kh, vh, oh, dout_h, lse_row, dq_h, key_grads);
+        }
       }
-    }
+    });
+    return {dq, dk, dv};
   });
-  return {dq, dk, dv};
 }
 
 }  // namespace
@@ -286,4 +320,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_products", []() { static const bool available = bf16_products::available(); return available; },
         "whether oneDNN runs the bfloat16 products on this host");
   m.def("bf16_serves", &bf16_products::Products::serves, "whether the bfloat16 products serve this head dim");
+  m.def(
+      "bf16_refusal",
+      []() {
+        std::lock_guard<std::mutex> lock(bf16_refusal().mutex);
+        return bf16_refusal().reason;
+      },
+      "why oneDNN refused the bfloat16 products in this process (empty while it has not)");
 }

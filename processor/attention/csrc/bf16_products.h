@@ -123,8 +123,8 @@ class Products {
     for (int64_t r = 0; r < rows; r += 2) {
       const int64_t second = std::min(r + 1, rows - 1);  // an odd last row pairs with zeros
       const bf16_rows::BackwardRow row0{p + r * ld, ds + r * ld, shift[r], delta[r]};
-      const bf16_rows::BackwardRow row1{p + second * ld, ds + second * ld, second == r ? row_passes::kNegInf : shift[second],
-                                        delta[second]};
+      const float shift1 = second == r ? row_passes::kNegInf : shift[second];
+      const bf16_rows::BackwardRow row1{p + second * ld, ds + second * ld, shift1, delta[second]};
       const bf16_rows::BackwardOut out{&p_pairs_[r / 2 * kBlock], &ds_pairs_[r / 2 * kBlock], &ds_rows_[r * depth_],
                                        &ds_rows_[(r + 1) * depth_], pairs * kBlock};
       bf16_rows::backward_pair(row0, row1, cols, depth_, out);
@@ -171,7 +171,8 @@ class Products {
     float* out = (which == KeyGrad::dk ? dk_t_ : dv_t_).data() + c0;
     for (int64_t j = 0; j < cols_; j += kBlock) {  // exactly the chunk's keys: B^T may hold a NaN
       const int64_t n = std::min(kBlock, cols_ - j);
-      brgemm(dim_, n, depth, depth, kBlock, n_pad_, true, a_.data(), pairs + j / kBlock * (depth / 2) * kBlock, out + j);
+      const uint32_t* block = pairs + j / kBlock * (depth / 2) * kBlock;
+      brgemm(dim_, n, depth, depth, kBlock, n_pad_, true, a_.data(), block, out + j);
     }
   }
 

@@ -8,6 +8,8 @@ and every gradient. Skipped where the kernel is not built
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -144,6 +146,31 @@ def test_bf16_products_are_what_bf16_inputs_get_and_differ_from_fp32_products():
     fp32_out, _ = native_forward(q32, k32, v32, 40, 0, 32**-0.5, None, bf16_products=False)
     bf16_out, _ = native_forward(q32, k32, v32, 40, 0, 32**-0.5, None, bf16_products=True)
     assert float((bf16_out - fp32_out).abs().max()) > 1e-4
+
+
+@needs_bf16_products
+def test_where_onednn_refuses_the_bf16_products_the_kernel_warns_and_computes_in_fp32():
+    """With mkldnn turned off, torch's BRGeMM refuses (as oneDNN would a shape it has no kernel
+    for): the call warns once and returns the float32 products' results, and so do later calls.
+    In a fresh process: the refusal holds for the rest of it."""
+    script = """
+import warnings, torch
+from processor.attention.native import native_backward, native_forward
+q, k, v = (torch.randn(1, 2, 100, 32) for _ in range(3))
+fp32 = native_forward(q, k, v, 10, 0, 0.2, None, bf16_products=False)
+with warnings.catch_warnings(record=True) as caught, torch.backends.mkldnn.flags(enabled=False):
+    warnings.simplefilter("always")
+    out, lse = native_forward(q, k, v, 10, 0, 0.2, None, bf16_products=True)
+    grads = native_backward(torch.ones_like(q), q, k, v, out, lse, 10, 0, 0.2, None, bf16_products=True)
+refusals = [w for w in caught if "refused the bf16 products" in str(w.message)]
+assert len(refusals) == 1 and "Brgemm" in str(refusals[0].message), [str(w.message) for w in caught]
+assert torch.equal(out, fp32[0]) and torch.equal(lse, fp32[1])
+want = native_backward(torch.ones_like(q), q, k, v, out, lse, 10, 0, 0.2, None, bf16_products=False)
+assert all(torch.equal(a, b) for a, b in zip(grads, want))
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
 
 
 def test_a_query_that_reaches_no_key_gets_zero_and_minus_infinity():
