@@ -42,8 +42,8 @@ def native_forward(
     bf16_products: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of queries ``(batch, heads, n_q, head_dim)`` over keys ``(batch, heads, n_k,
-    head_dim)`` (any dtype: computed in float32); query ``i`` at key position ``q_offset + i``
-    (any integer: the ring's blocks lie apart). ``ids`` ``(1 or batch, n_k)`` or None; ``q_ids``
+    head_dim)`` (any dtype: computed in float32, but for the products under ``bf16_products``);
+    query ``i`` at key position ``q_offset + i`` (any integer: the ring's blocks lie apart). ``ids`` ``(1 or batch, n_k)`` or None; ``q_ids``
     ``(1 or batch, n_q)`` the queries' own (None: those of keys ``q_offset + i``).
     ``out`` has q's dtype and strides, ``lse`` ``(batch, heads, n_q)`` float32 (``-inf`` for a
     query that reaches no key, whose output is 0). ``variant``: which build
@@ -103,8 +103,7 @@ def _multiplies_bf16() -> bool:
 
 def _products_in_bf16(kernel: ModuleType, q: Tensor, asked: bool | None) -> bool:
     if asked is None:  # oneDNN's kernels are off where the user turned mkldnn off
-        asked = q.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() and bf16_products_here()
-        asked = asked and torch.backends.mkldnn.enabled
+        asked = q.dtype == torch.bfloat16 and torch.backends.mkldnn.enabled and bf16_products_here()
     return asked and bool(kernel.bf16_serves(q.shape[-1]))
 
 
