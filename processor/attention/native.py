@@ -43,8 +43,9 @@ def native_forward(
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of queries ``(batch, heads, n_q, head_dim)`` over keys ``(batch, heads, n_k,
     head_dim)`` (any dtype: computed in float32, but for the products under ``bf16_products``);
-    query ``i`` at key position ``q_offset + i`` (any integer: the ring's blocks lie apart). ``ids`` ``(1 or batch, n_k)`` or None; ``q_ids``
-    ``(1 or batch, n_q)`` the queries' own (None: those of keys ``q_offset + i``).
+    query ``i`` at key position ``q_offset + i`` (any integer: the ring's blocks lie apart).
+    ``ids`` ``(1 or batch, n_k)`` or None; ``q_ids`` ``(1 or batch, n_q)`` the queries' own (None:
+    those of keys ``q_offset + i``).
     ``out`` has q's dtype and strides, ``lse`` ``(batch, heads, n_q)`` float32 (``-inf`` for a
     query that reaches no key, whose output is 0). ``variant``: which build
     (:mod:`.native_build`; the tests run each). ``bf16_products``: the tiles' products in bfloat16
