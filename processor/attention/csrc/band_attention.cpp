@@ -213,13 +213,14 @@ Geometry geometry(const at::Tensor& q, const at::Tensor& k, int64_t window, int6
 
 // Whether this call's products run in bfloat16 (asked for, and served: see bf16_products.h).
 bool bf16_products_for(bool asked, int64_t dim) {
-  static const bool available = bf16_products::available();
+  const bool available = bf16_products::available();  // probed on the first call, asked or not
   TORCH_CHECK(!asked || available, "band attention: bfloat16 products need oneDNN's BRGeMM (AVX-512 hosts)");
   return asked && bf16_products::Products::serves(dim);
 }
 
 // Why oneDNN refused the bfloat16 products in this process ("" while it has not).
 struct Refusal {
+  std::atomic<bool> refused{false};  // reason is set: read without the lock on every call
   std::mutex mutex;
   std::string reason;
 };
@@ -234,15 +235,14 @@ Refusal& bf16_refusal() {
 // pass makes its own outputs.
 template <class Pass>
 std::vector<at::Tensor> with_products(bool asked, int64_t dim, const Pass& pass) {
-  static std::atomic<bool> refused{false};
-  if (!bf16_products_for(asked, dim) || refused) return pass(false);
+  if (!bf16_products_for(asked, dim) || bf16_refusal().refused) return pass(false);
   try {
     return pass(true);
   } catch (const std::exception& error) {
     const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
     std::lock_guard<std::mutex> lock(bf16_refusal().mutex);
     bf16_refusal().reason = torch_error != nullptr ? torch_error->what_without_backtrace() : error.what();
-    refused = true;
+    bf16_refusal().refused = true;
   }
   return pass(false);
 }
@@ -317,8 +317,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("bf16") = false);
   m.def("isa", []() { return std::string(GRIDSHARD_ISA); }, "the vector instructions this build's micro-kernels use");
   m.def("serves", &small_gemm::serves, "whether the register-tiled products serve this head dim");
-  m.def("bf16_products", []() { static const bool available = bf16_products::available(); return available; },
-        "whether oneDNN runs the bfloat16 products on this host");
+  m.def("bf16_products", &bf16_products::available, "whether oneDNN runs the bfloat16 products on this host");
   m.def("bf16_serves", &bf16_products::Products::serves, "whether the bfloat16 products serve this head dim");
   m.def(
       "bf16_refusal",

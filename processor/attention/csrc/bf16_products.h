@@ -39,17 +39,21 @@ using tile_products::Rows;
 
 constexpr int64_t kBlock = bf16_rows::kBlock;
 
-// Whether oneDNN runs bfloat16 BRGeMM here (torch raises where it has no kernel for this host).
+// Whether oneDNN runs bfloat16 BRGeMM here (torch raises where it has no kernel for this host),
+// probed once per process.
 inline bool available() {
-  try {
-    const c10::BFloat16 a[2] = {1.0f, 1.0f}, b[32] = {};
-    float c[16];
-    at::native::cpublas::brgemm(1, 16, 2, 2, 16, 16, false, a, b, c, true);
-    at::native::cpublas::brgemm_release(true);
-    return true;
-  } catch (const std::exception&) {  // c10::Error
-    return false;
-  }
+  static const bool runs = []() {
+    try {
+      const c10::BFloat16 a[2] = {1.0f, 1.0f}, b[32] = {};
+      float c[16];
+      at::native::cpublas::brgemm(1, 16, 2, 2, 16, 16, false, a, b, c, true);
+      at::native::cpublas::brgemm_release(true);
+      return true;
+    } catch (const std::exception&) {  // c10::Error
+      return false;
+    }
+  }();
+  return runs;
 }
 
 // C (m x n, row stride ldc) (+)= A (m x k, row stride lda) B (VNNI pairs, leading dim ldb).
