@@ -22,6 +22,7 @@ from training.config.schema import (
 )
 from training.config.settings import flatten, to_settings
 from training.data import DatasetError, ZarrDataset
+from training.data.dataset import STATE_CACHE_BYTES, StateCache
 from training.data.forcings import VariableRoles, computed_forcings
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Sample, Samples, build_samples, lead_steps, select_members
@@ -153,6 +154,7 @@ class Batches:
         self.device = device
         layout = grids.data_layout
         self.points = slice(layout.start, layout.stop)
+        self._forcings = StateCache(STATE_CACHE_BYTES // 4)  # computed forcings by date
 
     def __call__(self, samples: list[Sample], steps: int = 1) -> Batch:
         """The :class:`Batch` of ``samples`` for a rollout of ``steps``."""
@@ -215,10 +217,18 @@ class Batches:
         return x, per_step[1:]
 
     def _computed(self, dates: np.ndarray) -> np.ndarray:
-        """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64)."""
-        lat, lon = self.dataset.latitudes[self.points], self.dataset.longitudes[self.points]
-        values = computed_forcings(self.dataset.roles.computed, dates.reshape(-1), lat, lon)
-        return values.reshape(*dates.shape, *values.shape[1:])
+        """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64),
+        each date's computed once."""
+        at_dates = [self._computed_at(date) for date in dates.reshape(-1)]
+        return np.stack(at_dates).reshape(*dates.shape, *at_dates[0].shape)
+
+    def _computed_at(self, date: np.datetime64) -> np.ndarray:
+        key = (int(date.astype("datetime64[s]").astype(np.int64)),)
+        values = self._forcings.get(key)
+        if values is None:
+            lat, lon = self.dataset.latitudes[self.points], self.dataset.longitudes[self.points]
+            values = self._forcings.put(key, computed_forcings(self.dataset.roles.computed, date[None], lat, lon)[0])
+        return values
 
 
 @dataclass

@@ -65,8 +65,9 @@ def train_step(
     t_cfg, dataset = session.cfg.trainer, session.dataset
     outputs = dataset.roles.outputs
     weights = loss_weights(t_cfg.loss, outputs, dataset.area_weights, session.points)
+    model = session.dims.parallelize(session.model)
     return TrainStep(
-        session.dims.parallelize(session.model),
+        torch.compile(model) if t_cfg.compile else model,
         optimiser,
         schedule,
         t_cfg.grad_clip,

@@ -50,16 +50,11 @@ def native_forward(
     query that reaches no key, whose output is 0). ``variant``: which build
     (:mod:`.native_build`; the tests run each). ``bf16_products``: the tiles' products in bfloat16
     with float32 accumulation and softmax (None: where q is bfloat16 and the host runs them, see
-    :func:`bf16_products_here`)."""
-    kernel = load(variant)
-    assert kernel is not None, f"the {variant} band-attention kernel is not built"
-    in_bf16 = _products_in_bf16(kernel, q, bf16_products)
-    q32, k32, v32 = (_float_rows(t) for t in (q, k, v))
-    args = (int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids), in_bf16)
-    with torch.profiler.record_function(PROFILE_NAME):
-        out, lse = kernel.forward(q32, k32, v32, *args)
-    _warn_of_refusal(kernel, in_bf16)
-    return out.to(q.dtype), lse
+    :func:`bf16_products_here`). A custom operator (``gridshard::band_attention``, its shapes
+    known to ``torch.compile``, which keeps it whole in its graph)."""
+    return torch.ops.gridshard.band_attention(
+        q, k, v, int(window), int(q_offset), float(scale), ids, q_ids, variant, bf16_products
+    )
 
 
 def native_backward(
@@ -77,16 +72,11 @@ def native_backward(
     variant: str = "native",
     bf16_products: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` given the (possibly merged) ``out`` and ``lse`` of these queries."""
-    kernel = load(variant)
-    assert kernel is not None, f"the {variant} band-attention kernel is not built"
-    in_bf16 = _products_in_bf16(kernel, q, bf16_products)
-    tensors = [_float_rows(t) for t in (grad, q, k, v, out)]
-    args = (lse.float(), int(window), int(q_offset), float(scale), _ids(ids), _ids(q_ids), in_bf16)
-    with torch.profiler.record_function(PROFILE_NAME + "_backward"):
-        dq, dk, dv = kernel.backward(*tensors, *args)
-    _warn_of_refusal(kernel, in_bf16)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    """``(dq, dk, dv)`` given the (possibly merged) ``out`` and ``lse`` of these queries
+    (``gridshard::band_attention_backward``)."""
+    return torch.ops.gridshard.band_attention_backward(
+        grad, q, k, v, out, lse, int(window), int(q_offset), float(scale), ids, q_ids, variant, bf16_products
+    )
 
 
 def bf16_products_here(variant: str = "native") -> bool:
@@ -136,8 +126,91 @@ def _ids(ids: Tensor | None) -> Tensor | None:
     return None if ids is None else ids.to(torch.int64).contiguous()
 
 
+# The kernel's calls as operators torch.compile keeps whole in its graph (their shapes known
+# without running them). Defined with the low-level library: torch.library.custom_op's wrapper
+# cost about 100 us a call here, most of the kernel's time on a small grid.
+_OPERATORS = torch.library.Library("gridshard", "DEF")
+_OPERATORS.define(
+    "band_attention(Tensor q, Tensor k, Tensor v, int window, int q_offset, float scale, Tensor? ids, "
+    "Tensor? q_ids, str variant, bool? bf16_products) -> (Tensor, Tensor)"
+)
+_OPERATORS.define(
+    "band_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, int window, "
+    "int q_offset, float scale, Tensor? ids, Tensor? q_ids, str variant, bool? bf16_products) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+
+
+def _forward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    q_offset: int,
+    scale: float,
+    ids: Tensor | None,
+    q_ids: Tensor | None,
+    variant: str,
+    bf16_products: bool | None,
+) -> tuple[Tensor, Tensor]:
+    kernel = load(variant)
+    assert kernel is not None, f"the {variant} band-attention kernel is not built"
+    in_bf16 = _products_in_bf16(kernel, q, bf16_products)
+    q32, k32, v32 = (_float_rows(t) for t in (q, k, v))
+    with torch.profiler.record_function(PROFILE_NAME):
+        out, lse = kernel.forward(q32, k32, v32, window, q_offset, scale, _ids(ids), _ids(q_ids), in_bf16)
+    _warn_of_refusal(kernel, in_bf16)
+    return out.to(q.dtype), lse
+
+
+def _forward_shapes(q, k, v, window, q_offset, scale, ids, q_ids, variant, bf16_products):
+    return _like_rows(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+def _backward_op(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    window: int,
+    q_offset: int,
+    scale: float,
+    ids: Tensor | None,
+    q_ids: Tensor | None,
+    variant: str,
+    bf16_products: bool | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    kernel = load(variant)
+    assert kernel is not None, f"the {variant} band-attention kernel is not built"
+    in_bf16 = _products_in_bf16(kernel, q, bf16_products)
+    tensors = [_float_rows(t) for t in (grad, q, k, v, out)]
+    args = (lse.float(), window, q_offset, scale, _ids(ids), _ids(q_ids), in_bf16)
+    with torch.profiler.record_function(PROFILE_NAME + "_backward"):
+        dq, dk, dv = kernel.backward(*tensors, *args)
+    _warn_of_refusal(kernel, in_bf16)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _backward_shapes(grad, q, k, v, out, lse, window, q_offset, scale, ids, q_ids, variant, bf16_products):
+    return _like_rows(q), _like_rows(k), _like_rows(v)
+
+
+def _like_rows(t: Tensor) -> Tensor:
+    """An empty tensor laid out as the kernel lays out its result for ``t`` (:func:`_float_rows`)."""
+    return torch.empty_like(t) if t.stride(-1) == 1 else t.new_empty(t.shape)
+
+
+_OPERATORS.impl("band_attention", _forward_op, "CPU")
+_OPERATORS.impl("band_attention_backward", _backward_op, "CPU")
+torch.library.register_fake("gridshard::band_attention", _forward_shapes, lib=_OPERATORS)
+torch.library.register_fake("gridshard::band_attention_backward", _backward_shapes, lib=_OPERATORS)
+
+
 class NativeBandAttention(torch.autograd.Function):
-    """The fused kernel with its own backward; saves q, k, v, out and lse."""
+    """The fused kernel with its own backward; saves q, k, v, out and lse. ``torch.compile``
+    traces it whole (its calls are the operators above)."""
 
     @staticmethod
     def forward(ctx, q, k, v, window: int, q_offset: int, scale: float, ids):  # type: ignore[override]

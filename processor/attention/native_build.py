@@ -13,7 +13,6 @@ built so that the tests check each code path a user's CPU may take (``avx2`` on 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import platform
@@ -131,13 +130,23 @@ def build(variants: list[str] | None = None) -> list[Path]:
             partial.replace(library_path(variant))  # never a half-written library under the real name
             _stamp_path(variant).write_text(_stamp(variant))
             built.append(library_path(variant))
-    load.cache_clear()
+    _LOADED.clear()
     return built
 
 
-@functools.cache
+# What load() found for each variant, looked up once per process (again after build()): a plain
+# dict, so that torch.compile reads the answer instead of tracing a look-up of files.
+_LOADED: dict[str, ModuleType | None] = {}
+
+
 def load(variant: str = "native") -> ModuleType | None:
     """The built module of ``variant``, or None when it is not built for these sources and this torch."""
+    if variant not in _LOADED:
+        _LOADED[variant] = _load(variant)
+    return _LOADED[variant]
+
+
+def _load(variant: str) -> ModuleType | None:
     library, stamp = library_path(variant), _stamp_path(variant)
     if not library.exists() or not stamp.exists() or stamp.read_text() != _stamp(variant):
         return None

@@ -191,6 +191,14 @@ def _gradient_groups(mesh: DeviceMesh) -> tuple[dist.ProcessGroup | None, dist.P
     return mine, dp_group
 
 
+def _norm_squared(params: list[nn.Parameter]) -> torch.Tensor:
+    """The squared 2-norm of these parameters' gradients (0 for none), in float64 to be summed
+    with other ranks': the norms in one fused call (torch's ``foreach``), as torch's clipping takes them."""
+    if not params:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True).double().square()
+
+
 def clip_grad_norm_(
     parameters: Iterable[nn.Parameter], max_norm: float, *, mp_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
@@ -203,16 +211,11 @@ def clip_grad_norm_(
         return torch.zeros(())
     if mp_group is None and any(len(split_of(p).sizes) > 1 for p in params if split_of(p) is not None):
         raise ValueError("clip_grad_norm_: the parameters are split over ranks; pass their mp_group")
-    squares = [p.grad.detach().double().square().sum() for p in params]
-    replicated = sum(
-        (sq for p, sq in zip(params, squares) if split_of(p) is None), torch.zeros((), dtype=torch.float64)
-    )
-    split = sum((sq for p, sq in zip(params, squares) if split_of(p) is not None), torch.zeros((), dtype=torch.float64))
+    replicated = _norm_squared([p for p in params if split_of(p) is None])
+    split = _norm_squared([p for p in params if split_of(p) is not None])
     if any(split_of(p) is not None for p in params) and _size(mp_group) > 1:
         with profiler_range("all_reduce_grad_norm"):
             dist.all_reduce(split, op=dist.ReduceOp.SUM, group=mp_group)
     total = (replicated + split).sqrt()
-    factor = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for p in params:
-        p.grad.mul_(factor.to(p.grad.dtype))
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total.float(), foreach=True)
     return total.float()

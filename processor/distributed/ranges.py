@@ -28,6 +28,6 @@ def profiler_range(name: str) -> AbstractContextManager:
     """A profiler range ``gridshard/<name>`` while a profiler records (else a no-op), to use
     as ``with profiler_range("all_to_all"): ...``: the collectives' ranges here, the
     strategies' phases (:meth:`processor.strategies.Strategy.phase`)."""
-    if not torch.autograd._profiler_enabled():
+    if torch.compiler.is_compiling() or not torch.autograd._profiler_enabled():  # compiled: no ranges
         return _NONE
     return record_function(PREFIX + name)

@@ -195,6 +195,9 @@ class TrainerConfig:
     min_lr_ratio: float = setting(0.3, within(0, 1))  # the cosine ends at 0.3 lr: u's tendency is learned late
     grad_clip: float = setting(1.0, at_least(0, " (0: off)"))
     precision: str = setting("fp32", one_of("fp32", "bf16"))  # bf16: autocast
+    # torch.compile the model for training (inductor: C++/OpenMP on a CPU, Triton on a GPU): fewer,
+    # fused kernels; the first steps compile (cached for later runs on the machine). docs/training.md
+    compile: bool = False
     val_interval: int = setting(50, at_least(1))
     val_batches: int = setting(8, at_least(1))
     checkpoint_interval: int = setting(200, at_least(1))

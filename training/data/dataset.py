@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,37 @@ def as_datetime64(dates: np.ndarray) -> np.ndarray:
     if np.issubdtype(dates.dtype, np.datetime64):
         return dates.astype("datetime64[s]")
     return dates.astype(np.int64).astype("datetime64[s]")
+
+
+# Normalised states kept in memory per dataset (each rank its own): a small store is read once
+# (a read of one date from Zarr costs about 1 ms, most of a small grid's batch); a large one keeps
+# the dates read last.
+STATE_CACHE_BYTES = 1 << 30
+
+
+class StateCache:
+    """The states read last, up to ``capacity`` bytes, each read-only (a caller's change would
+    reach the next reader)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.size = capacity, 0
+        self._states: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        state = self._states.get(key)
+        if state is not None:
+            self._states.move_to_end(key)
+        return state
+
+    def put(self, key: tuple, state: np.ndarray) -> np.ndarray:
+        """Keep ``state`` (made read-only), dropping the least recently read beyond capacity."""
+        state.setflags(write=False)
+        if state.nbytes <= self.capacity:
+            self._states[key] = state
+            self.size += state.nbytes
+            while self.size > self.capacity:
+                self.size -= self._states.popitem(last=False)[1].nbytes
+        return state
 
 
 class ZarrDataset:
@@ -138,6 +170,7 @@ class ZarrDataset:
             raise DatasetError(f"variables {unknown} are not in {self.path}; it has {names}")
         self.variables = wanted
         self._index = [names.index(v) for v in wanted]
+        self._states = StateCache(STATE_CACHE_BYTES)
         self.mean = np.asarray(mean)[self._index].astype(np.float32)
         self.stdev = np.maximum(np.asarray(stdev)[self._index], 1e-12).astype(np.float32)
         try:
@@ -201,6 +234,13 @@ class ZarrDataset:
         of points)."""
         if t in self.missing:
             raise DatasetError(f"date {self.date(t)} (index {t}) is a missing date of {self.path}")
+        key = (t, member, points.start, points.stop)
+        state = self._states.get(key)
+        if state is None:
+            state = self._states.put(key, self._normalised(t, points, member))
+        return state
+
+    def _normalised(self, t: int, points: slice, member: int) -> np.ndarray:
         try:
             raw = self._read_points(t, member, points).astype(np.float32)[self._index]
         except Exception as exc:  # a corrupt or missing chunk: say where, not deep in zarr

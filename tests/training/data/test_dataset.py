@@ -4,6 +4,7 @@ import zarr
 
 from training.config.schema import DataConfig
 from training.data import DatasetError, ZarrDataset
+from training.data.dataset import StateCache
 from training.data.generate import VARIABLES
 from training.data.zarr_compat import open_group_v2, write_array
 from training.session import open_dataset
@@ -57,3 +58,26 @@ def test_malformed_store(tmp_path):
 def test_grid_must_match_the_store(small_dataset):
     with pytest.raises(DatasetError, match="o32 has 5248 points but .* has 1600"):
         open_dataset(DataConfig(path=str(small_dataset), grid="o32", generate=False))
+
+
+def test_states_are_read_once_and_kept_read_only(small_dataset):
+    """A state read again comes from memory, equal to a fresh read, and cannot be changed in place."""
+    ds = ZarrDataset(small_dataset)
+    first = ds.state(7, slice(10, 50))
+    assert ds.state(7, slice(10, 50)) is first
+    np.testing.assert_array_equal(first, ZarrDataset(small_dataset).state(7, slice(10, 50)))
+    with pytest.raises(ValueError, match="read-only"):
+        first[0, 0] = 1.0
+    assert ds.state(7) is not first  # another block of points is another state
+
+
+def test_the_state_cache_keeps_the_last_read_within_its_bytes():
+    cache = StateCache(capacity=3 * 400)
+    for t in range(4):
+        cache.put((t,), np.full((10, 10), t, np.float32))  # 400 bytes each
+    assert cache.get((0,)) is None and cache.size == 1200
+    assert cache.get((1,)) is not None  # read: now the most recent
+    cache.put((4,), np.zeros((10, 10), np.float32))
+    assert cache.get((2,)) is None and cache.get((1,)) is not None
+    too_large = cache.put((5,), np.zeros((20, 20), np.float32))  # over the capacity: returned, not kept
+    assert cache.get((5,)) is None and not too_large.flags.writeable
