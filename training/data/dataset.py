@@ -218,16 +218,36 @@ class ZarrDataset:
         """Raw values at a ``(time, variable, member, points)`` index, points in store order."""
         return np.asarray(self._data[index])
 
-    def _read_points(self, t: int, member: int, points: slice) -> np.ndarray:
-        """Raw ``(all variables, points)`` of a block of points in processor order: the span of
-        store points that holds them, read at once (a date is usually one chunk), then picked."""
+    def _read_points(self, t: int | slice, member: int, points: slice) -> np.ndarray:
+        """Raw ``(all variables, points)`` of a block of points in processor order (``(times, all
+        variables, points)`` for a slice of times): the span of store points that holds them, read
+        at once (a date is usually one chunk), then picked."""
         if self._order is None:
             return self._read((t, slice(None), member, points))
         wanted = self._order[points]
         if not len(wanted):
-            return np.empty((self._data.shape[1], 0), np.float32)
+            empty = (self._data.shape[1], 0)
+            return np.empty(empty if isinstance(t, int) else (len(range(self.n_times)[t]), *empty), np.float32)
         lo, hi = int(wanted.min()), int(wanted.max()) + 1
-        return self._read((t, slice(None), member, slice(lo, hi)))[:, wanted - lo]
+        return self._read((t, slice(None), member, slice(lo, hi)))[..., wanted - lo]
+
+    def preload(self, points: slice, members: list[int]) -> bool:
+        """Read every date of ``members`` on ``points`` into memory, a block of whole chunks at a
+        time, when they fit in half the state cache (a small store: then no step waits for a
+        read); False, reading nothing, when they do not."""
+        n_points = len(range(self.n_points)[points])
+        if self.n_times * len(members) * n_points * len(self.variables) * 4 > self._states.capacity // 2:
+            return False
+        block = max(self._chunks[0], 1) * max(1, 64 // max(self._chunks[0], 1))
+        for member in members:
+            for start in range(0, self.n_times, block):
+                times = slice(start, min(start + block, self.n_times))
+                raw = self._read_points(times, member, points).astype(np.float32)[:, self._index]
+                states = (raw - self.mean[:, None]) / self.stdev[:, None]
+                for t, state in zip(range(times.start, times.stop), states):
+                    if t not in self.missing:
+                        self._states.put((t, member, points.start, points.stop), state.T.copy())
+        return True
 
     def state(self, t: int, points: slice = slice(None), member: int = 0) -> np.ndarray:
         """Normalised ``(points, variables)`` of ``member`` at time index ``t`` (optionally a block

@@ -81,3 +81,17 @@ def test_the_state_cache_keeps_the_last_read_within_its_bytes():
     assert cache.get((2,)) is None and cache.get((1,)) is not None
     too_large = cache.put((5,), np.zeros((20, 20), np.float32))  # over the capacity: returned, not kept
     assert cache.get((5,)) is None and not too_large.flags.writeable
+
+
+def test_a_small_store_is_preloaded_whole_and_reads_the_same(small_dataset):
+    ds = ZarrDataset(small_dataset)
+    points = slice(100, 700)
+    assert ds.preload(points, [0])
+    fresh = ZarrDataset(small_dataset)
+    for t in (0, 17, ds.n_times - 1):
+        state = ds._states.get((t, 0, points.start, points.stop))
+        assert state is not None and ds.state(t, points) is state  # from memory
+        np.testing.assert_array_equal(state, fresh.state(t, points))
+    too_small = ZarrDataset(small_dataset)
+    too_small._states.capacity = 2 * ds.n_times * 600 * len(ds.variables) * 4 - 4  # half of it is one byte short
+    assert not too_small.preload(points, [0]) and too_small._states.size == 0
