@@ -71,7 +71,7 @@ class _GeluMLP(torch.autograd.Function):
     pre-activation) and hold three hidden-sized tensors at once in backward. Here forward and
     backward go through the points in a few chunks; backward recomputes the GELU per chunk (one
     elementwise pass) and runs its backward in place, so the temporaries are a chunk's worth
-    of hidden values, not all of them.
+    of hidden values, not all of them (one chunk on a small grid, :func:`_chunk_rows`).
     """
 
     @staticmethod
@@ -81,7 +81,7 @@ class _GeluMLP(torch.autograd.Function):
         ctx.approximate = approximate
         pre_rows = pre.reshape(-1, pre.shape[-1])
         out = x.new_empty(pre_rows.shape[0], w2.shape[0])
-        chunk = -(-pre_rows.shape[0] // _MLP_CHUNKS)
+        chunk = _chunk_rows(pre_rows)
         for lo in range(0, pre_rows.shape[0], chunk):
             rows = slice(lo, lo + chunk)
             torch.addmm(b2, F.gelu(pre_rows[rows], approximate=approximate), w2.t(), out=out[rows])
@@ -95,7 +95,7 @@ class _GeluMLP(torch.autograd.Function):
         grad_x = torch.empty_like(x_rows)
         grad_w1, grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
         grad_b1 = pre_rows.new_zeros(pre_rows.shape[-1])
-        chunk = -(-x_rows.shape[0] // _MLP_CHUNKS)
+        chunk = _chunk_rows(pre_rows)
         for lo in range(0, x_rows.shape[0], chunk):
             rows = slice(lo, lo + chunk)
             g = grad_rows[rows]
@@ -112,6 +112,15 @@ class _GeluMLP(torch.autograd.Function):
 
 
 _MLP_CHUNKS = 4
+_CHUNK_VALUES = 1 << 22  # hidden values (16 MiB in fp32) below which the points go in one chunk
+
+
+def _chunk_rows(pre_rows: Tensor) -> int:
+    """Rows a chunk of ``pre_rows`` ``(points, hidden)``: at most :data:`_MLP_CHUNKS` chunks, one
+    where the hidden values are few (a small grid: each chunk costs its handful of calls)."""
+    rows, hidden = pre_rows.shape
+    chunks = min(_MLP_CHUNKS, max(1, -(-rows * hidden // _CHUNK_VALUES)))
+    return max(1, -(-rows // chunks))
 
 
 class GatedLayer(nn.Module):
