@@ -142,18 +142,7 @@ _OPERATORS.define(
 )
 
 
-def _forward_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    window: int,
-    q_offset: int,
-    scale: float,
-    ids: Tensor | None,
-    q_ids: Tensor | None,
-    variant: str,
-    bf16_products: bool | None,
-) -> tuple[Tensor, Tensor]:
+def _forward_op(q, k, v, window, q_offset, scale, ids, q_ids, variant, bf16_products):  # the schema types it
     kernel = load(variant)
     assert kernel is not None, f"the {variant} band-attention kernel is not built"
     in_bf16 = _products_in_bf16(kernel, q, bf16_products)
@@ -168,21 +157,7 @@ def _forward_shapes(q, k, v, window, q_offset, scale, ids, q_ids, variant, bf16_
     return _like_rows(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _backward_op(
-    grad: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    window: int,
-    q_offset: int,
-    scale: float,
-    ids: Tensor | None,
-    q_ids: Tensor | None,
-    variant: str,
-    bf16_products: bool | None,
-) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_op(grad, q, k, v, out, lse, window, q_offset, scale, ids, q_ids, variant, bf16_products):
     kernel = load(variant)
     assert kernel is not None, f"the {variant} band-attention kernel is not built"
     in_bf16 = _products_in_bf16(kernel, q, bf16_products)
