@@ -72,6 +72,7 @@ def test_a_store_damaged_mid_run_stops_every_rank_naming_date_and_variables(tmp_
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "training", *small_overrides(run_dir, store), "trainer.steps=2000"]
     command += ["evaluate.at_end_of_training=false", "trainer.checkpoint_interval=1000"]
+    command += ["data.preload=false"]  # else the whole store is in memory before the damage
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.Popen(
         command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, start_new_session=True, text=True,

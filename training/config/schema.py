@@ -162,6 +162,9 @@ class DataConfig:
     generate_seed: int = 1
     val_fraction: float = setting(0.1, within(0, 1, "()"))
     check_finite: bool = True  # scan the store for NaN/inf before training (chunk by chunk; missing dates excepted)
+    # Read each rank's points of every date into memory at start when they fit in half of the 1 GiB
+    # a rank keeps of the store (a small store: no step then waits for a read); false: read as needed.
+    preload: bool = True
 
 
 @dataclass
