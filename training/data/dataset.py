@@ -238,16 +238,26 @@ class ZarrDataset:
         n_points = len(range(self.n_points)[points])
         if self.n_times * len(members) * n_points * len(self.variables) * 4 > self._states.capacity // 2:
             return False
-        block = max(self._chunks[0], 1) * max(1, 64 // max(self._chunks[0], 1))
         for member in members:
-            for start in range(0, self.n_times, block):
-                times = slice(start, min(start + block, self.n_times))
+            for times in self._present_blocks(max(self._chunks[0], 1) * max(1, 64 // max(self._chunks[0], 1))):
                 raw = self._read_points(times, member, points).astype(np.float32)[:, self._index]
                 states = (raw - self.mean[:, None]) / self.stdev[:, None]
                 for t, state in zip(range(times.start, times.stop), states):
-                    if t not in self.missing:
-                        self._states.put((t, member, points.start, points.stop), state.T.copy())
+                    self._states.put((t, member, points.start, points.stop), state.T.copy())
         return True
+
+    def _present_blocks(self, block: int) -> list[slice]:
+        """Slices of at most ``block`` consecutive dates that are not missing (anemoi-datasets
+        refuses a read that spans a missing date)."""
+        blocks, start = [], None
+        for t in range(self.n_times + 1):
+            present = t < self.n_times and t not in self.missing
+            if present and start is None:
+                start = t
+            if start is not None and (not present or t - start == block):
+                blocks.append(slice(start, t))
+                start = t if present else None
+        return blocks
 
     def state(self, t: int, points: slice = slice(None), member: int = 0) -> np.ndarray:
         """Normalised ``(points, variables)`` of ``member`` at time index ``t`` (optionally a block

@@ -82,6 +82,18 @@ def test_members_and_missing_dates_in_the_reader(ensemble_store):
         ds.state(7)
 
 
+def test_preloading_members_skips_the_missing_dates(ensemble_store):
+    ds, fresh = ZarrDataset(ensemble_store), ZarrDataset(ensemble_store)
+    blocks = [slice(0, 4), slice(4, 7), slice(8, 12), slice(12, 16), slice(16, 20), slice(20, 24)]
+    assert ds._present_blocks(4) == blocks  # none spans date 7
+    assert ds.preload(slice(None), [0, 1])
+    for t, member in ((6, 1), (8, 0), (23, 1)):
+        assert ds._states.get((t, member, None, None)) is not None
+        np.testing.assert_array_equal(ds.state(t, member=member), fresh.state(t, member=member))
+    with pytest.raises(DatasetError, match="missing date"):
+        ds.state(7, member=1)
+
+
 def test_open_dataset_checks_lead_time_and_members(ensemble_store):
     data = DataConfig(path=str(ensemble_store), grid=None, generate=False, val_fraction=0.25, lead_time=12)
     dataset = open_dataset(data)
