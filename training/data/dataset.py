@@ -240,7 +240,13 @@ class ZarrDataset:
             return False
         for member in members:
             for times in self._present_blocks(max(self._chunks[0], 1) * max(1, 64 // max(self._chunks[0], 1))):
-                raw = self._read_points(times, member, points).astype(np.float32)[:, self._index]
+                try:
+                    raw = self._read_points(times, member, points).astype(np.float32)[:, self._index]
+                except Exception as exc:  # a corrupt or missing chunk: say which dates, not deep in zarr
+                    raise DatasetError(
+                        f"cannot read dates {self.date(times.start)} to {self.date(times.stop - 1)} of {self.path}: "
+                        f"{type(exc).__name__}: {exc} (data.preload=false reads each date as training needs it)"
+                    ) from exc
                 states = (raw - self.mean[:, None]) / self.stdev[:, None]
                 for t, state in zip(range(times.start, times.stop), states):
                     self._states.put((t, member, points.start, points.stop), state.T.copy())

@@ -1,3 +1,5 @@
+import shutil
+
 import numpy as np
 import pytest
 import zarr
@@ -95,3 +97,11 @@ def test_a_small_store_is_preloaded_whole_and_reads_the_same(small_dataset):
     too_small = ZarrDataset(small_dataset)
     too_small._states.capacity = 2 * ds.n_times * 600 * len(ds.variables) * 4 - 4  # half of it is one byte short
     assert not too_small.preload(points, [0]) and too_small._states.size == 0
+
+
+def test_a_damaged_chunk_met_by_the_preload_is_one_line_naming_the_dates(tmp_path, small_dataset):
+    store = shutil.copytree(small_dataset, tmp_path / "store.zarr")
+    for chunk in (store / "data").glob("3.*"):
+        chunk.write_bytes(b"not a blosc chunk" * 10)
+    with pytest.raises(DatasetError, match=r"^cannot read dates .* to .* of .*store.zarr: .*data.preload=false"):
+        ZarrDataset(store).preload(slice(None), [0])
