@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -110,12 +110,12 @@ def _part_of(event, by_sequence: dict[int, str]) -> str | None:
 def forward_parts(events) -> dict[int, str]:
     """The part of each forward operator, by its sequence number (which its backward carries)."""
     by_sequence: dict[int, str] = {}
-    for event in events:  # in time order: forward before backward
+    for event in events:  # in time order: an operator's forward before its backward
         if event.sequence_nr >= 0 and not event.name.startswith("autograd::"):
             part = _part_of(event, {})
-            if part is not None and part != "loss+rollout" or event.sequence_nr not in by_sequence:
+            if part is not None:
                 by_sequence.setdefault(event.sequence_nr, part)
-    return {n: p for n, p in by_sequence.items() if p is not None}
+    return by_sequence
 
 
 def split_events(events, steps: int, wall_s: float) -> dict[tuple[str, str], float]:
@@ -157,7 +157,9 @@ def _parts_marked(trainer) -> Iterator[None]:
     marks += [
         (getattr(model, name), "forward", f"part/{label}") for name, label in _MODULE_PARTS if getattr(model, name)
     ]
-    with _all(_marked(obj, attr, label) for obj, attr, label in marks):
+    with ExitStack() as stack:
+        for obj, attr, label in marks:
+            stack.enter_context(_marked(obj, attr, label))
         yield
 
 
@@ -171,16 +173,6 @@ _MODULE_PARTS = (
     ("decoder", "decoder"),
     ("head", "head"),
 )
-
-
-@contextmanager
-def _all(managers) -> Iterator[None]:
-    from contextlib import ExitStack
-
-    with ExitStack() as stack:
-        for manager in managers:
-            stack.enter_context(manager)
-        yield
 
 
 def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_count: int = 0) -> dict[str, Any]:
