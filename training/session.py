@@ -281,15 +281,15 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     model.split_node_parameters(grids)
     samples = dataset_samples(cfg.data, dataset, horizon, cfg.model.multistep_input - 1)
+    points = slice(grids.data_layout.start, grids.data_layout.stop)
+    if cfg.data.preload:  # first: the tendency statistics below then read from memory
+        dataset.preload(points, select_members(dataset.n_members, cfg.data.members))  # where it fits
     if cfg.model.normalise_increments:  # a checkpoint loaded later brings its own
         starts = sorted({t for t, _ in samples.train})
-        points = slice(grids.data_layout.start, grids.data_layout.stop)
         model.set_increment_statistics(*tendency_statistics(dataset, starts, samples.lead, points, dims.mp_group))
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     batches = Batches(dataset, grids, samples.lead, device, cfg.model.valid_time_forcing, cfg.model.multistep_input - 1)
-    if cfg.data.preload:
-        dataset.preload(batches.points, select_members(dataset.n_members, cfg.data.members))  # where it fits
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)

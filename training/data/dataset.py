@@ -238,8 +238,9 @@ class ZarrDataset:
         n_points = len(range(self.n_points)[points])
         if self.n_times * len(members) * n_points * len(self.variables) * 4 > self._states.capacity // 2:
             return False
+        chunk = max(self._chunks[0], 1)  # dates a chunk holds
         for member in members:
-            for times in self._present_blocks(max(self._chunks[0], 1) * max(1, 64 // max(self._chunks[0], 1))):
+            for times in self._present_blocks(chunk * max(1, 64 // chunk)):  # about 64 dates a read
                 try:
                     raw = self._read_points(times, member, points).astype(np.float32)[:, self._index]
                 except Exception as exc:  # a corrupt or missing chunk: say which dates, not deep in zarr
@@ -247,9 +248,8 @@ class ZarrDataset:
                         f"cannot read dates {self.date(times.start)} to {self.date(times.stop - 1)} of {self.path}: "
                         f"{type(exc).__name__}: {exc} (data.preload=false reads each date as training needs it)"
                     ) from exc
-                states = (raw - self.mean[:, None]) / self.stdev[:, None]
-                for t, state in zip(range(times.start, times.stop), states):
-                    self._states.put((t, member, points.start, points.stop), state.T.copy())
+                for t, state in zip(range(times.start, times.stop), self._normalise(raw)):
+                    self._states.put((t, member, points.start, points.stop), state)
         return True
 
     def _present_blocks(self, block: int) -> list[slice]:
@@ -285,7 +285,11 @@ class ZarrDataset:
                 f"cannot read date {self.date(t)} (index {t}), variables {', '.join(self.variables)}, "
                 f"of {self.path}: {type(exc).__name__}: {exc}"
             ) from exc
-        return ((raw - self.mean[:, None]) / self.stdev[:, None]).T.copy()
+        return self._normalise(raw)
+
+    def _normalise(self, raw: np.ndarray) -> np.ndarray:
+        """Raw ``(..., variables, points)`` -> normalised ``(..., points, variables)``, a copy."""
+        return ((raw - self.mean[:, None]) / self.stdev[:, None]).swapaxes(-1, -2).copy()
 
     def denormalise(self, x: np.ndarray) -> np.ndarray:
         """``(..., variables)`` normalised -> physical units."""
