@@ -21,9 +21,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def _session_pools():
+    """The session's pools, newest last; every one is closed at the end of the session."""
+    pools: list[RankPool] = []
+    yield pools
+    for pool in pools:
+        pool.close()
+
+
 @pytest.fixture(scope="module")
-def rank_pool():
-    """Four local gloo ranks (and sub-groups of 2 and 3), shared by one test module."""
-    pool = RankPool(max_ranks=4, timeout=120.0)
-    yield pool
-    pool.close()
+def rank_pool(_session_pools):
+    """Four local gloo ranks (and sub-groups of 2 and 3), shared by every module of the session
+    (starting them costs seconds); a new pool when a case broke the last one."""
+    if not _session_pools or not _session_pools[-1].healthy:
+        _session_pools.append(RankPool(max_ranks=4, timeout=120.0))
+    return _session_pools[-1]

@@ -1,10 +1,13 @@
-"""A pool of local gloo ranks that stays up for a whole test module.
+"""A pool of local gloo ranks that stays up for the whole test session.
 
-Starting ranks costs seconds (process spawn, torch import), so a module starts one pool and
-runs many cases in it. The world has ``max_ranks`` processes and one sub-group for every
-size ``2..max_ranks`` (ranks ``0..p-1``). ``pool.run(fn, p, *args)`` calls
-``fn(group, *args)`` on the first ``p`` ranks and returns their results in rank order;
-results should be numpy arrays or plain Python values, not tensors.
+Starting ranks costs seconds (process spawn, torch import, the gloo rendezvous), so the session
+starts one pool and every module runs its cases in it; a pool that a case broke (a timeout, a
+rank that died) is replaced before the next module (:attr:`RankPool.healthy`).
+
+The world has ``max_ranks`` processes and one sub-group for every size ``2..max_ranks`` (ranks
+``0..p-1``). ``pool.run(fn, p, *args)`` calls ``fn(group, *args)`` on the first ``p`` ranks and
+returns their results in rank order; results should be numpy arrays or plain Python values, not
+tensors.
 
 A rank that raises returns a :class:`RankError` instead of a result, so a test can check
 that *every* rank raised. A case that does not finish within ``timeout`` seconds fails the
@@ -70,6 +73,7 @@ class RankPool:
         ctx = mp.get_context("spawn")
         port = free_port()
         self.world, self.timeout = max_ranks, timeout
+        self.closed = False
         self.results: mp.Queue = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(max_ranks)]
         self.procs = [
@@ -111,7 +115,13 @@ class RankPool:
                 raise AssertionError(f"rank {r} raised {value.type}: {value.message}\n{value.traceback}")
         return out
 
+    @property
+    def healthy(self) -> bool:
+        """Open, and every rank's process alive (a case that timed out closes the pool)."""
+        return not self.closed and all(p.is_alive() for p in self.procs)
+
     def close(self) -> None:
+        self.closed = True
         for q in self.tasks:
             q.put(None)
         for p in self.procs:
