@@ -23,7 +23,6 @@ import argparse
 import statistics
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -38,41 +37,14 @@ from processor.host import cpu_name
 from training import step
 from training.config.schema import RunConfig
 from training.launch import launcher
-
-PARTS = ("data", "embed", "encoder", "processor", "decoder", "head", "loss+rollout", "clip", "optimiser", "metrics")
-KINDS = ("matmul", "attention", "gather/scatter", "norm", "elementwise", "copy", "communication", "other", "python")
-_KIND_WORDS = {
-    "attention": ("scaled_dot_product", "flash_attention", "band_attention", "unfold"),
-    "communication": ("c10d", "gloo", "nccl", "all_to_all", "send", "recv", "barrier", "allreduce"),
-    "gather/scatter": ("scatter", "gather", "index_select", "index_add", "index", "segment", "softmax"),
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"),
-    "norm": ("layer_norm",),
-    "copy": ("copy_", "aten::to", "aten::cat", "aten::stack", "contiguous", "clone", "empty", "zero_", "fill_"),
-}
-
-
-# gridshard's own profiler ranges (processor.distributed.ranges) that stand for communication; the
-# others (a strategy's phases, "halo_attention/...") hold compute, their self time Python's.
-_COMMUNICATION_RANGES = (
-    "agree_on",
-    "all_gather",
-    "all_reduce",
-    "all_to_all",
-    "halo_exchange",
-    "reduce_scatter",
-    "ring/",
+from training.reporting.step_split import (
+    KINDS,
+    PARTS,
+    model_compute_share,
+    model_parts_marked,
+    split_events,
+    top_operators,
 )
-
-
-def kind_of(name: str) -> str:
-    """The kind of work of operator or range ``name`` (one of :data:`KINDS`)."""
-    lowered = name.lower()
-    if lowered.startswith("gridshard/"):
-        return "communication" if lowered[10:].startswith(_COMMUNICATION_RANGES) else "python"
-    for kind in ("attention", "communication", "gather/scatter", "matmul", "norm", "copy"):
-        if any(word in lowered for word in _KIND_WORDS[kind]):
-            return kind
-    return "elementwise" if lowered.startswith("aten::") else "other"
 
 
 @contextmanager
@@ -91,88 +63,19 @@ def _marked(obj: Any, attribute: str, label: str) -> Iterator[None]:
         setattr(obj, attribute, original)
 
 
-def _part_of(event, by_sequence: dict[int, str]) -> str | None:
-    """The part of :data:`PARTS` an event belongs to, from its innermost ``part/`` range or, in
-    backward, the part of the forward operator of its sequence number."""
-    node = event
-    while node is not None:
-        if node.name.startswith("part/"):
-            return node.name[5:]
-        if node.name.startswith("autograd::engine::evaluate_function"):
-            numbers = [node.sequence_nr, *(child.sequence_nr for child in node.cpu_children)]
-            return next((by_sequence[n] for n in numbers if n in by_sequence), "loss+rollout")
-        if node.name.startswith("Optimizer."):
-            return "optimiser"
-        node = node.cpu_parent
-    return None
-
-
-def forward_parts(events) -> dict[int, str]:
-    """The part of each forward operator, by its sequence number (which its backward carries)."""
-    by_sequence: dict[int, str] = {}
-    for event in events:  # in time order: an operator's forward before its backward
-        if event.sequence_nr >= 0 and not event.name.startswith("autograd::"):
-            part = _part_of(event, {})
-            if part is not None:
-                by_sequence.setdefault(event.sequence_nr, part)
-    return by_sequence
-
-
-def split_events(events, steps: int, wall_s: float) -> dict[tuple[str, str], float]:
-    """Milliseconds per step of self time by (part, kind); ``("dispatch", "")`` holds the
-    wall time ``wall_s`` of ``steps`` steps that no operator's self time accounts for."""
-    by_sequence = forward_parts(events)
-    split: dict[tuple[str, str], float] = defaultdict(float)
-    for event in events:
-        if event.name.startswith("ProfilerStep"):
-            continue
-        part = _part_of(event, by_sequence) or "metrics"  # outside the step: its metrics, the host syncs
-        kind = "python" if event.name.startswith("part/") else kind_of(event.name)  # a range's self time: Python's
-        split[(part, kind)] += event.self_cpu_time_total / 1e3 / steps
-    split[("dispatch", "")] = max(0.0, wall_s * 1e3 / steps - sum(split.values()))
-    return dict(split)
-
-
-def top_operators(events, steps: int, count: int) -> list[tuple[str, str, float, int]]:
-    """The ``count`` operators of most self time: (part, name, ms per step, calls per step)."""
-    by_sequence = forward_parts(events)
-    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
-    for event in events:
-        total = totals[(_part_of(event, by_sequence) or "metrics", event.name)]
-        total[0] += event.self_cpu_time_total / 1e3 / steps
-        total[1] += 1 / steps
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:count]
-    return [(part, name, ms, round(calls)) for (part, name), (ms, calls) in ranked]
-
-
 @contextmanager
 def _parts_marked(trainer) -> Iterator[None]:
-    """The trainer's model parts, batch reading and metrics under profiler ranges."""
-    session, model = trainer.session, trainer.session.model
+    """The trainer's model parts, batch reading, loss and clipping under profiler ranges."""
     marks = [
-        (session, "batches", "part/data"),
+        (trainer.session, "batches", "part/data"),
         (trainer, "step_fn", "part/loss+rollout"),
         (step, "clip_grad_norm_", "part/clip"),
-    ]
-    marks += [
-        (getattr(model, name), "forward", f"part/{label}") for name, label in _MODULE_PARTS if getattr(model, name)
     ]
     with ExitStack() as stack:
         for obj, attr, label in marks:
             stack.enter_context(_marked(obj, attr, label))
+        stack.enter_context(model_parts_marked(trainer.session.model))
         yield
-
-
-_MODULE_PARTS = (
-    ("data_embed", "embed"),
-    ("hidden_embed", "embed"),
-    ("data_nodes", "embed"),
-    ("hidden_nodes", "embed"),
-    ("encoder", "encoder"),
-    ("processor", "processor"),
-    ("decoder", "decoder"),
-    ("head", "head"),
-)
 
 
 def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_count: int = 0) -> dict[str, Any]:
@@ -227,12 +130,8 @@ def report(result: dict[str, Any], overrides: list[str]) -> str:
             lines.append(f"| {part} | {cells} | {sum(row):.2f} | {sum(row) / total:.0%} |")
     dispatch = split.get(("dispatch", ""), 0.0)
     lines.append(f"| dispatch | {' | '.join('' for _ in KINDS)} | {dispatch:.2f} | {dispatch / total:.0%} |")
-    compute = sum(
-        v
-        for (part, kind), v in split.items()
-        if kind in ("matmul", "attention", "gather/scatter") and part in ("encoder", "processor", "decoder")
-    )
-    lines += ["", f"the model's matmuls, attention and message passing: {compute / total:.0%} of the step"]
+    share = model_compute_share(split)
+    lines += ["", f"the model's matmuls, attention and message passing: {share:.0%} of the step"]
     if result["top"]:
         lines += ["", "| part | operator | ms/step | calls/step |", "|---|---|---:|---:|"]
         lines += [f"| {part} | `{name}` | {ms:.2f} | {calls} |" for part, name, ms, calls in result["top"]]

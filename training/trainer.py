@@ -24,6 +24,7 @@ from training.distributed.device import PeakDeviceMemory, autocast, synchronize
 from training.faults import FaultInjector
 from training.launch.interrupt import StopRequest, stop_requests
 from training.reporting.report import final_pictures, open_tracker, report_skill, variable_units
+from training.reporting.step_split import StepSplit
 from training.rollout import RolloutSchedule, loss_weights, rollout
 from training.session import Session, join_ranks, open_session, rollout_horizon
 from training.skill.by_lead import evaluate_skill, evaluation_samples
@@ -105,6 +106,8 @@ class Trainer:
         self.last_step_s = 0.1
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_fn = train_step(session, self.optimiser, self.schedule)
+        mean_over_ranks = lambda values: [v / dims.world for v in dims.sum_over_world(values)]  # noqa: E731
+        self.step_split = StepSplit(session.model, self.start, _profile_after(session), mean_over_ranks)
         self.val_skill: ValidationSkill | None = None  # built at the first validation (the baselines' scores)
 
     def nothing_to_do(self) -> str | None:
@@ -169,11 +172,13 @@ class Trainer:
         )
         try:
             for step in range(self.start, t_cfg.steps):
-                metrics = self.one_step(step)
+                with self.step_split.around(step) as profiled:
+                    metrics = self.one_step(step)
+                metrics |= profiled
                 if (step + 1) % t_cfg.val_interval == 0 or step + 1 == t_cfg.steps:
                     metrics.update(self.validate())
                 history.append((step, metrics))
-                if step % self.session.cfg.logging.log_interval == 0 or "val/loss" in metrics:
+                if step % self.session.cfg.logging.log_interval == 0 or "val/loss" in metrics or profiled:
                     self.tracker.log_metrics(step, metrics)
                 last_val = {k: v for k, v in metrics.items() if k.startswith("val/")} or last_val
                 bar.set_postfix(self.progress(metrics, last_val))
@@ -297,6 +302,14 @@ class Trainer:
             units = variable_units(s.dataset)
             report_skill(skill, self.run_dir, self.tracker, model_step=self.last_checkpoint, units=units)
         return skill
+
+
+def _profile_after(session: Session) -> int | None:
+    """``logging.profile_after``, or ``None`` where the profiler's CPU split would not say what
+    the step computes (a GPU's work is asynchronous; compiled code has no module ranges)."""
+    if session.cfg.trainer.compile or session.device.type != "cpu":
+        return None
+    return session.cfg.logging.profile_after
 
 
 FURTHER_LEADS_H = (24.0, 48.0)  # the centroid variable's extra map rows

@@ -51,9 +51,9 @@ def small_config(run_dir: Path, dataset: Path, *overrides: str):
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, small_dataset):
-    """The default config shrunk (2 ranks, shard_sequence, 6 steps), trained once for every test
-    that only reads its outputs: ``(run directory, result)``."""
+    """The default config shrunk (2 ranks, shard_sequence, 6 steps, step 4 profiled), trained once
+    for every test that only reads its outputs: ``(run directory, result)``."""
     from training.app import run
 
     run_dir = tmp_path_factory.mktemp("trained")
-    return run_dir, run(small_config(run_dir, small_dataset))
+    return run_dir, run(small_config(run_dir, small_dataset, "logging.profile_after=4"))

@@ -102,6 +102,8 @@ def test_mlflow_holds_params_metrics_and_artifacts(sequence_run):
     for key in ("lr", "step_time_s", "samples_per_s", "points_per_s", "peak_rss_gib_mean_rank", "comm_bytes_per_rank"):
         assert client.get_metric_history(result["run_id"], key), key
     assert client.get_metric_history(result["run_id"], "comm_bytes_per_rank")[0].value > 0
+    shares = client.get_metric_history(result["run_id"], "model_compute_share")  # logging.profile_after=4
+    assert [m.step for m in shares] == [4] and 0 < shares[0].value < 1
     artifacts = {a.path for a in client.list_artifacts(result["run_id"])}
     assert {"config.yaml", "loss_curve.png", "forecast_map.png"} <= artifacts
     assert mlrun.info.status == "FINISHED"

@@ -24,6 +24,7 @@ from tests.training.conftest import small_config, small_overrides
 from training.checkpoint.files import load_checkpoint
 from training.launch.errors import DEBUG_HINT, EXIT_USER_ERROR
 from training.launch.launcher import prepare
+from training.launch.run_end import step_summary
 from training.launch.run_settings import SavedRun, changed_settings, continue_from, given_keys
 from training.skill.scores import lead_labels
 
@@ -85,6 +86,7 @@ def test_stop_resume_stop_resume_keeps_the_run_s_settings_and_mlflow_tells_the_t
     rc, text = _training([f"hydra.run.dir={run_dir}"], tmp_path)
     assert rc == 0, text[-3000:]
     assert f"resuming {run_dir} at step 4 of 6" in text and "finished: train loss" in text
+    assert re.search(r"finished: train loss [\d.]+, [\d.]+ samples/s \(median step [\d.]+ ms\), MLflow run", text)
     saved = yaml.safe_load(load_checkpoint(run_dir / "checkpoints" / "latest.pt")["config"])
     assert _step_of(run_dir) == 6 and saved["model"]["num_channels"] == 32  # the run's own model, not the default
     assert saved["trainer"]["lr"] == 0.001  # the change stays with the run
@@ -231,3 +233,10 @@ def test_the_saved_settings_are_the_base_and_the_given_keys_change_them():
     changes = changed_settings(saved, merged)
     assert "trainer.lr 0.003 -> 0.001" in changes and "strategy.name shard_heads -> shard_sequence" in changes
     assert not any(c.startswith(("trainer.steps ", "trainer.stop_at_step ")) for c in changes)
+
+
+def test_the_summary_line_gives_the_median_speed_and_the_profiled_share():
+    history = [(s, {"step_time_s": t, "samples_per_s": 2 / t}) for s, t in enumerate([0.5, 0.1, 0.2, 0.3])]
+    assert step_summary(history) == "8.33 samples/s (median step 250.0 ms)"
+    history[2][1]["model_compute_share"] = 0.414
+    assert step_summary(history).endswith(", 41% of a step in the model's matmuls, attention and message passing")

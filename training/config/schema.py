@@ -246,6 +246,10 @@ class LoggingConfig:
     experiment: str = "gridshard"
     run_name: str | None = None
     log_interval: int = setting(1, at_least(1))
+    # Profile the step after this many steps of the run (once; null: never) and log the share of
+    # that step in the model's matmuls, attention and message passing (model_compute_share; CPU
+    # runs without trainer.compile).
+    profile_after: int | None = setting(20, or_null(at_least(0)))
 
 
 @dataclass

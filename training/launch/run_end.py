@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,5 +82,24 @@ def report_end(result: dict[str, Any], run_dir: str) -> float:
     elif not history:
         log.info("nothing to train: %s", result.get("reason", "no step left"))
     else:
-        log.info("finished: train loss %.5f, MLflow run %s, run dir %s", final, result["run_id"], run_dir)
+        log.info(
+            "finished: train loss %.5f, %s, MLflow run %s, run dir %s",
+            final,
+            step_summary(history),
+            result["run_id"],
+            run_dir,
+        )
     return final
+
+
+def step_summary(history: list[tuple[int, dict[str, float]]]) -> str:
+    """The speed of the run's steps: median samples/s and step time and, where a step was
+    profiled (``logging.profile_after``), its share in the model's matmuls, attention and
+    message passing."""
+    step_s = statistics.median(metrics["step_time_s"] for _, metrics in history)
+    samples_s = statistics.median(metrics["samples_per_s"] for _, metrics in history)
+    said = f"{samples_s:.3g} samples/s (median step {step_s * 1e3:.1f} ms)"
+    shares = [metrics["model_compute_share"] for _, metrics in history if "model_compute_share" in metrics]
+    if shares:
+        said += f", {shares[-1]:.0%} of a step in the model's matmuls, attention and message passing"
+    return said
