@@ -38,14 +38,13 @@ from training.launch.cli_check import discard_refused_run_dir
 from training.launch.run_end import RunFinished, report_end
 from training.launch.run_settings import command_line_keys
 from training.reporting.report import log_skill
+from training.trainer import train
 
 log = logging.getLogger(__name__)
 
 
 def train_on_rank(resolved: RunConfig) -> dict[str, Any]:
     """One rank's training run (:func:`training.trainer.train`)."""
-    from training.trainer import train
-
     return train(resolved)
 
 
