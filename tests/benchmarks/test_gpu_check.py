@@ -115,6 +115,7 @@ def test_a_spent_budget_skips_the_remaining_cases(tmp_path, monkeypatch):
     assert _part(text, "kernel").count("skipped: past this part's 0 s budget") == 8
 
 
+@pytest.mark.slow
 def test_the_tests_part_runs_pytest_on_the_cuda_files(tmp_path, monkeypatch):
     kernel_tests = ROOT / "tests" / "benchmarks" / "test_cuda_timing.py"
     monkeypatch.setattr(cuda_tests, "cuda_test_files", lambda: [kernel_tests])

@@ -67,6 +67,7 @@ def _kill_while_writing(ckpt_dir: pathlib.Path) -> pathlib.Path:
     return partials[0]
 
 
+@pytest.mark.slow
 def test_killed_while_writing_keeps_the_previous_checkpoint_and_resumes(stopped_run, small_dataset, caplog):
     ckpt_dir = stopped_run / "checkpoints"
     partial = _kill_while_writing(ckpt_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.training.conftest import small_config
@@ -17,6 +18,7 @@ QUIET = ("evaluate.at_end_of_training=false",)
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")  # in this process: logs reach caplog
 
 
+@pytest.mark.slow
 def test_resume_under_another_strategy_and_rank_count_continues_the_mlflow_run(tmp_path, small_dataset, caplog):
     first = run(small_config(tmp_path, small_dataset, "trainer.stop_at_step=3", *QUIET))
     assert [s for s, _ in first["history"]] == [0, 1, 2]

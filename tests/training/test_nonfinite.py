@@ -47,6 +47,7 @@ def _first_unseen_time(n_train: int) -> tuple[int, int]:
     raise AssertionError("no such step")
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_tells_mlflow(tmp_path, small_dataset):
     store = shutil.copytree(small_dataset, tmp_path / "store.zarr")
     n_val = 4  # max(2, int(40 dates * val_fraction 0.1))

@@ -22,7 +22,7 @@ from training.faults import MARKER
 FAULT = ["debug.fault_at_step=4", "trainer.heartbeat_s=0.2", "trainer.timeout_s=30", "logging.mlflow=false"]
 
 
-@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: the slow tier
 def test_survivors_name_the_lost_rank(tmp_path, small_dataset, ranks):
     cfg = small_config(tmp_path, small_dataset, f"trainer.nprocs={ranks}", *FAULT)
     with pytest.raises(RuntimeError) as info:

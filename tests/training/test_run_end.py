@@ -187,9 +187,10 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, small_dataset):
 @pytest.mark.parametrize(
     "override, line",
     [
-        (
+        pytest.param(  # the default tier has this error's '+' form in test_run_lifecycle.py
             "trainer.stepz=3",
             "error: config key trainer.stepz is not a setting of the schema: did you mean trainer.steps?",
+            marks=pytest.mark.slow,
         ),
         (
             "strategy=shard_sequnce",
@@ -202,7 +203,9 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, small_dataset):
             "datasets are written only at a path named rossby_haurwitz*.zarr or regional_t2m*.zarr, as the default "
             "data/rossby_haurwitz_o32.zarr)",
         ),
-        ("hydra.run.dir=a_file/run", "error: hydra.run.dir = a_file/run cannot be created: "),
+        pytest.param(
+            "hydra.run.dir=a_file/run", "error: hydra.run.dir = a_file/run cannot be created: ", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(tmp_path, override, line):

@@ -47,7 +47,7 @@ def _launch(args: list[str], cwd: Path) -> tuple[int, str, str]:
     return run_in_own_session([sys.executable, *args], cwd, {**env, "OMP_NUM_THREADS": "1"}, timeout_s=240)
 
 
-@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+@pytest.mark.parametrize("launcher", ["local", pytest.param("torchrun", marks=pytest.mark.slow)])
 def test_a_second_run_on_a_busy_run_dir_is_refused_in_one_line(tmp_path, small_dataset, launcher):
     run_dir = tmp_path / "run"
     command = ["-m", "training", *small_overrides(run_dir, small_dataset), "trainer.steps=2"]

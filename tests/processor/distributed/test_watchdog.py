@@ -46,7 +46,7 @@ def _lines(message: str) -> dict[int, str]:
     [
         (4, "kill", 1, "killed by SIGKILL", "PeerFailureError: rank 1 was lost"),
         (2, "kill", 0, "killed by SIGKILL", "PeerFailureError: rank 0 was lost"),  # rank 0: the store outlives it
-        (3, "hang", 1, "", "PeerFailureError: rank 1 is stuck"),
+        pytest.param(3, "hang", 1, "", "PeerFailureError: rank 1 is stuck", marks=pytest.mark.slow),  # a timeout long
         (2, "raise", 1, "ValueError: bad batch", "PeerFailureError: rank 1 stopped with ValueError: bad batch"),
     ],
     ids=["4-ranks-kill-1", "2-ranks-kill-0", "3-ranks-hang-1", "2-ranks-raise-1"],

@@ -27,7 +27,8 @@ def _worst(result) -> float:
 
 
 @pytest.mark.parametrize(
-    "strategy", ["shard_sequence", pytest.param("shard_heads", marks=pytest.mark.slow), "shard_channels"]
+    "strategy",
+    ["shard_sequence", *(pytest.param(s, marks=pytest.mark.slow) for s in ("shard_heads", "shard_channels"))],
 )
 def test_two_ranks_give_one_ranks_loss_gradients_and_parameters(tmp_path, small_dataset, strategy):
     result = run(small_config(tmp_path, small_dataset, f"strategy={strategy}", STEPS))
@@ -48,6 +49,7 @@ def test_two_ranks_give_one_ranks_loss_gradients_and_parameters(tmp_path, small_
     assert [m.step for m in history] == [0, 1] and max(m.value for m in history) <= TOLERANCES["fp32"]
 
 
+@pytest.mark.slow
 def test_replicas_and_a_reference_of_two_ranks(tmp_path, small_dataset):
     """2 replicas x 2 ranks against one replica of 2 ranks holding both batches, computed by each
     pair of ranks (the reference's own groups)."""
