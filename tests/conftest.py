@@ -1,3 +1,5 @@
+import multiprocessing
+import multiprocessing.forkserver
 import os
 
 import pytest
@@ -9,6 +11,12 @@ import torch
 os.environ["GRIDSHARD_ATTENTION_PROBE"] = "0"
 
 from tests.rank_pool import RankPool
+
+# Local gloo ranks fork from one server per process (processor.runtime.launch), which imports
+# what the first run's rank function needs; started here with the app's, not with whatever the
+# first test happens to run.
+multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "training.app"])
+multiprocessing.forkserver.ensure_running()
 
 
 def pytest_collection_modifyitems(config, items):

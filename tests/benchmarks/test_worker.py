@@ -74,6 +74,7 @@ def test_one_rank_sends_nothing(rank_pool):
     assert row["peak_bytes_per_rank"][0] > 0
 
 
+@pytest.mark.slow
 def test_o96_sequence_sends_over_20x_fewer_bytes_than_heads(rank_pool):
     """Counted, at o96 with W = 512, whatever the channels: the ratio is set by N / (P W)."""
     for ranks in (2, 4):

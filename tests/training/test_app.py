@@ -109,6 +109,7 @@ def test_mlflow_holds_params_metrics_and_artifacts(sequence_run):
     assert mlrun.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_unreachable_tracking_server_loses_nothing(tmp_path, small_dataset, caplog):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

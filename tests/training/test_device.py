@@ -146,7 +146,8 @@ def _tiny_cli(dataset: Path) -> list[str]:
 
 
 @NO_GPU
-@pytest.mark.parametrize("torchrun", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["local", "torchrun"])
+@pytest.mark.slow  # refused in-process in the default tier: test_cuda_without_a_gpu_is_refused_before_any_rank_starts
+@pytest.mark.parametrize("torchrun", [False, True], ids=["local", "torchrun"])
 def test_cuda_without_a_gpu_is_one_line_on_the_command_line(tmp_path, small_dataset, torchrun):
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] if torchrun else []
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

@@ -117,6 +117,7 @@ def test_a_resumed_runs_final_evaluation_is_the_latest_value_in_mlflow(tmp_path)
     assert "Model after training step 60." in (tmp_path / "skill.md").read_text()
 
 
+@pytest.mark.slow
 def test_an_evaluation_never_delivered_is_replayed_and_one_made_again_is_the_latest(tmp_path):
     """Rank 0 killed after writing the step-30 evaluation to evaluations.jsonl, before MLflow got
     it: the segment resumed at step 30 replays it at step 30. Evaluated again at step 60 (other
@@ -176,6 +177,7 @@ def test_the_experiment_is_a_model_training_one(tmp_path):
     assert _experiment(client, "chosen").tags[key] == "genai_development"
 
 
+@pytest.mark.slow
 def test_a_killed_runs_evaluation_file_is_cut_back_on_resume(tmp_path):
     """Evaluations of models after the checkpoint a segment resumes from are of models trained
     again: the segment drops them from evaluations.jsonl; those up to it stay."""

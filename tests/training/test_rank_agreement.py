@@ -51,6 +51,7 @@ def test_different_configurations(tmp_path, small_dataset):
     assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_same_path_different_dataset(tmp_path, small_dataset):
     """``data.path`` is the same relative path on both ranks, but rank 1's disk has a shorter store."""
     node0, node1 = tmp_path / "node0", tmp_path / "node1"

@@ -197,11 +197,12 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, small_dataset):
             "error: config group strategy has no option shard_sequnce: did you mean shard_sequence? "
             "(options: auto, none, shard_channels, shard_heads, shard_hybrid, shard_sequence)",
         ),
-        (
+        pytest.param(  # refused in-process in the default tier (test_app.py's test_bad_input_fails_before_training)
             "data.path=/typo/era5.zarr",
             "error: data.path = /typo/era5.zarr does not exist: give an existing anemoi-datasets store (the built-in "
             "datasets are written only at a path named rossby_haurwitz*.zarr or regional_t2m*.zarr, as the default "
             "data/rossby_haurwitz_o32.zarr)",
+            marks=pytest.mark.slow,
         ),
         pytest.param(
             "hydra.run.dir=a_file/run", "error: hydra.run.dir = a_file/run cannot be created: ", marks=pytest.mark.slow

@@ -97,6 +97,7 @@ def test_resumed_tracker_continues_the_mlflow_run(tmp_path):
     assert fresh.run_id != first.run_id
 
 
+@pytest.mark.slow
 def test_a_recorded_run_that_is_gone_or_elsewhere_gives_a_new_run(tmp_path, caplog):
     first = _segment(tmp_path, range(0, 2), PARAMS, 0, resume=False)
     first.finish()
@@ -188,7 +189,9 @@ def test_multirun_members_share_one_store(tmp_path, small_dataset):
             "+trainer.stpes=5",
             "error: config key trainer.stpes is not a setting of the schema: did you mean trainer.steps?",
         ),
-        ("trainer.lr=-1", "error: config key trainer.lr = -1.0 is out of range: expected > 0"),
+        pytest.param(  # the same path as the '+' form's: the slow tier
+            "trainer.lr=-1", "error: config key trainer.lr = -1.0 is out of range: expected > 0", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_configuration_error_is_one_line(tmp_path, small_dataset, override, line):

@@ -44,7 +44,7 @@ def _lines(message: str) -> dict[int, str]:
 @pytest.mark.parametrize(
     "ranks,fault,victim,victim_line,survivor_line",
     [
-        (4, "kill", 1, "killed by SIGKILL", "PeerFailureError: rank 1 was lost"),
+        pytest.param(4, "kill", 1, "killed by SIGKILL", "PeerFailureError: rank 1 was lost", marks=pytest.mark.slow),
         (2, "kill", 0, "killed by SIGKILL", "PeerFailureError: rank 0 was lost"),  # rank 0: the store outlives it
         pytest.param(3, "hang", 1, "", "PeerFailureError: rank 1 is stuck", marks=pytest.mark.slow),  # a timeout long
         (2, "raise", 1, "ValueError: bad batch", "PeerFailureError: rank 1 stopped with ValueError: bad batch"),
