@@ -16,6 +16,7 @@ import datetime
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from processor.runtime.failures import RankFailure, RanksFailedError
 # After the first rank fails, the others get this long beyond the collective timeout to
 # notice, explain and report (a diagnosis watches the heartbeats for a few seconds).
 _REPORT_GRACE_S = 15.0
+# The signals a launcher may have its ranks start with ignored, and Python's defaults for them.
+_STOP_SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
 
 def free_port() -> int:
@@ -45,12 +48,17 @@ def _entry(
     args: tuple,
     results: mp.Queue,
     environ: dict[str, str],
+    ignored: tuple[int, ...],
 ) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ.clear()  # the caller's environment now, not the fork server's when it started
+    # What a spawned rank would have, not what the fork server had when it started: the
+    # caller's environment, and SIGINT / SIGTERM ignored where the caller ignores them.
+    os.environ.clear()
     os.environ.update(environ)
+    for signum, default in _STOP_SIGNALS.items():
+        signal.signal(signum, signal.SIG_IGN if signum in ignored else default)
     if threads:
         torch.set_num_threads(threads)
     os.environ.update(
@@ -102,10 +110,11 @@ def run_local(
     ctx = _start_context(backend, fn)
     results: mp.Queue = ctx.Queue()
     environ = dict(os.environ)
+    ignored = tuple(s for s in _STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN)
     procs = [
         ctx.Process(
             target=_entry,
-            args=(r, world_size, store.port, backend, timeout_s, threads_per_rank, fn, args, results, environ),
+            args=(r, world_size, store.port, backend, timeout_s, threads_per_rank, fn, args, results, environ, ignored),
         )
         for r in range(world_size)
     ]

@@ -5,7 +5,7 @@ run at once.
 - In a rank, :class:`StopRequest` notes the first signal (or the launcher's stop marker); the
   training loop adds it to the sum it makes over the ranks after every step, so every rank
   stops after the same step.
-- The launcher of local ranks (:class:`LauncherSignals`) spawns them with SIGINT and SIGTERM
+- The launcher of local ranks (:class:`LauncherSignals`) starts them with SIGINT and SIGTERM
   ignored (a terminal's Ctrl-C reaches every process of its group: only the launcher acts on
   it; and a rank still starting must not die of it). On its first SIGINT or SIGTERM it writes
   the stop marker (``<run_dir>/.stop-request``, which a rank still starting sees at its first
