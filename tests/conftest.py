@@ -1,5 +1,3 @@
-import multiprocessing
-import multiprocessing.forkserver
 import os
 
 import pytest
@@ -10,13 +8,13 @@ import torch
 # probe's own tests turn it back on.
 os.environ["GRIDSHARD_ATTENTION_PROBE"] = "0"
 
+from processor.runtime import start_fork_server
 from tests.rank_pool import RankPool
 
 # Local gloo ranks fork from one server per process (processor.runtime.launch), which imports
 # what the first run's rank function needs; started here with the app's, not with whatever the
 # first test happens to run.
-multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "training.app"])
-multiprocessing.forkserver.ensure_running()
+start_fork_server("training.app")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,7 @@ model code (:mod:`processor.transformer`, :mod:`processor.attention`,
 """
 
 from processor.runtime.failures import FailureKind, RankFailure, RanksFailedError
-from processor.runtime.launch import free_port, run_local
+from processor.runtime.launch import free_port, run_local, start_fork_server
 from processor.runtime.memory import current_rss, peak_rss, set_freed_memory_policy
 from processor.runtime.watchdog import Heartbeat, PeerFailureError, is_collective_failure
 
@@ -21,5 +21,6 @@ __all__ = [
     "is_collective_failure",
     "peak_rss",
     "run_local",
+    "start_fork_server",
     "set_freed_memory_policy",
 ]

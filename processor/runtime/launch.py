@@ -20,6 +20,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from multiprocessing import forkserver
 from typing import Any
 
 from processor.runtime.failures import RankFailure, RanksFailedError
@@ -107,7 +108,8 @@ def run_local(
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    ctx = _start_context(backend, fn)
+    module = getattr(fn, "__module__", None)
+    ctx = _start_context(backend, (module,) if module else ())
     results: mp.Queue = ctx.Queue()
     environ = dict(os.environ)
     ignored = tuple(s for s in _STOP_SIGNALS if signal.getsignal(s) is signal.SIG_IGN)
@@ -129,15 +131,24 @@ def run_local(
     return [ok[r] for r in range(world_size)]
 
 
-def _start_context(backend: str, fn: Callable[..., Any]) -> mp.context.BaseContext:
+def start_fork_server(*modules: str) -> None:
+    """Start the gloo ranks' fork server now, importing torch and ``modules``, whatever the first
+    :func:`run_local` of the process will run (a test suite's). No effect where it runs already.
+    (Started by ``python -m training``'s launcher before it prepares the run, it bought nothing
+    measurable: the ranks' own start-up and the end's plots are the run's fixed cost.)"""
+    if "forkserver" in mp.get_all_start_methods():
+        _start_context("gloo", modules)
+        forkserver.ensure_running()
+
+
+def _start_context(backend: str, modules: tuple[str, ...]) -> mp.context.BaseContext:
     """How ranks start: spawned for NCCL; else forked from the fork server, which imports torch
-    and ``fn``'s module once (the modules named by the first run of the process: the server
-    outlives runs)."""
+    and ``modules`` once (those named when the process first starts it: the server outlives
+    runs)."""
     if backend == "nccl" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    module = getattr(fn, "__module__", None)
-    ctx.set_forkserver_preload(["torch", "torch.distributed", *([module] if module not in (None, "__main__") else [])])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", *(m for m in modules if m != "__main__")])
     return ctx
 
 

@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
+from processor.runtime import run_local
 from processor.runtime.torchrun import (
     TorchrunSetupError,
     check_restartable,
@@ -179,8 +180,6 @@ def run(
         t = resolved.trainer
         if t.nprocs == 1:
             return rank_main(resolved)
-        from processor.runtime import run_local
-
         with LauncherSignals(resolved.run_dir) as signals:
             result = run_local(
                 rank_main,
