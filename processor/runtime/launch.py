@@ -7,7 +7,8 @@ hosts the group's c10d store, so the store outlives any rank (a
 gloo ranks start from a fork server (:func:`_start_context`): one process that imported torch
 and the rank function's module once, for every run of this process, so a rank starts in a
 fraction of a second instead of importing them again each (seconds per rank; a sweep or a test
-suite starts hundreds). NCCL ranks are spawned: nothing CUDA may come through a fork.
+suite starts hundreds). On a machine with a GPU ranks are spawned: nothing CUDA may come through
+a fork.
 """
 
 from __future__ import annotations
@@ -136,16 +137,18 @@ def start_fork_server(*modules: str) -> None:
     :func:`run_local` of the process will run (a test suite's). No effect where it runs already.
     (Started by ``python -m training``'s launcher before it prepares the run, it bought nothing
     measurable: the ranks' own start-up and the end's plots are the run's fixed cost.)"""
-    if "forkserver" in mp.get_all_start_methods():
-        _start_context("gloo", modules)
+    if _start_context("gloo", modules).get_start_method() == "forkserver":
         forkserver.ensure_running()
 
 
 def _start_context(backend: str, modules: tuple[str, ...]) -> mp.context.BaseContext:
-    """How ranks start: spawned for NCCL; else forked from the fork server, which imports torch
-    and ``modules`` once (those named when the process first starts it: the server outlives
-    runs)."""
-    if backend == "nccl" or "forkserver" not in mp.get_all_start_methods():
+    """How ranks start: spawned on a machine with a GPU (a module the server imports may touch
+    CUDA, and a CUDA driver initialised before a fork fails in the child: gloo ranks that share
+    a GPU, NCCL ranks); else forked from the fork server, which imports torch and ``modules``
+    once (those named when the process first starts it: the server outlives runs)."""
+    import torch
+
+    if backend == "nccl" or torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", *(m for m in modules if m != "__main__")])
