@@ -106,8 +106,7 @@ class Trainer:
         self.last_step_s = 0.1
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_fn = train_step(session, self.optimiser, self.schedule)
-        mean_over_ranks = lambda values: [v / dims.world for v in dims.sum_over_world(values)]  # noqa: E731
-        self.step_split = StepSplit(session.model, self.start, _profile_after(session), mean_over_ranks)
+        self.step_split = StepSplit(session.model, self.start, _profile_after(session), dims.mean_over_world)
         self.val_skill: ValidationSkill | None = None  # built at the first validation (the baselines' scores)
 
     def nothing_to_do(self) -> str | None:

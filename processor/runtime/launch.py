@@ -134,9 +134,7 @@ def run_local(
 
 def start_fork_server(*modules: str) -> None:
     """Start the gloo ranks' fork server now, importing torch and ``modules``, whatever the first
-    :func:`run_local` of the process will run (a test suite's). No effect where it runs already.
-    (Started by ``python -m training``'s launcher before it prepares the run, it bought nothing
-    measurable: the ranks' own start-up and the end's plots are the run's fixed cost.)"""
+    :func:`run_local` of the process will run (a test suite's). No effect where it runs already."""
     if _start_context("gloo", modules).get_start_method() == "forkserver":
         forkserver.ensure_running()
 

@@ -78,6 +78,10 @@ class ParallelDims:
         """The largest of a few numbers over every rank (peak memories)."""
         return self._over_world(values, dist.ReduceOp.MAX)
 
+    def mean_over_world(self, values: list[float]) -> list[float]:
+        """The mean of a few numbers over every rank (a profiled step's shares)."""
+        return [v / self.world for v in self.sum_over_world(values)]
+
     def _over_world(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         if self.world == 1:
             return [float(v) for v in values]
