@@ -82,13 +82,8 @@ def report_end(result: dict[str, Any], run_dir: str) -> float:
     elif not history:
         log.info("nothing to train: %s", result.get("reason", "no step left"))
     else:
-        log.info(
-            "finished: train loss %.5f, %s, MLflow run %s, run dir %s",
-            final,
-            step_summary(history),
-            result["run_id"],
-            run_dir,
-        )
+        mlflow = f"MLflow run {result['run_id']}" if result["run_id"] else "MLflow off"
+        log.info("finished: train loss %.5f, %s, %s, run dir %s", final, step_summary(history), mlflow, run_dir)
     return final
 
 

@@ -20,6 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 METRICS = "metrics.jsonl"  # training steps
 EVALUATIONS = "evaluations.jsonl"  # evaluations, by the training step of the model scored
@@ -35,7 +36,43 @@ def open_for_append(path: Path):
         if cut:
             with open(path, "a") as f:
                 f.write("\n")
-    return open(path, "a")  # noqa: SIM115 - closed in Tracker.finish()
+    return open(path, "a")  # noqa: SIM115 - closed in RunRecord.close()
+
+
+class RunRecord:
+    """Rank 0's record of the run in its directory, whatever ``logging.mlflow`` says: a line of
+    ``metrics.jsonl`` per logged step and of ``evaluations.jsonl`` per evaluation, each flushed
+    before :meth:`log_metrics` / :meth:`log_evaluation` return.
+
+    A segment resumed at ``start_step`` (its checkpoint's step) first cuts both files back to
+    what the earlier segments logged before it; :attr:`earlier` holds those records, steps then
+    evaluations, as ``(step, metrics)``, for MLflow to catch up on.
+    """
+
+    def __init__(self, run_dir: Path, start_step: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.earlier: list[tuple[int, dict[str, Any]]] = []
+        if start_step:
+            self.earlier += keep_steps_before(self.run_dir / METRICS, start_step)
+            self.earlier += keep_evaluations_through(self.run_dir / EVALUATIONS, start_step)
+        self.metrics_path = self.run_dir / METRICS
+        self._metrics = open_for_append(self.metrics_path)
+        self._evaluations = None  # evaluations.jsonl, opened by the first evaluation
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self._metrics.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._metrics.flush()
+
+    def log_evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        if self._evaluations is None:
+            self._evaluations = open_for_append(self.run_dir / EVALUATIONS)
+        self._evaluations.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._evaluations.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self._evaluations is not None:
+            self._evaluations.close()
 
 
 def _records(path: Path) -> list[tuple[str, int, dict[str, float]]]:

@@ -17,7 +17,7 @@ from training.config.settings import flatten, to_settings, write_settings
 from training.data import ZarrDataset
 from training.distributed.parallel import ParallelDims
 from training.reporting.metrics_file import read_history
-from training.reporting.tracking import NullTracker, Tracker
+from training.reporting.tracking import NullTracker, RecordOnly, Tracker
 from training.skill.by_lead import skill_summary
 from training.skill.scores import SkillTable
 
@@ -36,10 +36,14 @@ def git_commit() -> str:
 
 def open_tracker(cfg: RunConfig, dims: ParallelDims, start: int, tags: dict[str, str] | None = None):
     """Rank 0's :class:`Tracker` (continuing the run directory's MLflow run when ``start`` > 0),
-    with the resolved configuration as params and artifact; a :class:`NullTracker` elsewhere."""
-    if dims.rank != 0 or not cfg.logging.mlflow:
-        return NullTracker()
+    with the resolved configuration as params and artifact, or with ``logging.mlflow = false``
+    its :class:`RecordOnly` (``metrics.jsonl`` and ``evaluations.jsonl`` all the same); a
+    :class:`NullTracker` elsewhere."""
     run_dir = Path(cfg.run_dir)
+    if dims.rank != 0:
+        return NullTracker()
+    if not cfg.logging.mlflow:
+        return RecordOnly(run_dir, start)
     tags = {
         "strategy": cfg.strategy.name,
         "ranks": str(dims.world),

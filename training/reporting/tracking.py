@@ -1,7 +1,8 @@
 """MLflow logging for rank 0: params, tags, per-step metrics, artifacts.
 
-The training loop never waits for MLflow: :class:`Tracker` appends every metric to
-``metrics.jsonl`` in the run directory (flushed, before returning) and hands it to a background
+The training loop never waits for MLflow: :class:`Tracker` appends every metric to the run
+directory's record (``metrics.jsonl``, :class:`~training.reporting.metrics_file.RunRecord`:
+flushed, before returning) and hands it to a background
 thread that talks to the tracking store. The default store is an embedded sqlite database in
 the run directory. When a tracking server (``logging.tracking_uri``) cannot be reached, stops
 answering, or answers too slowly, the thread warns once, starts the run again in the local
@@ -33,11 +34,11 @@ that MLflow lacks, deduplicated like the steps; an evaluation made now is always
 evaluation of the same step made again (other ``evaluate`` settings) is the latest value too.
 
 The store, the experiment and the run directory's record of its run: :mod:`training.reporting.mlflow_store`.
+With ``logging.mlflow = false`` rank 0 keeps the same record without MLflow (:class:`RecordOnly`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -46,13 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.reporting.metrics_file import (
-    EVALUATIONS,
-    METRICS,
-    keep_evaluations_through,
-    keep_steps_before,
-    open_for_append,
-)
+from training.reporting.metrics_file import RunRecord
 from training.reporting.mlflow_store import (
     RECORD,
     artifact_dir,
@@ -102,15 +97,10 @@ class Tracker:
         self.finish_timeout_s = finish_timeout_s
         self.fallback = False
         self.client, self.run_id = None, None
-        # What earlier segments logged before this one's start, and the last step of each metric
-        # MLflow already holds (filled in by the thread): nothing is logged twice.
-        self._earlier = []
-        if start_step:
-            self._earlier += keep_steps_before(run_dir / METRICS, start_step)
-            self._earlier += keep_evaluations_through(run_dir / EVALUATIONS, start_step)
+        # The run directory's record holds what earlier segments logged before this one's start;
+        # the thread notes the last step of each metric MLflow already holds: nothing twice.
+        self.record = RunRecord(run_dir, start_step)
         self._logged_through: dict[str, int] = {}
-        self._jsonl = open_for_append(run_dir / METRICS)
-        self._evaluations = None  # evaluations.jsonl, opened by the first evaluation
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._delivered: list[tuple[str, Any]] = []  # every event taken so far, replayed on fall-back
         self._finished = False
@@ -124,8 +114,7 @@ class Tracker:
     # -- called by the training loop: never blocks on MLflow ------------------------------
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._jsonl.flush()
+        self.record.log_metrics(step, metrics)
         self._queue.put(("metrics", (step, dict(metrics))))
 
     def log_evaluation(self, step: int, metrics: dict[str, float]) -> None:
@@ -133,10 +122,7 @@ class Tracker:
         ``metrics`` named with their lead (``eval/rmse/psi/model/024h``), all logged at ``step``.
         Written to ``evaluations.jsonl`` (flushed) first; sent to MLflow even where it holds that
         step already, so that this evaluation is the latest value of each."""
-        if self._evaluations is None:
-            self._evaluations = open_for_append(self.run_dir / EVALUATIONS)
-        self._evaluations.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._evaluations.flush()
+        self.record.log_evaluation(step, metrics)
         self._queue.put(("evaluation", (step, dict(metrics))))
 
     def log_artifact(self, path: Path) -> None:
@@ -148,9 +134,7 @@ class Tracker:
         if self._finished:
             return
         self._finished = True
-        self._jsonl.close()
-        if self._evaluations is not None:
-            self._evaluations.close()
+        self.record.close()
         self._queue.put(("finish", (status, reason)))
         self._thread.join(self.finish_timeout_s)
         if self._thread.is_alive():
@@ -158,7 +142,7 @@ class Tracker:
                 "MLflow at %s did not take the run's last events within %g s; every metric is in %s",
                 self.uri,
                 self.finish_timeout_s,
-                self._jsonl.name,
+                self.record.metrics_path,
             )
 
     # -- the background thread ------------------------------------------------------------
@@ -205,8 +189,8 @@ class Tracker:
         for key in run.data.metrics:
             steps = [m.step for m in self.client.get_metric_history(self.run_id, key)]
             self._logged_through[key] = max(steps, default=-1)
-        if self._earlier:
-            self._log_metrics([("metrics", event) for event in self._earlier])
+        if self.record.earlier:
+            self._log_metrics([("metrics", event) for event in self.record.earlier])
 
     def _recorded_run(self, record: dict[str, Any]):
         """The MLflow run ``record`` names, if it is in this store and still active."""
@@ -272,7 +256,7 @@ class Tracker:
             return
         except Exception as exc:
             if self.fallback:
-                log.error("MLflow local store failed too (%s); metrics stay in %s", exc, self._jsonl.name)
+                log.error("MLflow local store failed too (%s); metrics stay in %s", exc, self.record.metrics_path)
                 self.client = None
                 return
             log.warning(
@@ -287,12 +271,33 @@ class Tracker:
             self._start()
             self._apply(self._delivered)
         except Exception as exc:
-            log.error("MLflow local store failed too (%s); metrics stay in %s", exc, self._jsonl.name)
+            log.error("MLflow local store failed too (%s); metrics stay in %s", exc, self.record.metrics_path)
             self.client = None
 
 
 def _of(events: list[tuple[str, Any]], kind: str) -> list[tuple[str, Any]]:
     return [e for e in events if e[0] == kind]
+
+
+class RecordOnly:
+    """What rank 0 gets with ``logging.mlflow = false``: the run directory's record alone
+    (:class:`~training.reporting.metrics_file.RunRecord`); artifacts stay where they were written."""
+
+    run_id = None
+
+    def __init__(self, run_dir: Path, start_step: int | None = None) -> None:
+        self.record = RunRecord(run_dir, start_step)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.record.log_metrics(step, metrics)
+
+    def log_evaluation(self, step: int, metrics: dict[str, float]) -> None:
+        self.record.log_evaluation(step, metrics)
+
+    def log_artifact(self, path: Path) -> None: ...
+
+    def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        self.record.close()
 
 
 class NullTracker:
