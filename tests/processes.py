@@ -31,7 +31,7 @@ def start_in_own_session(command: list[str], cwd: Path, env: dict[str, str], log
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL ``proc`` and every process below it (torchrun starts its ranks in sessions of their own)."""
-    from training.faults import descendants
+    from tests.training.hooks.faults import descendants
 
     for pid in [proc.pid, *descendants(proc.pid)]:
         try:

@@ -291,7 +291,7 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     batches = Batches(dataset, grids, samples.lead, device, cfg.model.valid_time_forcing, cfg.model.multistep_input - 1)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
-    transport = HostStagedTransport(counter) if t_cfg.debug_share_gpu else Transport(counter)
+    transport = HostStagedTransport(counter) if cfg.debug.share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)
 
 

@@ -21,7 +21,7 @@ from training.checkpoint.files import LATEST, remove_partials
 from training.checkpoint.resume import restore_training_state, save_training_state
 from training.config.schema import RunConfig
 from training.distributed.device import PeakDeviceMemory, autocast, synchronize
-from training.faults import FaultInjector
+from training.hooks import load_hooks
 from training.launch.interrupt import StopRequest, stop_requests
 from training.reporting.report import final_pictures, open_tracker, report_skill, variable_units
 from training.reporting.step_split import StepSplit
@@ -102,7 +102,7 @@ class Trainer:
             if dims.rank == 0:
                 log.info("resuming from step %d of %s", self.start, self.ckpt_dir / LATEST)
         self.last_checkpoint = self.start
-        self.faults = FaultInjector(cfg.debug, self.t_cfg, dims.rank, dims.world, self.run_dir)
+        self.hooks = load_hooks(cfg, dims.rank, dims.world)  # debug.hooks: none by default
         self.last_step_s = 0.1
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_fn = train_step(session, self.optimiser, self.schedule)
@@ -140,7 +140,7 @@ class Trainer:
             self.tracker.finish("FAILED", reason=f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            self.faults.close()
+            self.hooks.close()
         self.tracker.finish()
         return self.result(history, self.tracker.run_id, skill)
 
@@ -206,11 +206,10 @@ class Trainer:
         s.counter.reset()
         self.device_memory.reset()
         batch = s.batches([s.samples.train[i] for i in picks], rollout)
-        self.faults.start_step(step, self.last_step_s)
-        fault = functools.partial(self.faults.after_backward, step)
-        loss = self.step_fn(
-            batch.x, batch.targets, s.grids, s.model_group, s.transport, after_backward=fault, forcings=batch.forcings
-        )
+        self.hooks.start_step(step, self.last_step_s)
+        x = self.hooks.model_inputs(step, batch.x)
+        after_backward = functools.partial(self.hooks.after_backward, step)
+        loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
         synchronize(s.device)  # the step's time includes the work queued on the GPU
         elapsed = self.last_step_s = time.perf_counter() - t0
         train_loss, peak, sent, stops = dims.sum_over_world(
@@ -276,9 +275,9 @@ class Trainer:
                 f"parameters are not finite after step {step}; not overwriting the last good checkpoint "
                 f"(step {self.last_checkpoint}) in {self.ckpt_dir}"
             )
-        fault = self.faults.checkpoint_write(step)
+        on_write = self.hooks.checkpoint_write(step)
         save_training_state(
-            self.ckpt_dir, step, s.cfg, s.dims, s.model, self.optimiser, self.schedule, fault, s.transport
+            self.ckpt_dir, step, s.cfg, s.dims, s.model, self.optimiser, self.schedule, on_write, s.transport
         )
         self.last_checkpoint = step
 

@@ -1,5 +1,5 @@
 """The ``parity`` part: ``python -m training.parity`` on the device, each strategy of the default
-run on its 2 ranks sharing the GPU (``trainer.debug_share_gpu=true``: NCCL needs a GPU per rank,
+run on its 2 ranks sharing the GPU (``debug.share_gpu=true``: NCCL needs a GPU per rank,
 so the ranks' messages go through host memory over gloo) against one rank at fp32, and
 shard_sequence at bf16 too, as subprocesses, time-boxed; its verdict line per run.
 ``--dry-run``: the same on CPU, shrunk."""
@@ -28,7 +28,7 @@ def parity_command(ctx: Context, strategy: str, precision: str, name: str) -> li
         data = f"data.path={ctx.scratch / 'data' / 'rossby_haurwitz_o16.zarr'}"
         device = ("trainer.device=cpu", *DRY_RUN, data)
     else:
-        device = ("trainer.device=cuda", "trainer.debug_share_gpu=true")
+        device = ("trainer.device=cuda", "debug.share_gpu=true")
     run_dir = ctx.scratch / "parity" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     return [
@@ -64,7 +64,7 @@ def parity_part(ctx: Context) -> str:
         [
             "### Parity: every strategy against one rank (`python -m training.parity`)",
             "",
-            "The default run's 2 ranks sharing the GPU (`trainer.debug_share_gpu=true`), 3 steps from the same "
+            "The default run's 2 ranks sharing the GPU (`debug.share_gpu=true`), 3 steps from the same "
             "parameters on the same batches; the worst relative difference over the loss, every gradient and every "
             "parameter after the optimiser step (exit code 0: within the tolerance, 4: a breach).",
             "",

@@ -1,6 +1,6 @@
 """The ``train`` part: the default training run on the GPU, one rank, bf16, as a subprocess
 (``python -m training ...``, time-boxed); then, if its budget allows, the main job's own 2-rank
-``shard_sequence`` setting with the ranks sharing the GPU (``trainer.debug_share_gpu=true``).
+``shard_sequence`` setting with the ranks sharing the GPU (``debug.share_gpu=true``).
 From each run directory: final train and validation loss, steps/s, samples/s and peak device
 memory (``metrics.jsonl``), and the skill table (``skill.md``). ``--dry-run``: the same runs on
 CPU, shrunk to seconds (4 steps on a small generated dataset)."""
@@ -18,7 +18,7 @@ from benchmarks.gpu.common import Budget, Context, PartFailed, last_line, log_ta
 
 # One GPU: one rank (the main job's other settings, i.e. the defaults).
 ONE_RANK = ("trainer.nprocs=1", "trainer.ranks_per_model=1", "strategy=none")
-SHARED = ("trainer.debug_share_gpu=true",)  # the defaults' 2 ranks, shard_sequence, on one GPU
+SHARED = ("debug.share_gpu=true",)  # the defaults' 2 ranks, shard_sequence, on one GPU
 # --dry-run: the run shrunk to seconds on CPU (as tests/training/conftest.py's small config).
 DRY_RUN = (
     "data.grid=o16",
@@ -56,7 +56,7 @@ def command(ctx: Context, overrides: tuple[str, ...], run_dir: Path) -> list[str
     device = "cpu" if ctx.dry_run else "cuda"
     extra = (*DRY_RUN, f"data.path={ctx.scratch / 'data' / 'rossby_haurwitz_o16.zarr'}") if ctx.dry_run else ()
     if ctx.dry_run:  # no GPU to share: the CPU's ranks run as they always do
-        overrides = tuple(o for o in overrides if not o.startswith("trainer.debug_share_gpu"))
+        overrides = tuple(o for o in overrides if not o.startswith("debug.share_gpu"))
     return [
         sys.executable, "-m", "training", f"trainer.device={device}", "trainer.precision=bf16", *overrides, *extra,
         f"hydra.run.dir={run_dir}",
@@ -133,7 +133,7 @@ def skill(run: TrainRun) -> list[str]:
 
 def second_run(ctx: Context, first: TrainRun, budget: Budget) -> TrainRun:
     """The main job's 2-rank shard_sequence setting, sharing the GPU, if the budget allows it."""
-    label = "2 ranks sharing the GPU, shard_sequence (`trainer.debug_share_gpu=true`)"
+    label = "2 ranks sharing the GPU, shard_sequence (`debug.share_gpu=true`)"
     if ctx.dry_run:
         label = "2 ranks, shard_sequence (CPU: no GPU to share)"
     if budget.left() < SECOND_RUN_FACTOR * first.seconds:
@@ -157,7 +157,7 @@ def train_part(ctx: Context) -> str:
             "### Training run on the device (bf16)",
             "",
             f"`python {shown}` (the 2-rank run: the defaults' `trainer.nprocs=2 trainer.ranks_per_model=2 "
-            "strategy=shard_sequence` with `trainer.debug_share_gpu=true`). Losses at the last step and the last "
+            "strategy=shard_sequence` with `debug.share_gpu=true`). Losses at the last step and the last "
             "validation; steps/s and samples/s: medians after the first tenth of the steps; peak device memory: "
             "`peak_device_memory_gib` of `metrics.jsonl`, the most over the steps.",
             "",

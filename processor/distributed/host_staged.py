@@ -10,7 +10,7 @@ ring, head all-to-all, ``shard_channels``' all-gathers and reduce-scatters, the 
 and can be compared with one rank on the same GPU.
 
 It is never chosen silently: NCCL is the transport of real multi-GPU runs, and training uses
-this one only under an explicit ``trainer.debug_share_gpu=true``. Its cost is two host copies
+this one only under an explicit ``debug.share_gpu=true``. Its cost is two host copies
 per message (device to host before sending, host to device after receiving), each a
 synchronising copy on CUDA, on top of gloo's TCP transfer. On CPU tensors it copies too, so the
 staging path runs (and is tested) without a GPU. The bytes counted are exactly those of

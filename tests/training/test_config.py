@@ -69,7 +69,6 @@ def test_wrong_type_fails_naming_the_key():
     [
         (["trainer.lr=-1"], r"config key trainer.lr = -1.0 is out of range: expected > 0"),
         (["trainer.rollout.max=0"], r"trainer.rollout.max = 0 is out of range: expected >= 1"),
-        (["debug.fault_scope=rack"], r"config key debug.fault_scope = 'rack' is out of range: expected rank\|node"),
         (["data.val_fraction=1.0"], r"data.val_fraction = 1.0 is out of range: expected in \(0, 1\)"),
         (["model.window_size=-2"], "model.window_size"),
         (["trainer.precision=fp8"], "trainer.precision"),
@@ -122,13 +121,14 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
 
     from training.launch.run_settings import SavedRun, continue_from, current_names
 
-    old = {"trainer": {"steps": 60, "fault_seed": 7, "fault_scope": "node"}, "model": {"num_layers": 3}}
+    old = {"trainer": {"steps": 60, "debug_share_gpu": True}, "model": {"num_layers": 3}}
     saved = current_names(old)
     # a run saved before mappers were chosen ran mean_mlp, before node parameters none
     model = {**old["model"], "mapper": "mean_mlp", "trainable_size": 0, "valid_time_forcing": False}
-    assert saved == {"trainer": {"steps": 60}, "debug": {"fault_seed": 7, "fault_scope": "node"}, "model": model}
+    assert saved == {"trainer": {"steps": 60}, "debug": {"share_gpu": True}, "model": model}
     cfg = continue_from(_typed(), SavedRun(saved, 30, Path("x")), given=[])
-    assert (cfg.trainer.steps, cfg.debug.fault_seed, cfg.debug.fault_scope, cfg.model.num_layers) == (60, 7, "node", 3)
+    assert (cfg.trainer.steps, cfg.model.num_layers) == (60, 3)
+    assert cfg.debug.share_gpu is False  # a setting of the invocation, never the saved run's
     assert cfg.model.mapper == "mean_mlp" and _typed().model.mapper == "graph_transformer"
     assert cfg.model.valid_time_forcing is False and _typed().model.valid_time_forcing is True
     assert cfg.model.valid_time_forcing is False  # it ran with the input date's forcings

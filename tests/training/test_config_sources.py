@@ -97,7 +97,7 @@ def test_the_defaults_are_the_ones_the_readme_s_skill_table_was_measured_with():
     t = TrainerConfig()
     assert (t.steps, t.lr, t.min_lr_ratio, t.val_batches, t.checkpoint_interval) == (1000, 3e-3, 0.3, 8, 200)
     assert (t.val_interval, t.warmup_steps, t.batch_size, t.nprocs, t.ranks_per_model) == (50, 20, 1, 2, 2)
-    assert DebugConfig().fault_at_step is None and DebugConfig().fault_every is None  # the test hooks are off
+    assert DebugConfig().hooks == [] and DebugConfig().hook_settings is None  # no step hooks
 
 
 def _options() -> list[tuple[str, str]]:

@@ -57,7 +57,7 @@ def test_two_ranks_sharing_the_gpu_train_the_cpu_two_rank_curve(tmp_path, small_
         return run(small_config(tmp_path / device, small_dataset, *overrides))
 
     cpu = two_ranks("cpu")
-    shared = two_ranks("cuda", "trainer.debug_share_gpu=true")
+    shared = two_ranks("cuda", "debug.share_gpu=true")
     np.testing.assert_allclose(_losses(shared), _losses(cpu), rtol=1e-4)
     assert all(m["comm_bytes_per_rank"] > 0 for _, m in shared["history"])
 

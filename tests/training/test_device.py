@@ -117,7 +117,7 @@ def test_more_local_ranks_than_gpus_names_both_numbers(monkeypatch):
         check_local_ranks("cuda", 2, share_gpu=False)
     check_local_ranks("cuda", 1, share_gpu=False)
     check_local_ranks("cuda", 4, share_gpu=True)  # the test mode: ranks share the GPU
-    with pytest.raises(ConfigValueError, match="trainer.debug_share_gpu = true shares a GPU .* resolves to cpu"):
+    with pytest.raises(ConfigValueError, match="debug.share_gpu = true shares a GPU .* resolves to cpu"):
         check_local_ranks("cpu", 2, share_gpu=True)
 
 
@@ -133,8 +133,8 @@ def test_cuda_without_a_gpu_is_refused_before_any_rank_starts(tmp_path, small_da
     assert resolve_device("auto") == "cpu"
     with pytest.raises(ConfigValueError, match="trainer.device = cuda, but torch sees no CUDA device"):
         run(small_config(tmp_path, small_dataset, "trainer.device=cuda"))
-    with pytest.raises(ConfigValueError, match="trainer.debug_share_gpu = true"):
-        run(small_config(tmp_path, small_dataset, "trainer.debug_share_gpu=true"))
+    with pytest.raises(ConfigValueError, match="debug.share_gpu = true"):
+        run(small_config(tmp_path, small_dataset, "debug.share_gpu=true"))
     with pytest.raises(ConfigValueError, match=r"trainer.device = 'gpu' is out of range: expected auto\|cpu\|cuda"):
         run(small_config(tmp_path, small_dataset, "trainer.device=gpu"))
     assert not (tmp_path / "checkpoints").exists()

@@ -18,15 +18,15 @@ from processor.runtime.torchrun import FRESH_STORE_ENV, TorchrunSetupError, chec
 from tests.agents import AGENT_TIMEOUT_S, agent, agent_env, standalone, two_nodes, wait_agents
 from tests.processes import run_in_own_session, start_in_own_session
 from tests.training.conftest import small_overrides
+from tests.training.hooks.faults import MARKER, fault_overrides
 from training.checkpoint.files import load_checkpoint
-from training.faults import MARKER
 from training.reporting.metrics_file import read_history
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
 WORLD = ["trainer.nprocs=4", "trainer.ranks_per_model=2", "trainer.heartbeat_s=0.2"]
 WORLD += ["evaluate.at_end_of_training=false"]
-NODE_LOSS = ["debug.fault_at_step=4", "debug.fault_rank=2", "debug.fault_scope=node", "trainer.timeout_s=30"]
+NODE_LOSS = [*fault_overrides(fault_at_step=4, fault_rank=2, fault_scope="node"), "trainer.timeout_s=30"]
 
 
 def _training(run_dir: Path, dataset: Path, *overrides: str) -> list[str]:

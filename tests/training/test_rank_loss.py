@@ -1,6 +1,6 @@
 """A rank killed mid-step: every other rank names it and stops; torchrun restarts resume exactly.
 
-The fault is real: ``debug.fault_at_step`` makes rank 1 SIGKILL itself after its backward
+The fault is real: the fault hook's ``fault_at_step`` makes rank 1 SIGKILL itself after its backward
 pass, before the gradient all-reduce (once per run directory).
 """
 
@@ -15,11 +15,11 @@ import torch
 from tests.agents import standalone
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
+from tests.training.hooks.faults import MARKER, fault_overrides
 from training.app import run
 from training.checkpoint.files import load_checkpoint
-from training.faults import MARKER
 
-FAULT = ["debug.fault_at_step=4", "trainer.heartbeat_s=0.2", "trainer.timeout_s=30", "logging.mlflow=false"]
+FAULT = [*fault_overrides(fault_at_step=4), "trainer.heartbeat_s=0.2", "trainer.timeout_s=30", "logging.mlflow=false"]
 
 
 @pytest.mark.parametrize("ranks", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: the slow tier

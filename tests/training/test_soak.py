@@ -24,9 +24,9 @@ from mlflow.tracking import MlflowClient
 from tests.agents import standalone
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
+from tests.training.hooks.faults import PLAN_DIR, POINTS, fault_overrides, fault_plan
 from training.app import run
 from training.checkpoint.files import PARTIAL_PREFIX, CheckpointError, load_checkpoint
-from training.faults import PLAN_DIR, POINTS, fault_plan
 from training.reporting.mlflow_store import local_store_uri
 
 pytestmark = pytest.mark.soak
@@ -96,8 +96,7 @@ def test_a_run_killed_again_and_again_ends_as_an_uninterrupted_one(tmp_path, sma
         "training",
         *small_overrides(soak, small_dataset),
         *SETTINGS,
-        f"debug.fault_every={EVERY}",
-        f"debug.fault_seed={SEED}",
+        *fault_overrides(fault_every=EVERY, fault_seed=SEED),
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     started = time.monotonic()

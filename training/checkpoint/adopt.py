@@ -25,11 +25,10 @@ from training.config.schema import ModelConfig, RunConfig, schema_keys
 from training.config.settings import from_settings, sets_key, settings_not_given, to_settings
 
 # This command's own settings, never the checkpoint's: where it runs and writes, on which device,
-# which checkpoint, and the training run's debugging (fault injection) and parity settings.
+# which checkpoint, and the training run's debugging aids, step hooks and parity settings.
 OWN_KEYS = (
     "run_dir",
     "trainer.device",
-    "trainer.debug_share_gpu",
     "trainer.resume",
     "trainer.stop_at_step",
     "evaluate.checkpoint",
@@ -138,4 +137,4 @@ def check_adopted(resolved: RunConfig) -> None:
     if resolved.strategy.name != "auto":  # auto is checked once it has picked
         check_config(resolved, launch_world(t.nprocs))
     if not under_torchrun():
-        check_local_ranks(t.device, t.nprocs, t.debug_share_gpu)
+        check_local_ranks(t.device, t.nprocs, resolved.debug.share_gpu)

@@ -28,7 +28,7 @@ def save_checkpoint(
 ) -> Path:
     """Write ``state`` to ``directory/latest.pt`` so that a reader sees the old file or the new
     one, never a partial one. ``progress`` is called with the bytes written so far after each
-    write (a test's fault hook)."""
+    write (a step hook's, :meth:`training.hooks.StepHook.checkpoint_write`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=PARTIAL_PREFIX, suffix=".pt")

@@ -136,12 +136,12 @@ def save_training_state(
     model: nn.Module,
     optimiser,
     schedule,
-    fault: Callable[[int], None] | None = None,
+    on_write: Callable[[int], None] | None = None,
     transport: Transport | None = None,
 ) -> None:
     """Write the training state after ``step`` (every rank calls; rank 0 writes, atomically).
     Every tensor is written from the CPU, so the checkpoint loads on any device.
-    ``fault``: a test's hook (:meth:`training.faults.FaultInjector.checkpoint_write`), given
+    ``on_write``: a step hook's (:meth:`training.hooks.StepHook.checkpoint_write`), given
     the bytes rank 0 has written, and 0 on the other ranks while rank 0 writes. ``transport``:
     what gathers split parameters (the session's)."""
     rng = _every_rank(torch.get_rng_state(), dims)
@@ -162,11 +162,11 @@ def save_training_state(
             **({"cuda_rng": cuda_rng} if cuda_rng is not None else {}),
         }
         try:
-            save_checkpoint(directory, state, progress=fault)
+            save_checkpoint(directory, state, progress=on_write)
         except OSError as exc:  # a full disk, a file-size limit, a read-only file system
             failure = exc.strerror or str(exc)
-    elif fault is not None:
-        fault(0)
+    elif on_write is not None:
+        on_write(0)
     # Every rank learns whether the write worked, so that all stop here together, in one line.
     if dims.sum_over_world([float(bool(failure))])[0] > 0:
         raise CheckpointWriteError(

@@ -208,9 +208,6 @@ class TrainerConfig:
     stop_at_step: int | None = setting(None, or_null(at_least(1)))  # end this run early (checkpointed); resumable
     # auto: cuda when torch sees a GPU, else cpu. On cuda each local rank owns one GPU (NCCL).
     device: str = setting("auto", one_of("auto", "cpu", "cuda"))
-    # Tests and debugging only: local ranks share one GPU over gloo, messages staged through host
-    # memory (processor.distributed.HostStagedTransport); slow, never chosen by itself.
-    debug_share_gpu: bool = False
     nprocs: int = setting(2, at_least(1))  # local ranks to spawn when not started by torchrun
     ranks_per_model: int = setting(2, at_least(1))  # model-parallel group size
     # within_nodes: a model group's ranks are consecutive, inside one node when ranks_per_model
@@ -229,14 +226,18 @@ class TrainerConfig:
 
 @dataclass
 class DebugConfig:
-    """Test hooks that break a run on purpose (this module, docs/reliability.md); all off."""
+    """Aids for finding what went wrong, and code from outside the stages that the training loop
+    calls (:mod:`training.hooks`): the test suite's fault injection, the parity check's
+    perturbation (docs/reliability.md). All off."""
 
-    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
-    fault_rank: int = setting(1, at_least(0))
-    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
-    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
-    fault_seed: int = 0
-    perturb_rank: int | None = setting(None, or_null(at_least(0)))  # training.parity: this rank's inputs are off
+    # Local ranks share one GPU over gloo, messages staged through host memory
+    # (processor.distributed.HostStagedTransport): slow; for tests and debugging on one GPU.
+    share_gpu: bool = False
+    # Step hooks, each 'package.module:ClassName' (a training.hooks.StepHook), called in this order.
+    hooks: list[str] = field(default_factory=list)
+    # The named hooks' settings, {name: value} (each hook takes the keys of its Settings
+    # dataclass). Typed Any: a struct Dict node refuses new keys without Hydra's `+`.
+    hook_settings: Any = None
 
 
 @dataclass

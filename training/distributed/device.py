@@ -7,7 +7,7 @@ the device, the device's peak memory per step).
 - On CUDA each local rank owns one GPU (``cuda:<LOCAL_RANK>``, set as the current device before
   the process group starts) and the ranks talk over NCCL; more local ranks than GPUs is an error
   naming both numbers.
-- ``trainer.debug_share_gpu=true`` (tests and debugging only, never chosen by itself): the local
+- ``debug.share_gpu=true`` (tests and debugging only, never chosen by itself): the local
   ranks share the GPUs round-robin, talk over gloo, and the strategies' messages are staged
   through host memory (:class:`processor.distributed.HostStagedTransport`). It lets one GPU run
   every strategy's CUDA path sharded; it is slow, and NCCL is what real multi-GPU runs use.
@@ -49,11 +49,11 @@ def threads_per_rank(asked: int, local_ranks: int) -> int:
 
 
 def check_local_ranks(device: str, local_ranks: int, share_gpu: bool) -> None:
-    """On CUDA, one GPU per local rank unless ``share_gpu`` (``trainer.debug_share_gpu``)."""
+    """On CUDA, one GPU per local rank unless ``share_gpu`` (``debug.share_gpu``)."""
     if share_gpu and device != "cuda":
         raise ConfigValueError(
-            f"trainer.debug_share_gpu = true shares a GPU between ranks, but trainer.device resolves to {device}: "
-            "set trainer.device=cuda on a machine with a GPU, or drop trainer.debug_share_gpu"
+            f"debug.share_gpu = true shares a GPU between ranks, but trainer.device resolves to {device}: "
+            "set trainer.device=cuda on a machine with a GPU, or drop debug.share_gpu"
         )
     if device != "cuda" or share_gpu:
         return
@@ -62,7 +62,7 @@ def check_local_ranks(device: str, local_ranks: int, share_gpu: bool) -> None:
         raise ConfigValueError(
             f"trainer.device = cuda with {local_ranks} local ranks but {gpus} CUDA device(s) on this node: "
             f"one GPU per rank, so at most {gpus} ranks per node (trainer.nprocs or torchrun's --nproc-per-node); "
-            "for tests only, trainer.debug_share_gpu=true lets ranks share a GPU"
+            "for tests only, debug.share_gpu=true lets ranks share a GPU"
         )
 
 

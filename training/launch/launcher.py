@@ -56,12 +56,13 @@ from training.distributed.device import (
     resolve_device,
     threads_per_rank,
 )
+from training.hooks import check_hooks
 from training.launch.cli_check import check_overrides
 from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.launch.interrupt import LauncherSignals, remove_stop_marker
 from training.launch.run_end import RunFinished, check_not_finished
 from training.launch.run_lock import RunDirLock
-from training.launch.run_settings import continue_from, resume_line, saved_run
+from training.launch.run_settings import SavedRun, continue_from, resume_line, saved_run
 from training.launch.run_start import startup_line
 
 log = logging.getLogger(__name__)
@@ -88,17 +89,14 @@ def prepare(
     ``trains``: the ranks train (``attention_path=auto`` times backward too); None: ``adopt`` is None."""
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
     world = launch_world(cfg.trainer.nprocs)
-    saved = None
-    if adopt is None and given is not None and cfg.trainer.resume:
-        saved = saved_run(Path(cfg.run_dir).resolve())
-        if saved is not None:
-            cfg = continue_from(cfg, saved, given)
+    cfg, saved = _continued(cfg, given) if adopt is None else (cfg, None)
     if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
         check_config(cfg, world)
+    check_hooks(cfg, world)
     trainer = cfg.trainer
     trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
-    check_local_ranks(trainer.device, local_ranks, trainer.debug_share_gpu)
+    check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
     trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     cfg.run_dir = str(Path(cfg.run_dir).resolve())
     if adopt is not None:
@@ -130,6 +128,14 @@ def prepare(
         remove_stop_marker(cfg.run_dir)  # left by a launcher that was killed
     log.info(startup_line(cfg, dataset.n_points, hidden.n_points))
     return cfg
+
+
+def _continued(cfg: RunConfig, given: list[str] | None) -> tuple[RunConfig, SavedRun | None]:
+    """A training run's configuration over the run it continues in its run directory, with that
+    run (:mod:`training.launch.run_settings`); ``cfg`` and None for a new run, with
+    ``trainer.resume=false``, or outside Hydra (``given`` None)."""
+    saved = saved_run(Path(cfg.run_dir).resolve()) if given is not None and cfg.trainer.resume else None
+    return (cfg, None) if saved is None else (continue_from(cfg, saved, given), saved)
 
 
 def write_built_in_if_asked(data: DataConfig) -> None:
@@ -185,7 +191,7 @@ def run(
                 rank_main,
                 t.nprocs,
                 resolved,
-                backend=backend_for(t.device, t.debug_share_gpu),
+                backend=backend_for(t.device, resolved.debug.share_gpu),
                 timeout_s=t.timeout_s,
                 threads_per_rank=t.threads_per_rank,
                 on_start=signals.watch,
@@ -207,13 +213,13 @@ def _run_torchrun(
     try:
         check_restartable()
         device = resolve_device(cfg.trainer.device)
-        check_local_ranks(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.trainer.debug_share_gpu)
+        check_local_ranks(device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.debug.share_gpu)
     except (TorchrunSetupError, ConfigValueError):  # before the group exists: rank 0 reports it
         if torchrun_rank() != 0:
             follower_exit()
         raise
     rank_device(device)  # NCCL and its object collectives use the current CUDA device
-    init_torchrun_group(backend_for(device, cfg.trainer.debug_share_gpu), cfg.trainer.timeout_s)
+    init_torchrun_group(backend_for(device, cfg.debug.share_gpu), cfg.trainer.timeout_s)
     lock = contextlib.ExitStack()
     try:
         # Each rank composed its own configuration (its own command line and config files);

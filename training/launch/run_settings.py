@@ -2,7 +2,7 @@
 and only what this command line sets explicitly changes them.
 
 ``python -m training trainer.steps=60 trainer.stop_at_step=30 hydra.run.dir=R`` and then
-``python -m training hydra.run.dir=R`` trains to step 60, not to the default's 600: the second
+``python -m training hydra.run.dir=R`` trains to step 60, not to the default's 1000: the second
 command sets nothing but the run directory, so every setting is the first run's. A setting
 given again (``trainer.lr=1e-3``) replaces the saved one and is named at start
 (``resuming R at step 30 of 60 (changed: trainer.lr 0.003 -> 0.001)``); a config group chosen
@@ -43,13 +43,11 @@ INVOCATION_KEYS = (
     "trainer.resume",
     "evaluate.at_stop",
     "trainer.device",
-    "trainer.debug_share_gpu",
+    "debug.share_gpu",
 )
 # Keys renamed since runs were saved: old key -> its key now. Saved settings are read under the
 # new names, so a run directory or a checkpoint written before a rename still resumes as it was.
-MOVED_KEYS = {
-    f"trainer.{k}": f"debug.{k}" for k in ("fault_at_step", "fault_rank", "fault_scope", "fault_every", "fault_seed")
-}
+MOVED_KEYS = {"trainer.debug_share_gpu": "debug.share_gpu"}
 # Settings added since runs were saved whose default is not what those runs ran: a saved run
 # without the key ran this value (its checkpoint holds that model), and resumes with it.
 EARLIER_VALUES = {

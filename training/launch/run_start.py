@@ -14,11 +14,11 @@ from training.distributed.device import launch_world
 from training.reporting.mlflow_store import local_store_uri, read_record
 
 
-def _device(t_cfg: TrainerConfig) -> str:
+def _device(t_cfg: TrainerConfig, share_gpu: bool) -> str:
     if t_cfg.device != "cuda":
         return f"cpu, {t_cfg.threads_per_rank} thread(s) per rank"
     name = torch.cuda.get_device_name(0)
-    shared = " SHARED by the ranks (trainer.debug_share_gpu: tests only)" if t_cfg.debug_share_gpu else ""
+    shared = " SHARED by the ranks (debug.share_gpu: tests only)" if share_gpu else ""
     return f"cuda ({name}){shared}"
 
 
@@ -43,7 +43,7 @@ def startup_line(cfg: RunConfig, data_points: int, hidden_points: int) -> str:
         f"strategy {cfg.strategy.name} on {world // mp} data-parallel x {mp} model-parallel rank(s)"
         f"{_mesh(cfg)}; "
         f"data {cfg.data.grid} ({data_points} points) -> hidden {hidden} "
-        f"({hidden_points} points); device {_device(t_cfg)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
+        f"({hidden_points} points); device {_device(t_cfg, cfg.debug.share_gpu)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
     )
 
 

@@ -51,9 +51,6 @@ def check_parity(cfg: RunConfig, world: int) -> None:
             f"parity.reference = {reference} does not divide the {world} ranks, each group of which computes "
             "the reference: give a divisor"
         )
-    perturbed = cfg.debug.perturb_rank
-    if perturbed is not None and perturbed >= world:
-        raise ConfigValueError(f"debug.perturb_rank = {perturbed}: there are {world} ranks; give one below {world}")
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         raise ConfigValueError(
             "torchrun --max-restarts > 0: a breach (exit code 4) would run the parity check again; "
@@ -64,14 +61,15 @@ def check_parity(cfg: RunConfig, world: int) -> None:
 def reference_config(cfg: RunConfig, world: int) -> RunConfig:
     """The reference layout's configuration for ``cfg`` on ``world`` ranks: ``parity.reference``
     ranks per model (strategy none on one rank), one replica with every replica's batch, no
-    debug perturbation. Raises :class:`ConfigValueError` naming ``parity.reference`` when the
+    step hooks (``debug.hooks``: the reference is the unperturbed run). Raises
+    :class:`ConfigValueError` naming ``parity.reference`` when the
     configuration cannot run on it."""
     reference = cfg.parity.reference
     replicas = world // cfg.trainer.ranks_per_model
     ref = copy.deepcopy(cfg)
     ref.trainer.ranks_per_model = ref.trainer.nprocs = reference
     ref.trainer.batch_size = cfg.trainer.batch_size * replicas
-    ref.debug.perturb_rank = None
+    ref.debug.hooks, ref.debug.hook_settings = [], {}
     if reference == 1:
         ref.strategy = StrategyConfig(name="none")
     try:

@@ -14,7 +14,7 @@ from torch import Tensor
 from processor.distributed import full_gradients, full_state_dict
 from training.config.schema import RunConfig
 from training.distributed.parallel import ParallelDims
-from training.faults import perturb_inputs
+from training.hooks import load_hooks
 from training.rollout import RolloutSchedule
 from training.session import Session, open_session, rollout_horizon
 from training.step import build_optimiser
@@ -39,21 +39,22 @@ def record_steps(
 ) -> list[StepRecord]:
     """Train ``cfg.parity.steps`` steps of ``cfg`` from its initial parameters on this rank's
     place ``dims``; the records of the steps where ``keep`` (rank 0), else an empty list. Every
-    rank of the layout calls (the gathers are collective). ``debug.perturb_rank``'s rank adds
-    its perturbation to its inputs (:func:`training.faults.perturb_inputs`). After each step,
+    rank of the layout calls (the gathers are collective). The step hooks ``debug.hooks`` names
+    may change this rank's inputs (:meth:`training.hooks.StepHook.model_inputs`). After each step,
     :class:`ParityStopped` when ``should_stop()`` (every rank of the world asks, together)."""
     t_cfg = cfg.trainer
     session = open_session(cfg, dims, rollout_horizon(t_cfg))
     step_fn = train_step(session, *build_optimiser(session.model, t_cfg))
     schedule = RolloutSchedule.from_config(t_cfg.rollout)
     n_train = len(session.samples.train)
+    hooks = load_hooks(cfg, dims.rank, dims.world)
     records = []
     for step in range(cfg.parity.steps):
         picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg.batch_size, n_train, t_cfg.seed)
         batch = session.batches([session.samples.train[i] for i in picks], schedule.steps_at(step))
         gradients: dict[str, Tensor] = {}
         capture = functools.partial(_gather_gradients, session, gradients, keep)
-        x = perturb_inputs(batch.x, cfg.debug, dims.rank)
+        x = hooks.model_inputs(step, batch.x)
         loss = step_fn(x, batch.targets, session.grids, session.model_group, session.transport, capture, batch.forcings)
         total = dims.sum_over_world([loss.item()])[0] / dims.dp
         state = full_state_dict(session.model, dims.mp_group, session.transport)  # collective: every rank

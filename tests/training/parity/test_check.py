@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
+from tests.training.hooks.perturb import perturb_overrides
 from training.config.parity import TOLERANCES
 from training.config.schema import ConfigValueError
 from training.distributed.parallel import ParallelDims
@@ -69,7 +70,7 @@ def test_bf16_drifts_more_than_fp32_and_stays_within_its_bound(tmp_path, small_d
 @pytest.mark.slow
 def test_a_perturbed_rank_is_a_breach_that_names_the_tensor(tmp_path, small_dataset):
     """The command itself: exit code 4 and the verdict naming the worst tensor."""
-    overrides = [*small_overrides(tmp_path / "run", small_dataset), STEPS, "debug.perturb_rank=1"]
+    overrides = [*small_overrides(tmp_path / "run", small_dataset), STEPS, *perturb_overrides(1)]
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     rc, out, err = run_in_own_session(
         [sys.executable, "-m", "training.parity", *overrides], Path.cwd(), environ, timeout_s=240
@@ -85,7 +86,7 @@ def test_a_perturbed_rank_is_a_breach_that_names_the_tensor(tmp_path, small_data
     [
         (["parity.reference=3"], r"parity.reference = 3 is above trainer.ranks_per_model = 2"),
         (["parity.reference=2"], r"parity.reference = 2 is the configured layout itself"),
-        (["debug.perturb_rank=2"], r"debug.perturb_rank = 2: there are 2 ranks"),
+        (perturb_overrides(2), r"debug.hook_settings.perturb_rank = 2: there are 2 ranks"),
         (["model.dropout_p=0.1"], r"model.dropout_p = 0.1: each layout draws its own dropout masks"),
     ],
 )

@@ -1,6 +1,9 @@
-"""Fault-injection hooks for tests of what survives a lost rank (documented in docs/reliability.md).
+"""Fault injection for the tests of what survives a lost rank: a step hook
+(:mod:`training.hooks`), named in config (docs/reliability.md):
 
-Switches in the ``debug`` section (:class:`training.config.schema.DebugConfig`), all off by default:
+    debug.hooks=[tests.training.hooks.faults:FaultInjector] debug.hook_settings={fault_at_step:4}
+
+Its settings (:class:`FaultSettings`, in ``debug.hook_settings``):
 
 - ``fault_at_step = s``: rank ``fault_rank`` SIGKILLs itself in the middle of step ``s``
   (after its backward pass, before the optimiser step), the way a rank dies when its node
@@ -13,9 +16,6 @@ Switches in the ``debug`` section (:class:`training.config.schema.DebugConfig`),
   checkpoint (rank 0 with half its bytes written; another rank while rank 0 writes). Each
   fault happens once per run directory (a marker in :data:`PLAN_DIR` names it), so a run
   restarted by ``torchrun --max-restarts`` goes on to the next.
-- ``perturb_rank = r`` (``python -m training.parity``'s own test): rank ``r`` adds
-  :data:`PERTURBATION` to its block of the model's inputs in the configured layout, a bug of one
-  rank that the parity check must see (:func:`perturb_inputs`).
 
 A fault is a real ``SIGKILL`` of the process: nothing is cleaned up, as when a node fails.
 """
@@ -29,22 +29,30 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from torch import Tensor
+from training.config.settings import at_least, one_of, or_null, setting
+from training.hooks import HookContext, StepHook
 
-if TYPE_CHECKING:
-    from training.config.schema import DebugConfig, TrainerConfig
-
+HOOK = "tests.training.hooks.faults:FaultInjector"  # its name in debug.hooks
 MARKER = "fault_injected"
 PLAN_DIR = "faults"
 POINTS = ("in_step", "after_backward", "checkpoint_write")
-PERTURBATION = 1e-3  # added by debug.perturb_rank to its inputs (normalised units)
 
 
-def perturb_inputs(x: Tensor, debug: DebugConfig, rank: int) -> Tensor:
-    """``x`` (this rank's inputs), plus :data:`PERTURBATION` on rank ``debug.perturb_rank``."""
-    return x + PERTURBATION if debug.perturb_rank == rank else x
+def fault_overrides(**settings: object) -> list[str]:
+    """The command-line overrides that turn the injector on with ``settings``
+    (``fault_overrides(fault_at_step=4)``)."""
+    given = ",".join(f"{key}:{value}" for key, value in settings.items())
+    return [f"debug.hooks=[{HOOK}]", f"debug.hook_settings={{{given}}}"]
+
+
+@dataclass
+class FaultSettings:
+    fault_at_step: int | None = setting(None, or_null(at_least(0)))  # fault_rank SIGKILLs itself in this step, once
+    fault_rank: int = setting(1, at_least(0))
+    fault_scope: str = setting("rank", one_of("rank", "node"))  # node: the rank's torchrun agent and all its ranks
+    fault_every: int | None = setting(None, or_null(at_least(2)))  # a rank SIGKILLed about every this many steps
+    fault_seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,19 +83,25 @@ def fault_plan(every: int, seed: int, steps: int, world: int, checkpoint_interva
         faults.append(Fault(len(faults), step, rank, point))
 
 
-class FaultInjector:
+class FaultInjector(StepHook):
     """This rank's share of the configured faults (see the module's docstring)."""
 
-    def __init__(self, debug: DebugConfig, trainer: TrainerConfig, rank: int, world: int, run_dir: Path) -> None:
-        self.run_dir, self.rank = run_dir, rank
+    Settings = FaultSettings
+
+    def __init__(self, settings: FaultSettings, context: HookContext) -> None:
+        super().__init__(settings, context)
+        trainer, rank = context.cfg.trainer, context.rank
+        self.run_dir, self.rank = context.run_dir, rank
         self.faults: list[Fault] = []
-        if debug.fault_every:
-            plan = fault_plan(debug.fault_every, debug.fault_seed, trainer.steps, world, trainer.checkpoint_interval)
+        if settings.fault_every:
+            plan = fault_plan(
+                settings.fault_every, settings.fault_seed, trainer.steps, context.world, trainer.checkpoint_interval
+            )
             self.faults = [f for f in plan if f.rank == rank]
-        self.single = debug.fault_at_step if debug.fault_rank == rank else None
-        self.scope = debug.fault_scope
+        self.single = settings.fault_at_step if settings.fault_rank == rank else None
+        self.scope = settings.fault_scope
         self._timer: threading.Timer | None = None
-        self._random = random.Random(f"{debug.fault_seed}-{rank}")
+        self._random = random.Random(f"{settings.fault_seed}-{rank}")
 
     def _due(self, step: int, point: str) -> Fault | None:
         for fault in self.faults:
@@ -117,9 +131,9 @@ class FaultInjector:
             _die(self._marker(fault), fault.name)
 
     def checkpoint_write(self, step: int) -> Callable[[int], None] | None:
-        """For the checkpoint of ``step``, a hook for :func:`training.checkpoint.resume.save_training_state`
-        that kills this rank: rank 0 (the writer) with about half the file written, another rank
-        when called (while rank 0 writes). None when no fault is due."""
+        """For the checkpoint of ``step``, a callable that kills this rank: rank 0 (the writer)
+        with about half the file written, another rank when called (while rank 0 writes). None
+        when no fault is due."""
         fault = self._due(step, "checkpoint_write")
         if fault is None:
             return None
