@@ -16,9 +16,10 @@ list or repeated; default: all, in this order), each within its time budget:
   one rank, fp32 and bf16.
 
 ``train``, ``sweep`` and ``parity`` need Hydra, MLflow and zarr (``scripts/gpu_wheels.sh``); the others
-need only torch, einops, numpy and pytest. Each part writes its own block of the day's section
-for the device in ``docs/benchmarks.md`` (:mod:`benchmarks.gpu.section`), replacing only that
-block; a part that fails writes why in one line there, and the other parts still run.
+need only torch, einops, numpy and pytest. Each part writes its own block of the device's report
+of the day, ``docs/benchmarks/gpu_check_<device>_<date>.md`` (:mod:`benchmarks.gpu.section`),
+replacing only that block; a part that fails writes why in one line there, and the other parts
+still run. A new report gets its line in the index of ``docs/benchmarks.md``.
 
 Without a GPU it says why and exits 0, writing nothing. ``--dry-run`` runs the parts on the CPU
 at toy sizes to check the code path (figures meaningless; printed, never written to the docs
@@ -28,6 +29,7 @@ unless ``--doc`` names a file).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -41,7 +43,7 @@ from benchmarks.gpu.common import ROOT, Context, PartFailed, device_name
 from benchmarks.gpu.cuda_tests import tests_part
 from benchmarks.gpu.kernels import kernel_part, processor_part
 from benchmarks.gpu.parity import parity_part
-from benchmarks.gpu.section import BEGIN, compose, write_section
+from benchmarks.gpu.section import BEGIN, add_to_index, compose, report_path, write_section
 from benchmarks.gpu.sweep import sweep_part
 from benchmarks.gpu.train import train_part
 
@@ -62,6 +64,8 @@ TITLES = {
     "parity": "Parity: every strategy against one rank",
 }
 BUDGET_S = 480.0  # each part's, so that it ends within 9 minutes on an H100
+REPORTS = ROOT / "docs" / "benchmarks"  # the dated reports; their index is the page beside the folder
+INDEX_PAGE = ROOT / "docs" / "benchmarks.md"
 
 
 def selected_parts(only: list[str] | None) -> list[str]:
@@ -94,13 +98,24 @@ def run_part(name: str, ctx: Context) -> tuple[str, bool]:
     return f"{body}\n\n{stamp}", ok
 
 
+def default_doc(device: torch.device) -> Path:
+    """The report the check writes by default: the device's of today, in :data:`REPORTS`."""
+    return report_path(REPORTS, device_name(device), date.today().isoformat())
+
+
+def index_line(doc: Path, device: torch.device, page: Path) -> str:
+    """The report's line in the index on ``page``: a link to it, the device and the day."""
+    link = Path(os.path.relpath(doc.resolve(), page.resolve().parent)).as_posix()
+    return f"- [{doc.name}]({link}): the GPU check on {device_name(device)}, {date.today().isoformat()}."
+
+
 def header(device: torch.device) -> tuple[str, str]:
-    """The section's begin line (device and day) and its header."""
+    """The section's begin line (device and day) and its header, whose first line is the report's title."""
     name, today = device_name(device), date.today().isoformat()
     cuda = torch.version.cuda or "none"
     return BEGIN.format(f"{name} {today}"), "\n".join(
         [
-            f"## GPU check ({today}, {name})",
+            f"# GPU check ({today}, {name})",
             "",
             f"`bash scripts/gpu_check.sh` (`python -m benchmarks.gpu_check`); torch {torch.__version__}, "
             f"CUDA {cuda}, one device. Each part below is written by `--only PART` alone (the day's other "
@@ -113,7 +128,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", metavar="PART[,PART]", help=f"of {', '.join(PARTS)}")
     parser.add_argument("--dry-run", action="store_true", help="no GPU: run the code on CPU at toy sizes")
-    parser.add_argument("--doc", type=Path, default=None, help="where to write (default docs/benchmarks.md on a GPU)")
+    parser.add_argument(
+        "--doc", type=Path, default=None, help="where to write (default on a GPU: the device's report of the day)"
+    )
+    parser.add_argument(
+        "--index",
+        type=Path,
+        default=None,
+        help="the page that lists the reports (default with the default --doc: docs/benchmarks.md)",
+    )
     parser.add_argument("--section-out", type=Path, default=None, help="also write the section alone here")
     parser.add_argument("--skip-tests", action="store_true", help="leave the tests part out")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="each part's time budget")
@@ -131,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     scratch = args.scratch or ROOT / "outputs" / "gpu_check" / f"{datetime.now():%Y-%m-%d_%H-%M-%S}"
     scratch.mkdir(parents=True, exist_ok=True)
-    doc = args.doc or (ROOT / "docs" / "benchmarks.md" if device.type == "cuda" else None)
+    doc = args.doc or (default_doc(device) if device.type == "cuda" else None)
+    index = args.index or (INDEX_PAGE if args.doc is None and doc is not None else None)
     ctx = Context(device, args.budget_s, scratch, doc)
     begin, head = header(device)
     blocks, failed, text = {}, [], ""
@@ -140,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         failed += [] if ok else [name]
         print(blocks[name], flush=True)
         if doc is not None:
+            doc.parent.mkdir(parents=True, exist_ok=True)
             text = write_section(doc, begin, head, {name: blocks[name]}, tuple(PARTS))
+    if doc is not None and index is not None and add_to_index(index, doc, index_line(doc, device, index)):
+        print(f"gpu_check: listed {doc.name} in {index}")
     text = text or compose(begin, head, blocks, tuple(PARTS))
     if args.section_out is not None:
         args.section_out.write_text(text + "\n")

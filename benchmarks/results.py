@@ -16,7 +16,7 @@ from typing import Any
 RESULTS = "results.jsonl"
 MIB = 2**20
 
-# One name per quantity wherever it is shown: console, results.md, plots, docs/benchmarks.md.
+# One name per quantity wherever it is shown: console, results.md, plots, the reports in docs/benchmarks/.
 PEAK_COLUMN = "peak/rank (MiB)"
 DEVICE_PEAK_COLUMN = "peak device/rank (MiB)"  # CUDA points: torch.cuda.max_memory_allocated, model and inputs too
 SENT_STEP_COLUMN = "sent/rank/step (MiB)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: CUDA tests, kernel and processor benchmarks, a training run and a benchmark
-# sweep on the GPU, each written as its own part of a dated section of docs/benchmarks.md.
+# sweep on the GPU, each written as its own part of the device's dated report,
+# docs/benchmarks/gpu_check_<device>_<date>.md (listed in the index of docs/benchmarks.md).
 # The tests, kernel and processor parts need only a Python with torch (CUDA), einops, numpy and
 # pytest; the train and sweep parts need Hydra, MLflow and zarr too: on a machine without a
 # package index, carry the wheels that `bash scripts/gpu_wheels.sh` fetched into .gpu-wheels/

@@ -40,6 +40,17 @@ def test_the_readme_stays_short():
     assert len(README.read_text().splitlines()) <= 250
 
 
+def test_the_readme_points_to_the_benchmarks_page_for_measured_figures():
+    """Times, rates, speed-ups and percentages belong in docs/benchmarks.md, with their host."""
+    measured = re.compile(
+        r"\b\d+(?:[.,]\d+)?\s*(?:ms|s|min|minutes|seconds|[GT]FLOP/s|samples/s)(?![\w/])"
+        r"|\b\d+(?:\.\d+)?\s*%|\b\d+(?:\.\d+)?x\b|\b(?:one|two|three|four|five|ten) minutes\b"
+    )
+    text = README.read_text()
+    assert not measured.findall(text)
+    assert "(docs/benchmarks.md)" in text
+
+
 @pytest.mark.parametrize("command", _commands())
 def test_a_readme_command_names_what_exists(command):
     words = shlex.split(command)
@@ -69,7 +80,7 @@ def test_the_readme_python_compiles_and_its_yaml_names_a_real_class():
 
 def test_every_relative_link_of_the_readme_and_the_docs_resolves():
     broken = []
-    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+    for page in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
         for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
             path = target.split("#")[0]
             if path and not target.startswith(("http://", "https://", "mailto:")):

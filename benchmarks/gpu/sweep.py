@@ -3,11 +3,10 @@
 processor target (C = 1024, 16 heads, W = 512), one rank, bf16, over layer counts and grids,
 cheapest first. Step time, TFLOP/s (and their share of the bf16 GEMM measured in this process)
 and peak device memory per point, as a table; a point that does not fit says so; the sweep's
-time-and-memory-vs-grid plot beside the doc. ``--dry-run``: toy sizes on CPU."""
+time-and-memory-vs-grid plot beside the report. ``--dry-run``: toy sizes on CPU."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 from datetime import date
@@ -27,6 +26,7 @@ from benchmarks.gpu.common import (
     require_wheels,
     run_logged,
 )
+from benchmarks.gpu.section import device_slug
 
 GRIDS, LAYERS = ("o48", "o96", "n320"), (2, 4, 8)
 MODEL = {"num_channels": 1024, "num_heads": 16, "window_size": 512}
@@ -96,10 +96,9 @@ def plot(ctx: Context, rows: list[dict[str, Any]]) -> list[str]:
         return []
     from benchmarks.plots import sweep_plots
 
-    slug = re.sub(r"[^a-z0-9]+", "-", device_name(ctx.device).lower()).strip("-")[:40]
-    name = f"gpu_check_{slug}_{date.today().isoformat()}_sweep_{{plot}}.png"
-    written = sweep_plots(rows, ctx.doc.parent / "benchmarks", name=name, only=[PLOT])
-    return ["", *(f"![step time and peak memory vs grid](benchmarks/{p.name})" for p in written)]
+    name = f"gpu_check_{device_slug(device_name(ctx.device))}_{date.today().isoformat()}_sweep_{{plot}}.png"
+    written = sweep_plots(rows, ctx.doc.parent, name=name, only=[PLOT])
+    return ["", *(f"![step time and peak memory vs grid]({p.name})" for p in written)]
 
 
 def sweep_part(ctx: Context) -> str:

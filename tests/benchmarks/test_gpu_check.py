@@ -1,11 +1,14 @@
 """The GPU check without a GPU: it skips saying why; every part's code runs on CPU at toy sizes
-(``--dry-run --only PART``); each part writes its own block of the day's section, replacing
-only that block; a part that fails leaves one line saying why and the others still write; and
-it imports nothing a bare GPU machine lacks (no Hydra, MLflow, SciPy, zarr, torch_geometric)."""
+(``--dry-run --only PART``); it writes the device's dated report of the day in
+``docs/benchmarks/`` and lists it once in the page's index; each part writes its own block of the
+report, replacing only that block; a part that fails leaves one line saying why and the others
+still write; and it imports nothing a bare GPU machine lacks (no Hydra, MLflow, SciPy, zarr,
+torch_geometric)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,13 +20,14 @@ from benchmarks import gpu_check
 from benchmarks.gpu import common, cuda_tests, kernels, section, sweep, train
 
 ROOT = Path(__file__).resolve().parents[2]
+REPORT = "gpu_check_cpu_2026-01-01.md"  # a report's name in tmp_path (the real ones: docs/benchmarks/)
 
 
-def _dry_run(tmp_path: Path, *parts: str, budget_s: float = 600.0) -> tuple[int, str]:
-    doc = tmp_path / "benchmarks.md"
+def _dry_run(tmp_path: Path, *parts: str, budget_s: float = 600.0, extra: tuple[str, ...] = ()) -> tuple[int, str]:
+    doc = tmp_path / REPORT
     code = gpu_check.main(
         ["--dry-run", "--doc", str(doc), "--scratch", str(tmp_path / "scratch"), "--budget-s", str(budget_s)]
-        + ["--only", ",".join(parts)]
+        + ["--only", ",".join(parts), *extra]
     )
     return code, doc.read_text()
 
@@ -34,10 +38,34 @@ def _part(text: str, name: str) -> str:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check would run for real")
 def test_without_a_gpu_it_skips_and_writes_nothing(tmp_path, capsys):
-    doc = tmp_path / "benchmarks.md"
-    assert gpu_check.main(["--doc", str(doc)]) == 0
+    doc, index = tmp_path / REPORT, tmp_path / "benchmarks.md"
+    assert gpu_check.main(["--doc", str(doc), "--index", str(index)]) == 0
     assert "skipped: no CUDA device" in capsys.readouterr().out
-    assert not doc.exists()
+    assert not doc.exists() and not index.exists()
+
+
+def test_on_a_gpu_it_writes_the_devices_own_dated_report():
+    assert section.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    path = section.report_path(Path("docs/benchmarks"), "NVIDIA H100 80GB HBM3", "2026-11-25")
+    assert path == Path("docs/benchmarks/gpu_check_nvidia-h100-80gb-hbm3_2026-11-25.md")
+    default = gpu_check.default_doc(torch.device("cpu"))
+    assert default.parent == ROOT / "docs" / "benchmarks" and gpu_check.INDEX_PAGE == ROOT / "docs" / "benchmarks.md"
+    assert re.fullmatch(r"gpu_check_[a-z0-9-]+_\d{4}-\d{2}-\d{2}\.md", default.name), default.name
+
+
+def test_a_report_is_listed_once_at_the_end_of_the_pages_index(tmp_path, monkeypatch):
+    monkeypatch.setitem(gpu_check.PARTS, "kernel", lambda ctx: "### Kernel\n\nfigures")
+    index = tmp_path / "benchmarks.md"
+    index.write_text("# Benchmarks\n\n## Reports\n\n- [a.md](benchmarks/a.md): one.\n- [b.md](benchmarks/b.md): two.\n")
+    for _ in range(2):  # a second call the same day: the same report, listed once
+        code, text = _dry_run(tmp_path, "kernel", extra=("--index", str(index)))
+        assert code == 0
+    assert text.splitlines()[1].startswith("# GPU check (")  # the report's title, after its begin marker
+    lines = index.read_text().splitlines()
+    assert lines[-1].startswith(f"- [{REPORT}]({REPORT}): the GPU check on ") and len(lines) == 7
+    page = tmp_path / "page.md"
+    assert section.add_to_index(page, tmp_path / REPORT, "- the line")  # a page without an index gets one
+    assert page.read_text() == "## Reports\n\n- the line\n"
 
 
 def test_only_takes_comma_lists_and_repeats_in_the_parts_order():
@@ -48,7 +76,7 @@ def test_only_takes_comma_lists_and_repeats_in_the_parts_order():
 
 
 def test_write_section_replaces_one_part_and_keeps_the_others(tmp_path):
-    doc = tmp_path / "benchmarks.md"
+    doc = tmp_path / REPORT
     other = "<!-- gpu_check:begin GPU B 2026-01-01 -->\n## B\n<!-- gpu_check:part kernel -->\nB's\n"
     other += "<!-- gpu_check:part-end kernel -->\n<!-- gpu_check:end -->"
     doc.write_text(f"# Benchmarks\n\nearlier text\n\n{other}\n")
@@ -84,7 +112,7 @@ def test_a_failing_part_leaves_its_line_and_the_others_still_write(tmp_path, mon
     # A later call of the kernel part alone replaces its block only.
     monkeypatch.setitem(gpu_check.PARTS, "kernel", lambda ctx: "### Kernel\n\nnew figures")
     assert _dry_run(tmp_path, "kernel")[0] == 0
-    parts = section.parse((tmp_path / "benchmarks.md").read_text())
+    parts = section.parse((tmp_path / REPORT).read_text())
     assert "new figures" in parts["kernel"] and "boom" in parts["tests"] and "the reason" in parts["processor"]
 
 

@@ -131,7 +131,7 @@ def test_the_cli_redraws_a_sweep_stored_under_older_keys(tmp_path):
 
 
 def test_the_cli_redraws_from_a_markdown_table(tmp_path):
-    doc = Path(__file__).parents[2] / "docs" / "benchmarks.md"
-    args = [str(doc), "--after", "### Processor forward+backward at o48", "--set", "num_layers=2"]
+    doc = Path(__file__).parents[2] / "docs" / "benchmarks" / "processor_sweep_x86-avx512_2026-11-21.md"
+    args = [str(doc), "--after", "## Processor forward+backward at o48", "--set", "num_layers=2"]
     written = plots.main([*args, "--set", "target=processor", "--out", str(tmp_path)])
     assert len(written) == 3 and all(Image.open(p).size[0] >= 1000 for p in written)
