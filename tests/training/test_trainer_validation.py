@@ -19,7 +19,7 @@ from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
 from training.session import open_session
 from training.skill.by_lead import evaluate_skill
-from training.trainer import Trainer
+from training.trainer import Trainer, progress_fields
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 
@@ -36,9 +36,9 @@ def test_validation_rmse_equals_the_evaluations_and_shows_in_the_progress_bar(tm
     cfg = prepare(small_config(tmp_path / "run", store, *ONE_RANK, "logging.mlflow=false", "trainer.val_batches=50"))
     session = open_session(cfg, ParallelDims.build(1))
     trainer = Trainer(session)
-    metrics = trainer.validate()
+    metrics = trainer.validator.validate()
     val = session.samples.val
-    assert trainer.val_skill.samples == val  # 50 batches of 1: every validation sample
+    assert trainer.validator.skill.samples == val  # 50 batches of 1: every validation sample
     table = evaluate_skill(session, 1, len(val))  # every validation sample, one lead
     outputs = session.dataset.roles.outputs
     assert outputs[0] == "psi" and len(outputs) > 1
@@ -47,13 +47,13 @@ def test_validation_rmse_equals_the_evaluations_and_shows_in_the_progress_bar(tm
         assert metrics[f"val/rmse/{v}/model"] == pytest.approx(table.rmse("model", v)[0], rel=1e-5)
         best = min(table.rmse(k, v)[0] for k in baselines)
         assert metrics[f"val/rmse/{v}/best_baseline"] == pytest.approx(best, rel=1e-12)
-        assert trainer.val_skill.best[v] == min(baselines, key=lambda k, v=v: table.rmse(k, v)[0])
-    shown = trainer.progress({"train/loss": 0.5, "samples_per_s": 3.0}, metrics)
+        assert trainer.validator.skill.best[v] == min(baselines, key=lambda k, v=v: table.rmse(k, v)[0])
+    shown = progress_fields({"train/loss": 0.5, "samples_per_s": 3.0}, trainer.validator)
     psi = metrics["val/rmse/psi/model"], metrics["val/rmse/psi/best_baseline"]
     assert shown["psi_rmse"] == f"{psi[0]:.3g} m2 s-1"
-    assert shown["baseline"] == f"{psi[1]:.3g} ({trainer.val_skill.best['psi']})"
+    assert shown["baseline"] == f"{psi[1]:.3g} ({trainer.validator.skill.best['psi']})"
     assert list(shown) == ["loss", "val", "psi_rmse", "baseline", "samples/s"]
-    again = trainer.validate()  # the same model: the same scores (the sums start afresh)
+    again = trainer.validator.validate()  # the same model: the same scores (the sums start afresh)
     assert again == pytest.approx(metrics, rel=1e-12)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from training.data.samples import Sample
@@ -118,3 +119,46 @@ class ValidationSkill:
         unit = f" {self.units[v]}" if v in self.units else ""
         best = metrics[f"val/rmse/{metric_part(v)}/best_baseline"]
         return {f"{v}_rmse": f"{model:.3g}{unit}", "baseline": f"{best:.3g} ({self.best[v]})"}
+
+
+class Validator:
+    """When a training run validates, and what: ``val/loss``, the one-step loss on the first
+    ``trainer.val_batches`` batches of validation samples averaged over the replicas, and
+    :class:`ValidationSkill`'s RMSE beside the best baseline's (built at the first validation).
+
+    ``loss``: the step's loss of a one-step batch, ``loss(x, targets, grids, group, transport)``
+    (:meth:`training.step.TrainStep.loss`); ``units``: the variables' units where known.
+    """
+
+    def __init__(self, session: Session, loss, units: dict[str, str] | None = None) -> None:
+        self.session, self.loss, self.units = session, loss, units
+        self.cfg = session.cfg.trainer
+        self.skill: ValidationSkill | None = None
+        self.last = {"val/loss": float("nan")}  # the latest validation's metrics
+
+    def due(self, step: int) -> bool:
+        """Whether the run validates after ``step`` (every ``trainer.val_interval`` steps, and the last)."""
+        return (step + 1) % self.cfg.val_interval == 0 or step + 1 == self.cfg.steps
+
+    def validate(self) -> dict[str, float]:
+        """Validate the model as it is now (every rank calls); its metrics."""
+        s, t_cfg = self.session, self.cfg
+        val = s.samples.val[: t_cfg.val_batches * t_cfg.batch_size]
+        if self.skill is None:
+            self.skill = ValidationSkill(s, val, self.units)
+        losses = []
+        s.model.eval()
+        with torch.no_grad(), forward_outputs(s.model) as forecasts:
+            for i, b in enumerate(s.batches([v]) for v in val):  # one step: no later forcings
+                losses.append(self.loss(b.x, b.targets, s.grids, s.model_group, s.transport).item())
+                self.skill.add(i, forecasts.pop(), b.targets[0])
+        s.model.train()
+        total = sum(losses) / len(val) * t_cfg.batch_size
+        self.last = {"val/loss": s.dims.sum_over_world([total])[0] / s.dims.dp, **self.skill.metrics()}
+        return self.last
+
+    def progress(self) -> dict[str, str]:
+        """The progress bar's fields of the latest validation: its loss, and the first variable's
+        RMSE beside the best baseline's (:meth:`ValidationSkill.progress`)."""
+        shown = {"val": f"{self.last['val/loss']:.4f}"}
+        return shown | (self.skill.progress(self.last) if self.skill is not None else {})
