@@ -81,7 +81,8 @@ def _parts_marked(trainer) -> Iterator[None]:
 def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_count: int = 0) -> dict[str, Any]:
     """Train ``warmup`` steps, time ``steps``, profile ``profiled`` on this rank (the run's
     own set-up and step); the median step, and rank 0's split."""
-    from training.session import join_ranks, open_session, rollout_horizon
+    from training.rollout import rollout_horizon
+    from training.session import join_ranks, open_session
     from training.trainer import Trainer
 
     dims, heartbeat = join_ranks(cfg)

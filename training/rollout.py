@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport
-from training.config.schema import ConfigValueError, LossConfig, RolloutConfig
+from training.config.schema import ConfigValueError, LossConfig, RolloutConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,11 @@ class RolloutSchedule:
         if self.increase_every == 0:
             return self.start
         return min(self.max, self.start + step // self.increase_every)
+
+
+def rollout_horizon(trainer: TrainerConfig) -> int:
+    """The most forecast steps one training sample needs (``trainer.rollout.max``)."""
+    return max(1, trainer.rollout.max)
 
 
 def loss_weights(loss: LossConfig, variables: list[str], area_weights: np.ndarray, points: slice) -> Tensor | None:

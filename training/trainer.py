@@ -26,8 +26,8 @@ from training.launch.interrupt import StopRequest, stop_requests
 from training.reporting.end_of_run import final_report
 from training.reporting.report import open_tracker, variable_units
 from training.reporting.step_split import StepSplit
-from training.rollout import RolloutSchedule, loss_weights
-from training.session import Session, join_ranks, open_session, rollout_horizon
+from training.rollout import RolloutSchedule, loss_weights, rollout_horizon
+from training.session import Session, join_ranks, open_session
 from training.skill.by_lead import evaluation_samples
 from training.skill.validation import Validator
 from training.step import TrainStep, build_optimiser

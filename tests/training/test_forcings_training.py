@@ -15,9 +15,9 @@ from tests.training.conftest import small_config
 from training.app import run
 from training.checkpoint.files import load_checkpoint
 from training.data import DatasetError, ZarrDataset
+from training.data.batches import Batches
 from training.data.forcings import computed_forcings
 from training.model import ShardedGrids
-from training.session import Batches
 from training.skill.by_lead import _baselines
 
 FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one store variable, three computed
@@ -81,7 +81,10 @@ def test_batches_give_the_rollout_the_forcings_of_its_later_dates(small_dataset,
     with ``model.valid_time_forcing``, of its valid date ``6 + k`` after them."""
     dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
     grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 1, 4, 3)
-    batches = Batches(dataset, grids, lead=1, device=torch.device("cpu"), valid_time_forcing=valid_time)
+    layout = grids.data_layout
+    batches = Batches(
+        dataset, slice(layout.start, layout.stop), lead=1, device=torch.device("cpu"), valid_time_forcing=valid_time
+    )
     points, columns = batches.points, dataset.roles.columns
     x, targets, forcings = batches([(5, 0)], steps=3)
     n, given = points.stop - points.start, 4 * (2 if valid_time else 1)
@@ -109,7 +112,8 @@ def test_batches_give_the_model_its_earlier_states_oldest_first(small_dataset):
     then the forcings of date 5; targets from date 7; no forecast before date 4."""
     dataset = ZarrDataset(small_dataset, None, FORCING, ["v"])
     grids = ShardedGrids.build(dataset.latitudes, dataset.longitudes, get_grid("o8"), 2, 0, 4, 3)
-    batches = Batches(dataset, grids, lead=2, device=torch.device("cpu"), history=2)
+    layout = grids.data_layout
+    batches = Batches(dataset, slice(layout.start, layout.stop), lead=2, device=torch.device("cpu"), history=2)
     points, prognostic = batches.points, dataset.roles.prognostic_columns()
     x, targets, _ = batches([(5, 0)], steps=2)
     n = len(prognostic)

@@ -107,10 +107,9 @@ def prepare(
         data.path = str(Path(data.path).resolve())
     write_built_in_if_asked(data)
     from training.checkpoint.resume import check_resumable
-    from training.session import open_dataset, rollout_horizon, session_hidden_grid
+    from training.session import open_data
 
-    dataset = open_dataset(data, rollout_horizon(trainer), cfg.model.multistep_input - 1)  # fails here, clearly
-    hidden = session_hidden_grid(cfg, dataset)  # and here on a hidden grid that does not suit the data
+    dataset, hidden = open_data(cfg)  # fails here, clearly, on data or a hidden grid that does not suit it
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
         check_config(cfg, world)

@@ -15,8 +15,8 @@ from processor.distributed import full_gradients, full_state_dict
 from training.config.schema import RunConfig
 from training.distributed.parallel import ParallelDims
 from training.hooks import load_hooks
-from training.rollout import RolloutSchedule
-from training.session import Session, open_session, rollout_horizon
+from training.rollout import RolloutSchedule, rollout_horizon
+from training.session import Session, open_session
 from training.step import build_optimiser
 from training.trainer import sample_positions, train_step
 

@@ -21,9 +21,10 @@ import torch
 from processor.geometry import unit_vectors
 from training.data import DatasetError
 from training.data.forcings import utc_hours
+from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
 from training.rollout import rollout
-from training.session import Session, dataset_samples
+from training.session import Session
 from training.skill.centroid import CentroidAccumulator
 from training.skill.scores import (
     BASELINES,

@@ -8,8 +8,8 @@ from training.config.schema import DataConfig
 from training.data import DatasetError, ZarrDataset
 from training.data.dataset import StateCache
 from training.data.generate import VARIABLES
+from training.data.open_store import open_dataset
 from training.data.zarr_compat import open_group_v2, write_array
-from training.session import open_dataset
 
 
 def test_generated_store_has_the_anemoi_layout(small_dataset):

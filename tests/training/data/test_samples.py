@@ -12,8 +12,8 @@ from tests.training.conftest import small_config
 from training.app import run
 from training.config.schema import DataConfig
 from training.data import DatasetError, ZarrDataset, generate_rossby_haurwitz
+from training.data.open_store import dataset_samples, open_dataset
 from training.data.samples import build_samples, lead_steps, select_members
-from training.session import dataset_samples, open_dataset
 
 SIX_HOURS = 6 * 3600
 

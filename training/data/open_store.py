@@ -1,0 +1,47 @@
+"""The configured dataset, opened and checked against the configuration before any rank trains:
+its grid, its dates, and the samples the lead time, members and rollout leave."""
+
+from __future__ import annotations
+
+from training.config.schema import DataConfig
+from training.data.dataset import DatasetError, ZarrDataset
+from training.data.grid_check import check_grid, infer_grid
+from training.data.samples import Samples, build_samples, lead_steps, select_members
+
+
+def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDataset:
+    """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
+    ``data.path``) and check it against the configuration: its grid by coordinates, the lead
+    time against its frequency, the members, and that there are samples of ``horizon``
+    forecast steps (:func:`training.rollout.rollout_horizon`).
+
+    ``data.grid: null`` is inferred from the store and written into ``data`` (the resolved
+    configuration records the grid it trained on).
+    """
+    if data.open_dataset:
+        from training.data.anemoi_source import AnemoiDataset
+
+        dataset: ZarrDataset = AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic)
+    elif data.path is None:
+        raise DatasetError(
+            "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
+        )
+    else:
+        dataset = ZarrDataset(data.path, data.variables, data.forcing, data.diagnostic)
+    coordinates = (dataset.point_set, dataset.latitudes, dataset.longitudes)
+    if data.grid is None:
+        data.grid = infer_grid(*coordinates, dataset.resolution)
+    else:
+        check_grid(*coordinates, data.grid, str(dataset.path))
+    if dataset.n_times < 8:
+        raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
+    dataset_samples(data, dataset, horizon, history)  # fails here on a bad lead_time, members or rollout
+    return dataset
+
+
+def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1, history: int = 0) -> Samples:
+    """The train and validation samples of ``dataset`` under ``data.lead_time`` and ``data.members``
+    whose ``horizon`` successive targets are present (see :mod:`training.data.samples`)."""
+    lead = lead_steps(data.lead_time, dataset.frequency_s, str(dataset.path))
+    members = select_members(dataset.n_members, data.members)
+    return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon, history)
