@@ -34,9 +34,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import training.config.schema  # noqa: F401 - registers the schema
 from processor.host import cpu_name
-from training import step
 from training.config.schema import RunConfig
 from training.launch import launcher
+from training.loop import step
 from training.reporting.step_split import (
     KINDS,
     PARTS,
@@ -81,9 +81,9 @@ def _parts_marked(trainer) -> Iterator[None]:
 def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_count: int = 0) -> dict[str, Any]:
     """Train ``warmup`` steps, time ``steps``, profile ``profiled`` on this rank (the run's
     own set-up and step); the median step, and rank 0's split."""
-    from training.rollout import rollout_horizon
+    from training.loop.trainer import Trainer
+    from training.model.rollout import rollout_horizon
     from training.session import join_ranks, open_session
-    from training.trainer import Trainer
 
     dims, heartbeat = join_ranks(cfg)
     with heartbeat:

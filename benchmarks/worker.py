@@ -78,8 +78,8 @@ def _segment_ids(n: int, segments: int, sizes: list[int], rank: int, device) -> 
 
 def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
     from training.config.schema import ModelConfig, TrainerConfig
+    from training.loop.step import TrainStep, build_optimiser
     from training.model import Forecaster, ShardedGrids
-    from training.step import TrainStep, build_optimiser
 
     hidden = get_grid(cfg.grid)
     data = get_grid(cfg.data_grid or cfg.grid)

@@ -7,7 +7,7 @@ torchrun --nproc-per-node 4 -m training trainer.ranks_per_model=2    # 2 replica
 python -m training --multirun strategy=shard_heads,shard_sequence
 
 Launching, the run directory and errors: :mod:`training.launch.launcher`, which every command
-shares; one rank's loop: :mod:`training.trainer`. Only rank 0 logs the ``finished`` line.
+shares; one rank's loop: :mod:`training.loop.trainer`. Only rank 0 logs the ``finished`` line.
 
 Resuming: a command in a run directory that holds a run continues it with that run's settings,
 changed only by what the command line gives (:mod:`training.launch.run_settings`). How a run ends, and
@@ -37,14 +37,14 @@ from training.launch import launcher
 from training.launch.cli_check import discard_refused_run_dir
 from training.launch.run_end import RunFinished, report_end
 from training.launch.run_settings import command_line_keys
+from training.loop.trainer import train
 from training.reporting.report import log_skill
-from training.trainer import train
 
 log = logging.getLogger(__name__)
 
 
 def train_on_rank(resolved: RunConfig) -> dict[str, Any]:
-    """One rank's training run (:func:`training.trainer.train`)."""
+    """One rank's training run (:func:`training.loop.trainer.train`)."""
     return train(resolved)
 
 

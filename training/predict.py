@@ -59,7 +59,7 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
     """Roll out ``steps`` leads from date index ``t`` and write them (with the initial state)
     to ``output/forecast_<date>.zarr``; collective over the model-parallel group."""
     from training.data.forecast_store import ForecastStore
-    from training.rollout import rollout
+    from training.model.rollout import rollout
 
     dataset, dims = session.dataset, session.dims
     lead_s = session.samples.lead * dataset.frequency_s

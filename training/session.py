@@ -24,7 +24,7 @@ from training.distributed.device import rank_device
 from training.distributed.parallel import ParallelDims
 from training.model import Forecaster, ShardedGrids
 from training.model.hidden_grid import HiddenGrid, hidden_grid
-from training.rollout import rollout_horizon
+from training.model.rollout import rollout_horizon
 
 
 def join_ranks(cfg: RunConfig) -> tuple[ParallelDims, AbstractContextManager]:

@@ -13,7 +13,7 @@ def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDa
     """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
     ``data.path``) and check it against the configuration: its grid by coordinates, the lead
     time against its frequency, the members, and that there are samples of ``horizon``
-    forecast steps (:func:`training.rollout.rollout_horizon`).
+    forecast steps (:func:`training.model.rollout.rollout_horizon`).
 
     ``data.grid: null`` is inferred from the store and written into ``data`` (the resolved
     configuration records the grid it trained on).

@@ -2,7 +2,7 @@
 strategy) and the reference, run on the same ranks as copies of one smaller layout.
 
 The reference holds every configured replica's batch in one replica (``batch_size`` times the
-replicas), which reads the same samples in the same order (:func:`training.trainer.sample_positions`):
+replicas), which reads the same samples in the same order (:func:`training.loop.trainer.sample_positions`):
 a replica's loss is the mean over its batch and replicas' gradients are averaged, so one big
 batch is the same sum. Every group of ``parity.reference`` consecutive ranks computes the same
 reference, so no rank waits for another and no collective spans two copies.

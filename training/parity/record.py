@@ -1,4 +1,4 @@
-"""One layout's steps of a parity check: the training run's own step (:class:`training.step.TrainStep`)
+"""One layout's steps of a parity check: the training run's own step (:class:`training.loop.step.TrainStep`)
 on the training run's batches, with the loss, every gradient and every parameter after the
 optimiser step recorded as one rank holding everything has them (split tensors gathered)."""
 
@@ -15,10 +15,10 @@ from processor.distributed import full_gradients, full_state_dict
 from training.config.schema import RunConfig
 from training.distributed.parallel import ParallelDims
 from training.hooks import load_hooks
-from training.rollout import RolloutSchedule, rollout_horizon
+from training.loop.step import build_optimiser
+from training.loop.trainer import sample_positions, train_step
+from training.model.rollout import RolloutSchedule, rollout_horizon
 from training.session import Session, open_session
-from training.step import build_optimiser
-from training.trainer import sample_positions, train_step
 
 
 class ParityStopped(Exception):

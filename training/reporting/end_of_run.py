@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.model.rollout import rollout
 from training.reporting.report import final_pictures, report_skill, variable_units
-from training.rollout import rollout
 from training.session import Session
 from training.skill.by_lead import evaluate_skill
 from training.skill.scores import SkillTable

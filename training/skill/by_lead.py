@@ -23,7 +23,7 @@ from training.data import DatasetError
 from training.data.forcings import utc_hours
 from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
-from training.rollout import rollout
+from training.model.rollout import rollout
 from training.session import Session
 from training.skill.centroid import CentroidAccumulator
 from training.skill.scores import (

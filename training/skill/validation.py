@@ -127,7 +127,7 @@ class Validator:
     :class:`ValidationSkill`'s RMSE beside the best baseline's (built at the first validation).
 
     ``loss``: the step's loss of a one-step batch, ``loss(x, targets, grids, group, transport)``
-    (:meth:`training.step.TrainStep.loss`); ``units``: the variables' units where known.
+    (:meth:`training.loop.step.TrainStep.loss`); ``units``: the variables' units where known.
     """
 
     def __init__(self, session: Session, loss, units: dict[str, str] | None = None) -> None:

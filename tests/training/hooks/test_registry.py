@@ -81,7 +81,7 @@ def test_a_setting_out_of_range_is_refused_naming_it():
             r"config key debug.hook_settings.fault_scope = 'rack' is out of range: expected rank\|node",
         ),
         (["debug.hook_settings={fault_rank:1}"], r"debug.hook_settings.fault_rank is not a setting of the hooks in"),
-        (["debug.hooks=[training.trainer:Trainer]"], r"debug.hooks names 'training.trainer:Trainer', which is not a"),
+        (["debug.hooks=[training.loop.trainer:Trainer]"], r"names .training.loop.trainer:Trainer., which is not a"),
         (["debug.hooks=[no.such.module:Hook]"], r"debug.hooks names 'no.such.module:Hook', which cannot be imported"),
         (["debug.hook_settings=3"], r"debug.hook_settings = 3: give a mapping"),
     ],

@@ -1,6 +1,6 @@
 """The training loop, run on every rank. Its pieces live beside it and decide for themselves:
-set-up in :mod:`training.session`, one step in :mod:`training.step`, the rollout in
-:mod:`training.rollout`, checkpoints in :mod:`training.checkpoint.checkpointer`, validation in
+set-up in :mod:`training.session`, one step in :mod:`training.loop.step`, the rollout in
+:mod:`training.model.rollout`, checkpoints in :mod:`training.checkpoint.checkpointer`, validation in
 :mod:`training.skill.validation`, the end-of-run report in :mod:`training.reporting.end_of_run`,
 step hooks in :mod:`training.hooks`."""
 
@@ -23,14 +23,14 @@ from training.config.schema import RunConfig
 from training.distributed.device import PeakDeviceMemory, autocast, synchronize
 from training.hooks import load_hooks
 from training.launch.interrupt import StopRequest, stop_requests
+from training.loop.step import TrainStep, build_optimiser
+from training.model.rollout import RolloutSchedule, loss_weights, rollout_horizon
 from training.reporting.end_of_run import final_report
 from training.reporting.report import open_tracker, variable_units
 from training.reporting.step_split import StepSplit
-from training.rollout import RolloutSchedule, loss_weights, rollout_horizon
 from training.session import Session, join_ranks, open_session
 from training.skill.by_lead import evaluation_samples
 from training.skill.validation import Validator
-from training.step import TrainStep, build_optimiser
 
 __all__ = ["sample_positions", "train", "train_step"]
 

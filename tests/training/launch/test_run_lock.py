@@ -15,7 +15,7 @@ from tests.training.conftest import small_overrides
 from training.launch.errors import EXIT_USER_ERROR
 from training.launch.run_lock import RunDirBusyError, RunDirLock
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_second_holder_is_refused_until_the_first_lets_go(tmp_path):

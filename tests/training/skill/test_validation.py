@@ -17,9 +17,9 @@ from tests.training.conftest import small_config
 from training.app import run
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
+from training.loop.trainer import Trainer, progress_fields
 from training.session import open_session
 from training.skill.by_lead import evaluate_skill
-from training.trainer import Trainer, progress_fields
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport, clip_grad_norm_, process_group_of
-from training.rollout import rollout
+from training.model.rollout import rollout
 
 if TYPE_CHECKING:
     from training.config.schema import TrainerConfig
@@ -70,7 +70,7 @@ class TrainStep:
         """This rank's share of the replica's loss. ``x`` ``(batch, local points, inputs)``;
         ``y`` ``(batch, local points, outputs)`` for one step, or ``(steps, batch, local points,
         outputs)`` for a rollout in which each forecast is fed the one before (and
-        ``forcings[k - 1]`` at step ``k``, see :func:`training.rollout.rollout`), gradients
+        ``forcings[k - 1]`` at step ``k``, see :func:`training.model.rollout.rollout`), gradients
         through all of them."""
         targets = y.unsqueeze(0) if y.dim() == x.dim() else y
         forecasts = rollout(self.model, x, len(targets), grids, group, transport, self.autocast, forcings)

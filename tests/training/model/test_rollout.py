@@ -15,9 +15,9 @@ from processor.grids import get_grid
 from processor.point_sets import point_set
 from processor.strategies import ShardHybrid
 from training.config.schema import LossConfig
+from training.loop.step import TrainStep
 from training.model import Forecaster, ShardedGrids
-from training.rollout import RolloutSchedule, loss_weights
-from training.step import TrainStep
+from training.model.rollout import RolloutSchedule, loss_weights
 
 VARIABLES = ["u", "v", "tracer"]
 STEPS = 3

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from benchmarks.config import BenchmarkConfig
 from training.config.schema import DebugConfig, RunConfig, TrainerConfig, run_config
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 UNSET = "???"  # OmegaConf's MISSING: a setting without a default
 
 

@@ -16,7 +16,7 @@ from training.app import run
 from training.checkpoint.files import load_checkpoint
 from training.data import DatasetError, ZarrDataset
 from training.data.generate import VARIABLES
-from training.trainer import sample_positions
+from training.loop.trainer import sample_positions
 
 
 def _poison(store, t: int, variable: int, point: int, value: float) -> None:

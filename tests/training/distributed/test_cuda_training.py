@@ -17,8 +17,8 @@ from training.checkpoint.resume import restore_training_state
 from training.data import ZarrDataset
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
+from training.loop.step import build_optimiser
 from training.session import open_session
-from training.step import build_optimiser
 
 pytestmark = pytest.mark.cuda
 

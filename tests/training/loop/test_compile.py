@@ -13,8 +13,8 @@ import torch
 from tests.training.conftest import small_config
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
+from training.loop.trainer import Trainer
 from training.session import open_session
-from training.trainer import Trainer
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "logging.mlflow=false")
 

@@ -14,7 +14,7 @@ from tests.training.conftest import small_config
 from training.config.schema import RunConfig
 from training.data import generate_rossby_haurwitz
 from training.launch.launcher import prepare
-from training.trainer import train
+from training.loop.trainer import train
 
 
 def train_in(configs: list[RunConfig], workdirs: list[str]) -> dict:

@@ -1,0 +1,1 @@
+"""The training loop: the trainer and one optimisation step."""
