@@ -36,6 +36,7 @@ import training.config.schema  # noqa: F401 - registers the schema
 from processor.host import cpu_name
 from training.config.schema import RunConfig
 from training.launch import launcher
+from training.launch.command import TRAIN
 from training.loop import step
 from training.reporting.step_split import (
     KINDS,
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     with initialize_config_module(config_module="configs", version_base="1.3"):
         composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
     body: Callable[[RunConfig], dict[str, Any]] = _RankBody(args.warmup, args.steps, args.profiled, args.top)
-    print(report(launcher.run(composed, body), args.overrides))
+    print(report(launcher.run(composed, TRAIN, body), args.overrides))
 
 
 class _RankBody:

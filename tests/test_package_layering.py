@@ -62,3 +62,33 @@ def test_only_a_strategy_names_itself() -> None:
         if _names_a_strategy(node)
     ]
     assert not offenders, offenders
+
+
+COMMANDS = ("training.app", "training.evaluate", "training.predict", "training.parity")
+
+
+def test_no_command_imports_another() -> None:
+    """The commands are siblings: each tells the launcher what it is (``training.launch.command``)."""
+    offenders = []
+    for path in _python_files("training"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        own = next((c for c in COMMANDS if module == c or module.startswith(c + ".")), None)
+        for name in _imports(path):
+            other = next((c for c in COMMANDS if name == c or name.startswith(c + ".")), None)
+            if own is not None and other is not None and other != own:
+                offenders.append(f"{module} imports {name}")
+    assert not offenders, offenders
+
+
+def test_imports_inside_functions_say_why_they_are_deferred() -> None:
+    """Imports sit at the top of a module; one inside a function names the heavy or optional
+    dependency it waits for (``# deferred: mlflow (1.3 s)``)."""
+    unexplained = []
+    for path in _python_files("training"):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)) and "# deferred:" not in lines[inner.lineno - 1]:
+                        unexplained.append(f"{path.relative_to(ROOT)}:{inner.lineno}")
+    assert not unexplained, unexplained

@@ -14,12 +14,7 @@ changed only by what the command line gives (:mod:`training.launch.run_settings`
 the command that continues a stopped one: :mod:`training.launch.run_end`; Ctrl-C and SIGTERM:
 :mod:`training.launch.interrupt`.
 
-Errors (:mod:`training.launch.errors`): a configuration or data error (a misspelt key or option, checked
-before Hydra makes a run directory (:mod:`training.launch.cli_check`); a value out of range, a missing
-or mismatched dataset, a checkpoint of another model; also when a spawned or torchrun rank raised
-it) prints ``error: <message>`` and a hint, exits with code 2 and leaves no run directory behind.
-``HYDRA_FULL_ERROR=1`` (Hydra's own switch) shows its traceback instead. Any other exception is
-a bug and keeps its traceback.
+Errors, exit codes and ``HYDRA_FULL_ERROR``: :mod:`training.launch.launcher`, as for every command.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from processor.runtime.torchrun import torchrun_rank
 from training.config.schema import RunConfig
 from training.launch import launcher
 from training.launch.cli_check import discard_refused_run_dir
+from training.launch.command import TRAIN
 from training.launch.run_end import RunFinished, report_end
 from training.launch.run_settings import command_line_keys
 from training.loop.trainer import train
@@ -51,7 +47,7 @@ def train_on_rank(resolved: RunConfig) -> dict[str, Any]:
 def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str, Any]:
     """Train ``cfg`` (Hydra's composition, or a resolved configuration) on its ranks; rank 0's
     result. ``given``: the keys the command line set (:func:`training.launch.launcher.prepare`)."""
-    return launcher.run(cfg, train_on_rank, given=given)
+    return launcher.run(cfg, TRAIN, train_on_rank, given)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,15 @@ import hydra
 from omegaconf import DictConfig
 
 from training.checkpoint.adopt import adopt_checkpoint
+from training.checkpoint.resume import load_model_weights
 from training.config.schema import RunConfig
+from training.launch import launcher
+from training.launch.command import Command
+from training.launch.launcher import run_reporting_errors
+from training.launch.run_settings import command_line_keys
+from training.reporting.report import log_skill, open_tracker, report_skill
+from training.session import join_ranks, open_session
+from training.skill.by_lead import evaluate_skill
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +53,6 @@ def source_run_tags(checkpoint: Path, step: int) -> dict[str, str]:
 
 def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
     """Every rank: load the checkpoint, score it; rank 0 reports. Returns the table and run id."""
-    from training.checkpoint.resume import load_model_weights
-    from training.reporting.report import open_tracker, report_skill
-    from training.session import join_ranks, open_session
-    from training.skill.by_lead import evaluate_skill
-
     dims, heartbeat = join_ranks(cfg)
     with heartbeat:
         session = open_session(cfg, dims)
@@ -65,29 +67,16 @@ def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
         return {"skill": table, "run_id": tracker.run_id, "checkpoint_step": step}
 
 
-def checkpoint_adopter(key: str, given: list[str] | None) -> Callable[[RunConfig], None]:
-    """What makes a resolved configuration the checkpoint's own for the command ``key``
-    (``evaluate``, ``predict``), ``given`` the keys its command line set (None: the API's
-    configuration as it is, but for the model: :func:`training.checkpoint.adopt.adopt_checkpoint`)."""
-    from training.launch.run_settings import current_names
-
-    return lambda resolved: adopt_checkpoint(resolved, key, given, current_names)
-
-
 def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str, Any]:
     """:func:`evaluate_on_rank` on the configured ranks (local or torchrun), after the checks, with
-    the checkpoint's settings under those the command line set (``given``, see :func:`checkpoint_adopter`)."""
-    from training.launch.launcher import run as launch
-
-    return launch(cfg, evaluate_on_rank, adopt=checkpoint_adopter("evaluate", given))
+    the checkpoint's settings under those the command line set (``given``; None: the API's
+    configuration as it is, but for the model: :func:`training.checkpoint.adopt.adopt_checkpoint`)."""
+    command = Command("evaluate", trains=False, adopt=lambda resolved: adopt_checkpoint(resolved, "evaluate", given))
+    return launcher.run(cfg, command, evaluate_on_rank)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from training.launch.launcher import run_reporting_errors
-    from training.launch.run_settings import command_line_keys
-    from training.reporting.report import log_skill
-
     given = command_line_keys(multirun_members=True)
     result = run_reporting_errors(lambda c: run(c, given), cfg)
     log_skill(result["skill"], cfg.run_dir)

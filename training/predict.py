@@ -25,11 +25,18 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from training.checkpoint.adopt import adopt_checkpoint
+from training.checkpoint.resume import load_model_weights
 from training.config.schema import RunConfig
 from training.data import DatasetError
+from training.data.forecast_store import ForecastStore
 from training.distributed.device import to_device
-from training.evaluate import checkpoint_adopter
+from training.launch import launcher
+from training.launch.command import Command
+from training.launch.launcher import run_reporting_errors
 from training.launch.run_settings import command_line_keys
+from training.model.rollout import rollout
+from training.session import join_ranks, open_session
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +65,6 @@ def initial_indices(session, dates: list[str] | None) -> list[int]:
 def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dict[str, Any]) -> Path:
     """Roll out ``steps`` leads from date index ``t`` and write them (with the initial state)
     to ``output/forecast_<date>.zarr``; collective over the model-parallel group."""
-    from training.data.forecast_store import ForecastStore
-    from training.model.rollout import rollout
-
     dataset, dims = session.dataset, session.dims
     lead_s = session.samples.lead * dataset.frequency_s
     start = dataset.dates[t]
@@ -104,9 +108,6 @@ def _physical(dataset, state: torch.Tensor) -> torch.Tensor:
 
 def predict_on_rank(cfg: RunConfig) -> list[str]:
     """Every rank: load the checkpoint and write its share of the forecasts; return the stores."""
-    from training.checkpoint.resume import load_model_weights
-    from training.session import join_ranks, open_session
-
     dims, heartbeat = join_ranks(cfg)
     with heartbeat:
         session = open_session(cfg, dims)
@@ -124,17 +125,14 @@ def predict_on_rank(cfg: RunConfig) -> list[str]:
 
 def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> list[str]:
     """:func:`predict_on_rank` on the configured ranks (local or torchrun), after the checks, with
-    the checkpoint's settings under those the command line set (``given``, see
-    :func:`training.evaluate.checkpoint_adopter`)."""
-    from training.launch.launcher import run as launch
-
-    return launch(cfg, predict_on_rank, adopt=checkpoint_adopter("predict", given))
+    the checkpoint's settings under those the command line set (``given``; None: the API's
+    configuration as it is, but for the model: :func:`training.checkpoint.adopt.adopt_checkpoint`)."""
+    command = Command("predict", trains=False, adopt=lambda resolved: adopt_checkpoint(resolved, "predict", given))
+    return launcher.run(cfg, command, predict_on_rank)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from training.launch.launcher import run_reporting_errors
-
     given = command_line_keys(multirun_members=True)
     for path in run_reporting_errors(lambda c: run(c, given), cfg):
         log.info("wrote %s", path)

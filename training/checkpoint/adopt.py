@@ -15,14 +15,17 @@ Never taken from the checkpoint: :data:`OWN_KEYS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from processor.runtime.torchrun import under_torchrun
 from training.checkpoint.files import CheckpointError, load_training_checkpoint
 from training.checkpoint.resume import RUNTIME_MODEL_KEYS
+from training.config.checks import check_config
+from training.config.saved_names import current_names
 from training.config.schema import ModelConfig, RunConfig, schema_keys
 from training.config.settings import from_settings, sets_key, settings_not_given, to_settings
+from training.distributed.device import check_local_ranks, launch_world
 
 # This command's own settings, never the checkpoint's: where it runs and writes, on which device,
 # which checkpoint, and the training run's debugging aids, step hooks and parity settings.
@@ -42,7 +45,6 @@ OWN_KEYS = (
 DATA_PARAMETER_KEYS = ("grid", "variables", "forcing", "diagnostic")
 READ_FROM_STORE = ("data.grid", "data.variables")  # null: read from the store, then checked on load
 
-Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def checkpoint_path(cfg: RunConfig, key: str) -> Path:
@@ -55,9 +57,7 @@ def checkpoint_path(cfg: RunConfig, key: str) -> Path:
     return path.resolve()
 
 
-def adopt_checkpoint(
-    resolved: RunConfig, key: str, given: list[str] | None = None, upgrade: Upgrade | None = None
-) -> None:
+def adopt_checkpoint(resolved: RunConfig, key: str, given: list[str] | None = None) -> None:
     """Make ``resolved`` describe the checkpoint's model (``<key>`` is ``evaluate`` or
     ``predict``) and record the path. Runs before the dataset is opened, so grid and variables
     are checked against the store.
@@ -65,12 +65,10 @@ def adopt_checkpoint(
     ``given``: the keys this command line set (:func:`training.launch.run_settings.given_keys`):
     every other setting is the checkpoint's (:data:`OWN_KEYS` aside), and a given one the
     parameters depend on must be the checkpoint's value (:func:`check_given_settings`).
-    ``upgrade`` reads saved settings under the current names (``run_settings.current_names``).
     None (the API): ``resolved`` as it is, but for the checkpoint's model section and, where
     unset here, its variables, grid and lead time."""
     path = checkpoint_path(resolved, key)
-    saved = load_training_checkpoint(path)[1]
-    saved = upgrade(saved) if upgrade is not None else saved
+    saved = current_names(load_training_checkpoint(path)[1])  # under today's names
     if given is None:
         _take_model(resolved, saved)
     else:
@@ -129,10 +127,6 @@ def take_saved_settings(resolved: RunConfig, saved: dict[str, Any], given: list[
 def check_adopted(resolved: RunConfig) -> None:
     """The checks the launcher made before the checkpoint's settings were taken, again: the
     strategy on the ranks (:func:`training.config.checks.check_config`) and the local ranks' devices."""
-    from processor.runtime.torchrun import under_torchrun
-    from training.config.checks import check_config
-    from training.distributed.device import check_local_ranks, launch_world
-
     t = resolved.trainer
     if resolved.strategy.name != "auto":  # auto is checked once it has picked
         check_config(resolved, launch_world(t.nprocs))

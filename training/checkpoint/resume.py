@@ -48,7 +48,7 @@ def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     notes = []
     saved_model, model = dict(saved.get("model") or {}), to_settings(cfg.model)
     # A key added since the checkpoint was written is not in it: the run continues with the value
-    # the run ran with (run_settings.EARLIER_VALUES), and a model it does not fit fails to load.
+    # the run ran with (config.saved_names.EARLIER_VALUES), and a model it does not fit fails to load.
     for key in sorted(set(saved_model)):
         if saved_model.get(key) != model.get(key):
             message = f"model.{key} = {saved_model.get(key)} in the checkpoint, {model.get(key)} in this run"

@@ -14,7 +14,9 @@ import copy
 import logging
 from typing import Any
 
-from training.config.schema import RunConfig
+from processor.plan import Workload, choose, load_machine
+from processor.strategies import strategy_class
+from training.config.schema import ConfigValueError, RunConfig
 
 log = logging.getLogger(__name__)
 MIB = 2**20
@@ -25,9 +27,6 @@ def resolve_auto(cfg: RunConfig, hidden_points: int) -> RunConfig:
     for a processor on ``hidden_points`` points."""
     if cfg.strategy.name != "auto":
         return cfg
-    from processor.plan import Workload, choose, load_machine
-    from processor.strategies import strategy_class
-
     t, m = cfg.trainer, cfg.model
     work = Workload.of(hidden_points, m, t.batch_size, t.ranks_per_model, t.precision)
     try:
@@ -35,8 +34,6 @@ def resolve_auto(cfg: RunConfig, hidden_points: int) -> RunConfig:
         machine = load_machine(cfg.strategy.machine, t.threads_per_rank, m.num_channels, m.num_heads)
         pick, table = choose(work, machine, considered)
     except ValueError as exc:
-        from training.config.schema import ConfigValueError
-
         raise ConfigValueError(f"strategy=auto: {exc}") from None
     print(describe_choice(work.points, work.ranks, machine.name, pick, table))
     cfg = copy.deepcopy(cfg)

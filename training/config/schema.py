@@ -10,11 +10,13 @@ preset's sizes, a strategy preset's name, a dataset's path), never a default aga
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
@@ -306,9 +308,6 @@ def run_config(composed: Any) -> RunConfig:
         ConfigValueError: for a key the schema does not have (see :func:`added_keys`) or a
             required value that is not set (``???``).
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import MissingMandatoryValue
-
     if isinstance(composed, RunConfig):
         return composed
     added = added_keys(composed)
@@ -328,8 +327,6 @@ def schema_keys(node: Any = None, prefix: str = "") -> dict[str, bool]:
     path, mapped to whether it is a typed section itself (whose keys are checked in turn).
     Fields typed ``Any`` or ``dict`` (``data.open_dataset``, ``trainer.loss.variable_weights``)
     are not sections: they take any keys."""
-    from omegaconf import DictConfig, OmegaConf
-
     node = OmegaConf.structured(RunConfig) if node is None else node
     keys: dict[str, bool] = {}
     for key in node:
@@ -349,10 +346,6 @@ def added_keys(cfg: Any) -> list[tuple[str, str | None]]:
     there; but ``+trainer.stpes=5`` is Hydra's explicit *add*, which bypasses the struct flag
     (Hydra's own error for the first form even suggests it), so the added key is caught here.
     """
-    import difflib
-
-    from omegaconf import DictConfig, OmegaConf
-
     known = schema_keys()
     plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
     plain.pop("hydra", None)  # present when composed with return_hydra_config=True

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from omegaconf import OmegaConf
 
 from processor.errors import UserError
 
@@ -108,8 +110,6 @@ def known_part(kind: type, settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def _dataclass_type(kind: type, name: str) -> type | None:
     """The dataclass a field of ``kind`` holds, or None (a plain value)."""
-    import typing
-
     hint = typing.get_type_hints(kind).get(name)
     return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
@@ -118,8 +118,6 @@ def from_settings(kind: type[T], settings: Mapping[str, Any], base: T | None = N
     """An instance of the dataclass ``kind`` from plain data (read back from ``config.yaml`` or
     a checkpoint), over ``base`` (default: the schema's defaults); types are checked as Hydra
     checks them, and keys ``kind`` does not have are left out."""
-    from omegaconf import OmegaConf
-
     node = OmegaConf.structured(kind if base is None else base)
     return OmegaConf.to_object(OmegaConf.merge(node, known_part(kind, settings)))  # type: ignore[return-value]
 

@@ -31,7 +31,7 @@ class AnemoiDataset(ZarrDataset):
         diagnostic: list[str] | None = None,
     ) -> None:
         try:
-            from anemoi.datasets import open_dataset
+            from anemoi.datasets import open_dataset  # deferred: optional anemoi-datasets
         except ImportError as exc:
             raise DatasetError(
                 f"data.open_dataset needs the anemoi-datasets package ({exc}); install it, or use data.path"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zarr
 
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
@@ -109,8 +110,6 @@ class ZarrDataset:
         forcing: list[str] | None = None,
         diagnostic: list[str] | None = None,
     ) -> None:
-        import zarr
-
         self.path = Path(path)
         if not self.path.exists():
             raise DatasetError(f"dataset not found at {self.path} (set data.path, or data.generate=true)")

@@ -21,6 +21,7 @@ import numpy as np
 from processor.grids import get_grid
 from training.data.anemoi_layout import write_anemoi_store
 from training.data.dataset import DatasetError
+from training.data.regional_t2m import generate_regional_t2m
 
 VARIABLES = ["psi", "zeta", "u", "v", "tracer"]
 STEP_HOURS = 6
@@ -76,8 +77,6 @@ def generate_built_in(path: str | Path, grid: str | None, steps: int, seed: int)
     """Write the built-in dataset that ``path`` is named for (see :func:`check_built_in_path`):
     the Rossby-Haurwitz waves on ``grid``, or the regional hourly 2 m temperature."""
     if Path(path).name.startswith(REGIONAL_PREFIX):
-        from training.data.regional_t2m import generate_regional_t2m
-
         return generate_regional_t2m(path, steps, seed)
     return generate_rossby_haurwitz(path, grid or "o32", steps, seed)
 

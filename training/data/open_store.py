@@ -4,6 +4,7 @@ its grid, its dates, and the samples the lead time, members and rollout leave.""
 from __future__ import annotations
 
 from training.config.schema import DataConfig
+from training.data.anemoi_source import AnemoiDataset
 from training.data.dataset import DatasetError, ZarrDataset
 from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Samples, build_samples, lead_steps, select_members
@@ -19,8 +20,6 @@ def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDa
     configuration records the grid it trained on).
     """
     if data.open_dataset:
-        from training.data.anemoi_source import AnemoiDataset
-
         dataset: ZarrDataset = AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic)
     elif data.path is None:
         raise DatasetError(

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from processor.host import usable_cores
+from processor.runtime.torchrun import under_torchrun
 from training.config.schema import ConfigValueError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -73,8 +74,6 @@ def backend_for(device: str, share_gpu: bool) -> str:
 
 def launch_world(nprocs: int) -> int:
     """The ranks this launch has: torchrun's world, else ``trainer.nprocs`` spawned locally."""
-    from processor.runtime.torchrun import under_torchrun
-
     return int(os.environ["WORLD_SIZE"]) if under_torchrun() else nprocs
 
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
 from training.config.schema import ConfigValueError, schema_keys
 
@@ -53,9 +57,6 @@ def _values(override) -> list[str]:  # noqa: ANN001 - hydra's Override
 def check_overrides(argv: list[str]) -> None:
     """Raise :class:`ConfigValueError` for the first override of ``argv`` whose key is not a
     setting, whose config-group option does not exist, or whose run directory cannot be made."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     try:
         overrides = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as exc:
@@ -103,8 +104,6 @@ BOOKKEEPING = (".hydra", "app.log", ".run.lock")
 def discard_refused_run_dir(run_dir: str | Path) -> None:
     """Remove a run directory that holds nothing but :data:`BOOKKEEPING` (a run refused at start),
     and its parent when that is Hydra's empty date folder under ``outputs/`` or ``multirun/``."""
-    import shutil
-
     path = Path(run_dir)
     if not path.is_dir() or any(p.name not in BOOKKEEPING for p in path.iterdir()):
         return

@@ -9,6 +9,8 @@ import os
 import sys
 
 from processor.errors import UserError
+from processor.runtime import PeerFailureError, RanksFailedError
+from processor.runtime.failures import NOT_TO_BLAME, FailureKind
 from processor.runtime.torchrun import torchrun_rank
 from training.launch.cli_check import discard_refused_run_dir
 
@@ -46,9 +48,6 @@ def peer_failure(exc: BaseException) -> str | None:
     its own), else None. For :func:`~processor.runtime.run_local`'s
     :class:`~processor.runtime.RanksFailedError`: its header and rank lines, when every rank
     either finished, died, went silent or blamed another (no rank raised an error of its own)."""
-    from processor.runtime import PeerFailureError, RanksFailedError
-    from processor.runtime.failures import NOT_TO_BLAME
-
     if isinstance(exc, PeerFailureError):
         return str(exc)
     if not isinstance(exc, RanksFailedError) or not all(f.kind in NOT_TO_BLAME for f in exc.failures):
@@ -64,9 +63,6 @@ def user_error(exc: BaseException) -> str | None:
     message of the first rank (in rank order) whose record is of a user error: an error on a
     rank is reported as if the parent had raised it.
     """
-    from processor.runtime import RanksFailedError
-    from processor.runtime.failures import FailureKind
-
     if isinstance(exc, (UserError, *_ALSO_USER_ERRORS)):
         return str(exc)
     if not isinstance(exc, RanksFailedError):

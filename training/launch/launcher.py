@@ -33,8 +33,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from processor.distributed.consistency import agree_on_values
 from processor.runtime import run_local
 from processor.runtime.torchrun import (
     TorchrunSetupError,
@@ -43,11 +47,13 @@ from processor.runtime.torchrun import (
     torchrun_rank,
     under_torchrun,
 )
+from training.checkpoint.resume import check_resumable
 from training.config.auto_attention import resolve_run_attention
 from training.config.auto_strategy import resolve_auto
 from training.config.checks import check_config
 from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
-from training.config.settings import write_settings
+from training.config.settings import flatten, write_settings
+from training.data.generate import check_built_in_path, generate_built_in
 from training.distributed.device import (
     backend_for,
     check_local_ranks,
@@ -58,38 +64,34 @@ from training.distributed.device import (
 )
 from training.hooks import check_hooks
 from training.launch.cli_check import check_overrides
+from training.launch.command import TRAIN, Command
 from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
 from training.launch.interrupt import LauncherSignals, remove_stop_marker
 from training.launch.run_end import RunFinished, check_not_finished
 from training.launch.run_lock import RunDirLock
 from training.launch.run_settings import SavedRun, continue_from, resume_line, saved_run
 from training.launch.run_start import startup_line
+from training.reporting.mlflow_store import local_store_uri
+from training.session import open_data
 
 log = logging.getLogger(__name__)
 
 RankMain = Callable[[RunConfig], Any]
-Adopt = Callable[[RunConfig], None]
 
 
-def prepare(
-    composed: DictConfig | RunConfig,
-    adopt: Adopt | None = None,
-    given: list[str] | None = None,
-    trains: bool | None = None,
-) -> RunConfig:
+def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: list[str] | None = None) -> RunConfig:
     """Check the configuration and the dataset (writing the built-in one if asked) before any
     rank starts; return the resolved configuration (:func:`training.config.schema.run_config` of
     Hydra's composition ``composed``, completed: device, absolute paths, the inferred grid).
 
-    ``adopt`` (evaluation, prediction) rewrites the resolved configuration first, e.g. with a
-    checkpoint's model; without it this is a training run, whose checkpoint is checked.
-    ``given``: the keys this command line set (:func:`training.launch.run_settings.given_keys`); a
-    training run resuming in a run directory then takes every other setting from the run it
-    continues (:mod:`training.launch.run_settings`). None: the configuration as it is (the API's callers).
-    ``trains``: the ranks train (``attention_path=auto`` times backward too); None: ``adopt`` is None."""
+    ``command``: what the command is (:class:`~training.launch.command.Command`; a training run
+    by default). ``given``: the keys this command line set
+    (:func:`training.launch.run_settings.given_keys`); a training run resuming in a run directory
+    then takes every other setting from the run it continues (:mod:`training.launch.run_settings`).
+    None: the configuration as it is (the API's callers)."""
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
     world = launch_world(cfg.trainer.nprocs)
-    cfg, saved = _continued(cfg, given) if adopt is None else (cfg, None)
+    cfg, saved = _continued(cfg, given) if command.continues_run else (cfg, None)
     if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
         check_config(cfg, world)
     check_hooks(cfg, world)
@@ -99,26 +101,23 @@ def prepare(
     check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
     trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     cfg.run_dir = str(Path(cfg.run_dir).resolve())
-    if adopt is not None:
-        adopt(cfg)
+    if command.adopt is not None:
+        command.adopt(cfg)
     share_sweep_store(cfg)
     data = cfg.data
     if data.path is not None and not data.open_dataset:
         data.path = str(Path(data.path).resolve())
     write_built_in_if_asked(data)
-    from training.checkpoint.resume import check_resumable
-    from training.session import open_data
-
     dataset, hidden = open_data(cfg)  # fails here, clearly, on data or a hidden grid that does not suit it
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
         check_config(cfg, world)
     # auto: measured (or cached) here
-    resolve_run_attention(cfg, hidden.n_points, training=adopt is None if trains is None else trains)
+    resolve_run_attention(cfg, hidden.n_points, training=command.trains)
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    if adopt is None:
+    if command.continues_run:
         check_resumable(cfg)  # and here on a checkpoint of another model
         if saved is not None:
             check_not_finished(saved, cfg)
@@ -141,8 +140,6 @@ def write_built_in_if_asked(data: DataConfig) -> None:
     """Write the built-in dataset to ``data.path`` (rank 0) when it does not exist and
     ``data.generate`` asks for it; a path that looks like a typo is refused instead."""
     if data.path and not Path(data.path).exists() and data.generate and int(os.environ.get("RANK", "0")) == 0:
-        from training.data.generate import check_built_in_path, generate_built_in
-
         check_built_in_path(data.path)  # a typo is not filled with the built-in data
         log.info("writing the built-in dataset to %s", data.path)
         generate_built_in(data.path, data.grid, data.generate_steps, data.generate_seed)
@@ -151,10 +148,6 @@ def write_built_in_if_asked(data: DataConfig) -> None:
 def share_sweep_store(resolved: RunConfig) -> None:
     """Under ``--multirun``, with no ``logging.tracking_uri``, log to the sqlite store in the sweep
     directory rather than one in each member's run directory."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from training.reporting.mlflow_store import local_store_uri
 
     if resolved.logging.tracking_uri is not None or not HydraConfig.initialized():
         return
@@ -166,22 +159,18 @@ def share_sweep_store(resolved: RunConfig) -> None:
 
 
 def run(
-    cfg: DictConfig | RunConfig,
-    rank_main: RankMain,
-    adopt: Adopt | None = None,
-    given: list[str] | None = None,
-    trains: bool | None = None,
+    cfg: DictConfig | RunConfig, command: Command, rank_main: RankMain, given: list[str] | None = None
 ) -> Any:
-    """Run ``rank_main`` (a command's work on one rank) with ``cfg`` (Hydra's composition, made a
-    :class:`RunConfig` once by :func:`prepare`) on the torchrun ranks, or on ``trainer.nprocs``
-    spawned local ranks; return rank 0's result. ``given``, ``trains``: see :func:`prepare`.
+    """Run ``rank_main`` (``command``'s work on one rank) with ``cfg`` (Hydra's composition, made
+    a :class:`RunConfig` once by :func:`prepare`) on the torchrun ranks, or on ``trainer.nprocs``
+    spawned local ranks; return rank 0's result. ``command``, ``given``: see :func:`prepare`.
 
     A first Ctrl-C or SIGTERM reaches the local ranks as SIGTERM (they finish their step and
     checkpoint); a training result then carries the signal (``"signal"``)."""
     if under_torchrun():
-        return _run_torchrun(cfg, rank_main, adopt, given, trains)
+        return _run_torchrun(cfg, command, rank_main, given)
     with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
-        resolved = prepare(cfg, adopt, given, trains)
+        resolved = prepare(cfg, command, given)
         t = resolved.trainer
         if t.nprocs == 1:
             return rank_main(resolved)
@@ -200,15 +189,11 @@ def run(
         return result
 
 
-def _run_torchrun(
-    cfg: DictConfig, rank_main: RankMain, adopt: Adopt | None, given: list[str] | None, trains: bool | None
-) -> Any:
+def _run_torchrun(cfg: DictConfig, command: Command, rank_main: RankMain, given: list[str] | None) -> Any:
     """Rank 0 prepares (checks, writes the dataset if needed) and hands every rank its
     resolved configuration, so all ranks share one run directory; its failure fails all.
     ``cfg`` stays Hydra's composition here: what the ranks compare is what each composed, its
     interpolations unresolved (each rank's ``run_dir`` resolves to its own directory)."""
-    import torch.distributed as dist
-
     try:
         check_restartable()
         device = resolve_device(cfg.trainer.device)
@@ -223,9 +208,6 @@ def _run_torchrun(
     try:
         # Each rank composed its own configuration (its own command line and config files);
         # rank 0's is the one used, so any difference is an error, on every rank at once.
-        from processor.distributed.consistency import agree_on_values
-        from training.config.settings import flatten
-
         try:
             agree_on_values(flatten(OmegaConf.to_container(cfg, resolve=False)), what="composed configurations")
         except ValueError as exc:  # the same on every rank: rank 0 reports it
@@ -236,7 +218,7 @@ def _run_torchrun(
         if dist.get_rank() == 0:
             try:  # rank 0 holds the run directory's lock until its ranks' work is done
                 lock.enter_context(RunDirLock(Path(cfg.run_dir).resolve()))
-                payload = [("ok", prepare(cfg, adopt, given, trains))]
+                payload = [("ok", prepare(cfg, command, given))]
             except Exception as exc:
                 payload = [("error", exc)]
         dist.broadcast_object_list(payload, src=0)

@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
 
 from training.checkpoint.files import LATEST, load_training_checkpoint
+from training.config.saved_names import current_names
 from training.config.schema import RunConfig, schema_keys
 from training.config.settings import (
     SAVED_CONFIG,
@@ -45,18 +49,6 @@ INVOCATION_KEYS = (
     "trainer.device",
     "debug.share_gpu",
 )
-# Keys renamed since runs were saved: old key -> its key now. Saved settings are read under the
-# new names, so a run directory or a checkpoint written before a rename still resumes as it was.
-MOVED_KEYS = {"trainer.debug_share_gpu": "debug.share_gpu"}
-# Settings added since runs were saved whose default is not what those runs ran: a saved run
-# without the key ran this value (its checkpoint holds that model), and resumes with it.
-EARLIER_VALUES = {
-    "model.mapper": "mean_mlp",
-    "model.trainable_size": 0,
-    "model.valid_time_forcing": False,
-}
-
-
 @dataclass(frozen=True)
 class SavedRun:
     """What a run directory holds of an earlier run: its settings and the step of its checkpoint
@@ -84,31 +76,10 @@ def saved_run(run_dir: Path) -> SavedRun | None:
     return None
 
 
-def current_names(settings: dict[str, Any]) -> dict[str, Any]:
-    """Saved ``settings`` with every key of :data:`MOVED_KEYS` under its new name and those of
-    :data:`EARLIER_VALUES` it lacks at the value the run ran with (a copy)."""
-    import copy
-
-    moved = copy.deepcopy(settings)
-    for old, new in MOVED_KEYS.items():
-        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
-        section = moved.get(old_section)
-        if isinstance(section, dict) and old_key in section:
-            moved.setdefault(new_section, {}).setdefault(new_key, section.pop(old_key))
-    for key, value in EARLIER_VALUES.items():
-        section_name, name = key.split(".")
-        section = moved.get(section_name)
-        if isinstance(section, dict):
-            section.setdefault(name, value)
-    return moved
-
-
 def given_keys(overrides: list[str]) -> list[str]:
     """The keys (or config groups) that command-line ``overrides`` set, in Hydra's syntax:
     ``trainer.lr=1e-3`` -> ``trainer.lr``, ``+trainer.x=1`` -> ``trainer.x``, ``strategy=none``
     -> ``strategy``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     return [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)]
 
 
@@ -117,9 +88,6 @@ def command_line_keys(multirun_members: bool = False) -> list[str] | None:
     Hydra (the API) and, unless ``multirun_members``, in a ``--multirun`` member: a training
     sweep's members do not resume from saved settings, an evaluation sweep's still take the
     checkpoint's."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized() or (HydraConfig.get().mode != RunMode.RUN and not multirun_members):
         return None
     return given_keys(list(HydraConfig.get().overrides.task))

@@ -30,6 +30,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from processor.runtime.torchrun import torchrun_rank
+from training.launch.interrupt import exit_code, signal_name
+from training.launch.launcher import run_reporting_errors
 from training.parity.check import EXIT_BREACH, run
 
 log = logging.getLogger(__name__)
@@ -37,10 +40,6 @@ log = logging.getLogger(__name__)
 
 @hydra.main(version_base="1.3", config_path="../../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    from processor.runtime.torchrun import torchrun_rank
-    from training.launch.interrupt import exit_code, signal_name
-    from training.launch.launcher import run_reporting_errors
-
     result = run_reporting_errors(run, cfg)
     first = torchrun_rank() == 0
     signum = result.get("signal") or result.get("stopped")  # the launcher's signal, else the rank's

@@ -15,11 +15,16 @@ from omegaconf import DictConfig
 
 from training.config.parity import tolerance_of
 from training.config.schema import ConfigValueError, RunConfig
+from training.distributed.device import launch_world
 from training.distributed.parallel import ParallelDims
-from training.launch.interrupt import StopRequest
+from training.launch.command import Command
+from training.launch.interrupt import StopRequest, stop_requests
+from training.launch.launcher import run as launch
 from training.parity.compare import Difference, compare, table, within, worst_by_step, worst_of, write_csv
 from training.parity.layouts import check_parity, reference_config, reference_layout
 from training.parity.record import ParityStopped, StepRecord, record_steps
+from training.reporting.report import open_tracker
+from training.session import join_ranks
 
 EXIT_BREACH = 4  # a difference beyond the tolerance: the layouts do not agree
 
@@ -29,9 +34,6 @@ def parity_on_rank(cfg: RunConfig) -> dict[str, Any]:
     writes ``parity.csv`` and the MLflow run. Returns (every rank) whether the tolerance was
     breached and, on rank 0, the rows, the table, the verdict and both layouts' times; or, when
     a stop signal came (Ctrl-C, SIGTERM), ``stopped``: the signal, after the step in flight."""
-    from training.launch.interrupt import stop_requests
-    from training.session import join_ranks
-
     dims, heartbeat = join_ranks(cfg)
     keep = dims.rank == 0
     with heartbeat, stop_requests(cfg.run_dir) as stop:
@@ -86,8 +88,6 @@ def _report(
     cfg: RunConfig, reference_cfg: RunConfig, dims: ParallelDims, rows: list[Difference], times: tuple[float, float]
 ) -> dict[str, Any]:
     """Rank 0: the verdict, ``parity.csv`` and the MLflow run; what :func:`parity_on_rank` returns."""
-    from training.reporting.report import open_tracker
-
     tolerance = tolerance_of(cfg.parity, cfg.trainer.precision)
     ok, worst = within(rows, tolerance), worst_of(rows)
     layouts = (
@@ -122,8 +122,6 @@ def _report(
 
 def adopt_parity(resolved: RunConfig) -> None:
     """Before any rank starts: refuse, in one line, what no parity check can run."""
-    from training.distributed.device import launch_world
-
     world = launch_world(resolved.trainer.nprocs)
     check_parity(resolved, world)
     if resolved.strategy.name != "auto":  # auto is resolved later; the ranks check it then
@@ -132,6 +130,4 @@ def adopt_parity(resolved: RunConfig) -> None:
 
 def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:
     """:func:`parity_on_rank` on the configured ranks (local or torchrun), after the checks."""
-    from training.launch.launcher import run as launch
-
-    return launch(cfg, parity_on_rank, adopt=adopt_parity, trains=True)
+    return launch(cfg, Command("parity", trains=True, adopt=adopt_parity), parity_on_rank)

@@ -133,7 +133,7 @@ def raster(lat: np.ndarray, lon: np.ndarray, frame: MapFrame) -> np.ndarray:
     ``frame.reach`` cells or more away in latitude or longitude (no point there). Each point's value fills the
     cells nearest it: the field as the model sees it, not interpolated; on a latitude-longitude
     box each cell is one point."""
-    from scipy.spatial import cKDTree
+    from scipy.spatial import cKDTree  # deferred: scipy (0.3 s), maps only
 
     lat, lon = np.asarray(lat, dtype=np.float64).ravel(), np.asarray(lon, dtype=np.float64).ravel()
     lat_c, lon_c = frame.centres()

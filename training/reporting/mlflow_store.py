@@ -41,7 +41,7 @@ def create_local_store(uri: str) -> None:
         return
     for stale in path.parent.glob(f".{path.name}.partial-*"):
         stale.unlink(missing_ok=True)
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # deferred: mlflow (1.3 s)
 
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     store = SqlAlchemyStore(f"sqlite:///{tmp}", (path.parent / "mlartifacts").resolve().as_uri())
@@ -76,7 +76,7 @@ def mark_training_experiment(client, experiment) -> None:
     """Tag ``experiment`` (an ``Experiment``) with :data:`EXPERIMENT_KIND` unless it has a kind
     already (one a person chose in the UI stays). A store that refuses (permissions) is warned
     about; the run goes on."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # deferred: mlflow (1.3 s)
 
     key, value = EXPERIMENT_KIND
     if experiment.tags.get(key):
@@ -89,7 +89,7 @@ def mark_training_experiment(client, experiment) -> None:
 
 def log_params(client, run_id: str, params: dict[str, Any]) -> None:
     """Log ``params`` in batches of 100 (MLflow's limit), values cut to MLflow's 6000 characters."""
-    from mlflow.entities import Param
+    from mlflow.entities import Param  # deferred: mlflow (1.3 s)
 
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for i in range(0, len(items), 100):
@@ -124,7 +124,7 @@ def continue_run(client, run, params: dict[str, Any], tags: dict[str, str], prev
     logged; params whose value changed since the ``previous`` segment are immutable in MLflow,
     so they go into a ``resume.<step>.changed`` tag (``key: old -> new; ...``), and ``<step>``
     is added to the ``resumed_from_steps`` tag (the ``resumed_from_step`` tag of ``tags``)."""
-    from mlflow.entities import RunTag
+    from mlflow.entities import RunTag  # deferred: mlflow (1.3 s)
 
     run_id = run.info.run_id
     old = {**run.data.params, **{k: str(v)[:6000] for k, v in previous.items()}}

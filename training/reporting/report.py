@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import zarr
 
 from processor.host import cpu_name
 from processor.runtime.torchrun import torchrun_rank
@@ -80,8 +81,6 @@ def variable_units(dataset: ZarrDataset) -> dict[str, str]:
     if path is None:
         return {}
     try:
-        import zarr
-
         attrs = dict(zarr.open_group(str(path), mode="r").attrs)
     except Exception:  # not a Zarr group of ours (an anemoi open_dataset source): no units
         return {}
@@ -110,7 +109,7 @@ def final_pictures(
     normalised truth and forecast from ``sample`` (``(date index, member)``, the input's)
     ``lead`` dates on (``Samples.lead``), whose lead and valid date the map names (unknown
     without ``sample``); ``further``: the extra columns, each a variable ``steps`` leads on."""
-    from training.reporting.plots import forecast_map, loss_curve
+    from training.reporting.plots import forecast_map, loss_curve  # deferred: matplotlib (0.7 s)
 
     history = read_history(run_dir)
     if history:
@@ -153,7 +152,7 @@ def report_skill(
     artifacts and the scores as one evaluation with ``tracker`` (:meth:`SkillTable.metrics`, all
     at ``model_step``: the training step of the model scored, its checkpoint's step); return the
     table as markdown."""
-    from training.reporting.plots import rmse_by_lead
+    from training.reporting.plots import rmse_by_lead  # deferred: matplotlib (0.7 s)
 
     directory.mkdir(parents=True, exist_ok=True)
     text = f"Model after training step {model_step}.\n\n" + table.to_markdown()

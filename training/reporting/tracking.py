@@ -163,7 +163,7 @@ class Tracker:
                 return
 
     def _start(self) -> None:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # deferred: mlflow (1.3 s)
 
         create_local_store(self.uri)
         self.client = MlflowClient(tracking_uri=self.uri)
@@ -194,7 +194,7 @@ class Tracker:
 
     def _recorded_run(self, record: dict[str, Any]):
         """The MLflow run ``record`` names, if it is in this store and still active."""
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import MlflowException  # deferred: mlflow (1.3 s)
 
         if record.get("tracking_uri") != self.uri:
             if not self.fallback:
@@ -226,7 +226,7 @@ class Tracker:
     def _log_metrics(self, events: list[tuple[str, Any]]) -> None:
         """Log the metrics of ``events`` but those of steps the run already holds (a re-run
         step, a replayed record), and every evaluation made by this segment."""
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # deferred: mlflow (1.3 s)
 
         now = int(time.time() * 1000)
         metrics = [

@@ -23,7 +23,7 @@ from training.checkpoint.files import CheckpointError
 from training.config.schema import run_config
 from training.data import ZarrDataset, write_rossby_haurwitz
 from training.launch.errors import EXIT_USER_ERROR
-from training.launch.run_settings import current_names, given_keys
+from training.launch.run_settings import given_keys
 
 # The regional run, on one rank (the commands' defaults are two ranks of shard_sequence on o32 data).
 TRAINED = [
@@ -79,7 +79,7 @@ def _no_default_data(tmp_path, monkeypatch):
 def _adopted(command_line: list[str], key: str = "evaluate"):
     """The resolved configuration of ``command_line`` made the checkpoint's."""
     resolved = run_config(_compose(command_line))
-    adopt_checkpoint(resolved, key, given_keys(command_line), current_names)
+    adopt_checkpoint(resolved, key, given_keys(command_line))
     return resolved
 
 

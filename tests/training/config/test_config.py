@@ -119,7 +119,8 @@ def test_an_added_key_is_named_when_the_composition_is_made_typed():
 def test_settings_saved_before_the_debug_section_continue_under_it():
     from pathlib import Path
 
-    from training.launch.run_settings import SavedRun, continue_from, current_names
+    from training.config.saved_names import current_names
+    from training.launch.run_settings import SavedRun, continue_from
 
     old = {"trainer": {"steps": 60, "debug_share_gpu": True}, "model": {"num_layers": 3}}
     saved = current_names(old)
@@ -188,8 +189,9 @@ def test_a_checkpoint_from_before_the_node_parameters_continues_as_it_ran():
     from pathlib import Path
 
     from training.checkpoint.resume import check_compatible
+    from training.config.saved_names import current_names
     from training.config.settings import to_settings
-    from training.launch.run_settings import SavedRun, continue_from, current_names
+    from training.launch.run_settings import SavedRun, continue_from
 
     saved = {k: to_settings(getattr(_typed(), k)) for k in ("model", "data", "strategy")}
     for key in ("trainable_size", "valid_time_forcing", "multistep_input", "normalise_increments"):
