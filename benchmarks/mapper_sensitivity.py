@@ -26,7 +26,7 @@ from training.config.schema import run_config
 from training.data.forcings import VariableRoles
 from training.data.generate import VARIABLES
 from training.model import ShardedGrids
-from training.session import build_model
+from training.model.build import build_model
 
 MAPPERS = ("mean_mlp", "graph_transformer")
 

@@ -82,11 +82,12 @@ def _parts_marked(trainer) -> Iterator[None]:
 def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_count: int = 0) -> dict[str, Any]:
     """Train ``warmup`` steps, time ``steps``, profile ``profiled`` on this rank (the run's
     own set-up and step); the median step, and rank 0's split."""
+    from training.distributed.ranks import join_ranks
     from training.loop.trainer import Trainer
     from training.model.rollout import rollout_horizon
-    from training.session import join_ranks, open_session
+    from training.session import open_session
 
-    dims, heartbeat = join_ranks(cfg)
+    dims, heartbeat = join_ranks(cfg.trainer)
     with heartbeat:
         trainer = Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
         step = trainer.start

@@ -28,12 +28,13 @@ from omegaconf import DictConfig
 from training.checkpoint.adopt import adopt_checkpoint
 from training.checkpoint.resume import load_model_weights
 from training.config.schema import RunConfig
+from training.distributed.ranks import join_ranks
 from training.launch import launcher
 from training.launch.command import Command
 from training.launch.launcher import run_reporting_errors
 from training.launch.run_settings import command_line_keys
 from training.reporting.report import log_skill, open_tracker, report_skill
-from training.session import join_ranks, open_session
+from training.session import open_session
 from training.skill.by_lead import evaluate_skill
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def source_run_tags(checkpoint: Path, step: int) -> dict[str, str]:
 
 def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
     """Every rank: load the checkpoint, score it; rank 0 reports. Returns the table and run id."""
-    dims, heartbeat = join_ranks(cfg)
+    dims, heartbeat = join_ranks(cfg.trainer)
     with heartbeat:
         session = open_session(cfg, dims)
         checkpoint = Path(cfg.evaluate.checkpoint)

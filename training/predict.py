@@ -31,12 +31,13 @@ from training.config.schema import RunConfig
 from training.data import DatasetError
 from training.data.forecast_store import ForecastStore
 from training.distributed.device import to_device
+from training.distributed.ranks import join_ranks
 from training.launch import launcher
 from training.launch.command import Command
 from training.launch.launcher import run_reporting_errors
 from training.launch.run_settings import command_line_keys
 from training.model.rollout import rollout
-from training.session import join_ranks, open_session
+from training.session import open_session
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _physical(dataset, state: torch.Tensor) -> torch.Tensor:
 
 def predict_on_rank(cfg: RunConfig) -> list[str]:
     """Every rank: load the checkpoint and write its share of the forecasts; return the stores."""
-    dims, heartbeat = join_ranks(cfg)
+    dims, heartbeat = join_ranks(cfg.trainer)
     with heartbeat:
         session = open_session(cfg, dims)
         p_cfg = cfg.predict

@@ -1,78 +1,28 @@
-"""What training, evaluation and prediction set up alike on every rank: the ranks joined, the
+"""What training, evaluation and prediction set up alike on every rank: the
 dataset (checked against the configuration), this rank's blocks of the grids, the model, and
 its batch loader (:class:`training.data.batches.Batches`)."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 
-from processor import TransformerProcessor
-from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport, agree_on_values
-from processor.runtime import Heartbeat, set_freed_memory_policy
-from training.config.schema import RunConfig, run_processor_config
-from training.config.settings import flatten, to_settings
+from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport
+from processor.runtime import set_freed_memory_policy
+from training.config.schema import RunConfig
 from training.data import ZarrDataset
 from training.data.batches import Batches
-from training.data.forcings import VariableRoles
 from training.data.open_store import dataset_samples, open_dataset
 from training.data.samples import Samples, select_members
 from training.data.tendencies import tendency_statistics
 from training.distributed.device import rank_device
 from training.distributed.parallel import ParallelDims
+from training.distributed.ranks import check_ranks_agree
 from training.model import Forecaster, ShardedGrids
+from training.model.build import build_model
 from training.model.hidden_grid import HiddenGrid, hidden_grid
 from training.model.rollout import rollout_horizon
-
-
-def join_ranks(cfg: RunConfig) -> tuple[ParallelDims, AbstractContextManager]:
-    """This rank's data- x model-parallel dims, and the heartbeat to run under on several ranks:
-    when a collective fails because another rank died, hung or raised, this rank raises
-    :class:`~processor.runtime.PeerFailureError` naming it, within ``trainer.timeout_s`` (plus
-    three heartbeats)."""
-    t_cfg = cfg.trainer
-    dims = ParallelDims.build(t_cfg.ranks_per_model, t_cfg.placement)
-    if dims.world == 1:
-        return dims, nullcontext()
-    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg.heartbeat_s, t_cfg.timeout_s, dims.nodes)
-
-
-def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Forecaster:
-    """The forecaster of ``cfg``'s model and strategy for variables in ``roles`` on ``grids``
-    (their sizes: one learned feature vector per point), its parameters drawn from torch's
-    generator, whole: :meth:`Forecaster.split_node_parameters` keeps a rank's blocks."""
-    processor = TransformerProcessor(run_processor_config(cfg))
-    model = cfg.model
-    return Forecaster(
-        len(roles.prognostic),
-        model.num_channels,
-        processor,
-        model.mapper,
-        model.mapper_heads,
-        forcings=(len(roles.forcing) + len(roles.computed)) * (2 if model.valid_time_forcing else 1),
-        diagnostics=len(roles.diagnostic),
-        multistep=model.multistep_input,
-        node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
-        normalise_increments=model.normalise_increments,
-    )
-
-
-def check_ranks_agree(cfg: RunConfig, dataset: ZarrDataset, dims: ParallelDims) -> None:
-    """Every rank must run the same resolved configuration on the same dataset: one all_gather
-    of a hash, and the same ``ValueError`` on every rank, naming ranks and keys, if not."""
-    if dims.world == 1:
-        return
-    values: dict[str, object] = {
-        **flatten(to_settings(cfg)),
-        "dataset.shape": (dataset.n_times, dataset.n_points),
-        "dataset.members": dataset.n_members,
-        "dataset.variables": dataset.variables,
-        "dataset.missing_dates": len(dataset.missing),
-        "dataset.dates": f"{dataset.date(0)}..{dataset.date(dataset.n_times - 1)}",
-    }
-    agree_on_values(values, what="configuration or dataset")
 
 
 @dataclass

@@ -18,7 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport, clip_grad_norm_, process_group_of
-from training.model.rollout import rollout
+from training.distributed.device import autocast
+from training.model.rollout import loss_weights, rollout
+from training.session import Session
 
 if TYPE_CHECKING:
     from training.config.schema import TrainerConfig
@@ -101,3 +103,23 @@ class TrainStep:
         self.optimiser.zero_grad(set_to_none=True)
         self.schedule.step()
         return loss.detach()
+
+
+def build_step(session: Session) -> TrainStep:
+    """The step of ``session``'s run: AdamW and its schedule (:func:`build_optimiser`), the model
+    parallelised over the ranks (compiled under ``trainer.compile``), the run's clipping,
+    precision and loss weights."""
+    t_cfg, dataset = session.cfg.trainer, session.dataset
+    optimiser, schedule = build_optimiser(session.model, t_cfg)
+    outputs = dataset.roles.outputs
+    weights = loss_weights(t_cfg.loss, outputs, dataset.area_weights, session.points)
+    model = session.dims.parallelize(session.model)
+    return TrainStep(
+        torch.compile(model) if t_cfg.compile else model,
+        optimiser,
+        schedule,
+        t_cfg.grad_clip,
+        autocast(session.device, t_cfg.precision),
+        t_cfg.batch_size * dataset.n_points * len(outputs),  # a replica's points x variables
+        None if weights is None else weights.to(session.device),
+    )

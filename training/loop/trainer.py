@@ -20,19 +20,20 @@ from tqdm import tqdm
 from processor.runtime import peak_rss
 from training.checkpoint.checkpointer import Checkpointer
 from training.config.schema import RunConfig
-from training.distributed.device import PeakDeviceMemory, autocast, synchronize
+from training.distributed.device import PeakDeviceMemory, synchronize
+from training.distributed.ranks import join_ranks
 from training.hooks import load_hooks
 from training.launch.interrupt import StopRequest, stop_requests
-from training.loop.step import TrainStep, build_optimiser
-from training.model.rollout import RolloutSchedule, loss_weights, rollout_horizon
+from training.loop.step import build_step
+from training.model.rollout import RolloutSchedule, rollout_horizon
 from training.reporting.end_of_run import final_report
 from training.reporting.report import open_tracker, variable_units
-from training.reporting.step_split import StepSplit
-from training.session import Session, join_ranks, open_session
+from training.reporting.step_split import StepSplit, profile_after
+from training.session import Session, open_session
 from training.skill.by_lead import evaluation_samples
 from training.skill.validation import Validator
 
-__all__ = ["sample_positions", "train", "train_step"]
+__all__ = ["sample_positions", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -52,31 +53,11 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     """Train on this rank; rank 0 logs and checkpoints. Returns the loss history, the MLflow
     run id, the step it started from and (when evaluated) the skill table.
 
-    On several ranks a heartbeat runs alongside (:func:`training.session.join_ranks`).
+    On several ranks a heartbeat runs alongside (:func:`training.distributed.ranks.join_ranks`).
     """
-    dims, heartbeat = join_ranks(cfg)
+    dims, heartbeat = join_ranks(cfg.trainer)
     with heartbeat, stop_requests(cfg.run_dir) as stop:
         return Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)), stop).run()
-
-
-def train_step(
-    session: Session, optimiser: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LambdaLR
-) -> TrainStep:
-    """The step of ``session``'s run: its model parallelised over the ranks, ``optimiser`` and
-    ``schedule``, the run's clipping, precision and loss weights."""
-    t_cfg, dataset = session.cfg.trainer, session.dataset
-    outputs = dataset.roles.outputs
-    weights = loss_weights(t_cfg.loss, outputs, dataset.area_weights, session.points)
-    model = session.dims.parallelize(session.model)
-    return TrainStep(
-        torch.compile(model) if t_cfg.compile else model,
-        optimiser,
-        schedule,
-        t_cfg.grad_clip,
-        autocast(session.device, t_cfg.precision),
-        t_cfg.batch_size * dataset.n_points * len(outputs),  # a replica's points x variables
-        None if weights is None else weights.to(session.device),
-    )
 
 
 class Trainer:
@@ -88,7 +69,8 @@ class Trainer:
         self.stopped: str | None = None  # why the loop ended early: "stop_at_step" or "signal"
         self.stop_agreed = False
         self.t_cfg = cfg.trainer
-        self.optimiser, self.schedule = build_optimiser(session.model, self.t_cfg)
+        self.step_fn = build_step(session)  # the model parallelised (and compiled), AdamW, its schedule
+        self.optimiser, self.schedule = self.step_fn.optimiser, self.step_fn.schedule
         torch.manual_seed(self.t_cfg.seed + 1 + dims.rank)  # dropout streams differ per rank
         self.rollout = RolloutSchedule.from_config(self.t_cfg.rollout)
         if cfg.evaluate.at_end_of_training:  # fails now, not after training, if it cannot
@@ -98,8 +80,7 @@ class Trainer:
         self.start = self.checkpointer.restore()
         self.last_step_s = 0.1
         self.device_memory = PeakDeviceMemory(session.device)
-        self.step_fn = train_step(session, self.optimiser, self.schedule)
-        self.step_split = StepSplit(session.model, self.start, _profile_after(session), dims.mean_over_world)
+        self.step_split = StepSplit(session.model, self.start, profile_after(cfg, session.device), dims.mean_over_world)
         self.validator = Validator(session, self.step_fn.loss, variable_units(session.dataset))
 
     def run(self) -> dict[str, Any]:
@@ -233,11 +214,3 @@ def nothing_to_do(t_cfg, start: int, checkpoints: Path) -> str | None:
     if start >= t_cfg.steps:
         return f"trainer.steps = {t_cfg.steps}: the checkpoint in {checkpoints} is at step {start}"
     return None
-
-
-def _profile_after(session: Session) -> int | None:
-    """``logging.profile_after``, or ``None`` where the profiler's CPU split would not say what
-    the step computes (a GPU's work is asynchronous; compiled code has no module ranges)."""
-    if session.cfg.trainer.compile or session.device.type != "cpu":
-        return None
-    return session.cfg.logging.profile_after

@@ -17,6 +17,7 @@ from training.config.parity import tolerance_of
 from training.config.schema import ConfigValueError, RunConfig
 from training.distributed.device import launch_world
 from training.distributed.parallel import ParallelDims
+from training.distributed.ranks import join_ranks
 from training.launch.command import Command
 from training.launch.interrupt import StopRequest, stop_requests
 from training.launch.launcher import run as launch
@@ -24,7 +25,6 @@ from training.parity.compare import Difference, compare, table, within, worst_by
 from training.parity.layouts import check_parity, reference_config, reference_layout
 from training.parity.record import ParityStopped, StepRecord, record_steps
 from training.reporting.report import open_tracker
-from training.session import join_ranks
 
 EXIT_BREACH = 4  # a difference beyond the tolerance: the layouts do not agree
 
@@ -34,7 +34,7 @@ def parity_on_rank(cfg: RunConfig) -> dict[str, Any]:
     writes ``parity.csv`` and the MLflow run. Returns (every rank) whether the tolerance was
     breached and, on rank 0, the rows, the table, the verdict and both layouts' times; or, when
     a stop signal came (Ctrl-C, SIGTERM), ``stopped``: the signal, after the step in flight."""
-    dims, heartbeat = join_ranks(cfg)
+    dims, heartbeat = join_ranks(cfg.trainer)
     keep = dims.rank == 0
     with heartbeat, stop_requests(cfg.run_dir) as stop:
         should_stop = functools.partial(_agreed_stop, dims, stop)

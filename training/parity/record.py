@@ -15,8 +15,8 @@ from processor.distributed import full_gradients, full_state_dict
 from training.config.schema import RunConfig
 from training.distributed.parallel import ParallelDims
 from training.hooks import load_hooks
-from training.loop.step import build_optimiser
-from training.loop.trainer import sample_positions, train_step
+from training.loop.step import build_step
+from training.loop.trainer import sample_positions
 from training.model.rollout import RolloutSchedule, rollout_horizon
 from training.session import Session, open_session
 
@@ -44,7 +44,7 @@ def record_steps(
     :class:`ParityStopped` when ``should_stop()`` (every rank of the world asks, together)."""
     t_cfg = cfg.trainer
     session = open_session(cfg, dims, rollout_horizon(t_cfg))
-    step_fn = train_step(session, *build_optimiser(session.model, t_cfg))
+    step_fn = build_step(session)
     schedule = RolloutSchedule.from_config(t_cfg.rollout)
     n_train = len(session.samples.train)
     hooks = load_hooks(cfg, dims.rank, dims.world)

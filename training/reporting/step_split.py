@@ -16,9 +16,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import torch
 from torch import nn
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
+
+from training.config.schema import RunConfig
 
 __all__ = [
     "KINDS",
@@ -191,3 +194,11 @@ class StepSplit:
             wall = time.perf_counter() - start
         share = model_compute_share(split_events(prof.events(), 1, wall))
         found["model_compute_share"] = self.mean_over_ranks([share])[0]
+
+
+def profile_after(cfg: RunConfig, device: torch.device) -> int | None:
+    """``logging.profile_after``, or ``None`` where the profiler's CPU split would not say what
+    the step computes (a GPU's work is asynchronous; compiled code has no module ranges)."""
+    if cfg.trainer.compile or device.type != "cpu":
+        return None
+    return cfg.logging.profile_after

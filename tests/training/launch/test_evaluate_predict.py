@@ -14,7 +14,7 @@ from training.checkpoint.files import CheckpointError, load_training_checkpoint
 from training.config.schema import RunConfig
 from training.config.settings import from_settings
 from training.data import DatasetError, ZarrDataset
-from training.session import build_model
+from training.model.build import build_model
 from training.skill.scores import KINDS
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")

@@ -1,0 +1,28 @@
+"""The forecaster a run's configuration describes, built whole on every rank."""
+
+from __future__ import annotations
+
+from processor import TransformerProcessor
+from training.config.schema import RunConfig, run_processor_config
+from training.data.forcings import VariableRoles
+from training.model.forecaster import Forecaster, ShardedGrids
+
+
+def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Forecaster:
+    """The forecaster of ``cfg``'s model and strategy for variables in ``roles`` on ``grids``
+    (their sizes: one learned feature vector per point), its parameters drawn from torch's
+    generator, whole: :meth:`Forecaster.split_node_parameters` keeps a rank's blocks."""
+    processor = TransformerProcessor(run_processor_config(cfg))
+    model = cfg.model
+    return Forecaster(
+        len(roles.prognostic),
+        model.num_channels,
+        processor,
+        model.mapper,
+        model.mapper_heads,
+        forcings=(len(roles.forcing) + len(roles.computed)) * (2 if model.valid_time_forcing else 1),
+        diagnostics=len(roles.diagnostic),
+        multistep=model.multistep_input,
+        node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
+        normalise_increments=model.normalise_increments,
+    )
