@@ -21,7 +21,7 @@ import torch
 from benchmarks.gemm_rate import gemm_flop_rate
 from processor.attention import sliding_window_attention
 from processor.attention.dispatch import AttentionCall, path_problem
-from processor.attention.scores import ScoreMods, alibi_slopes
+from processor.attention.score_mods import ScoreMods, alibi_slopes
 from processor.host import device_name
 from processor.plan.flops import window_pairs
 

@@ -18,7 +18,7 @@ from processor.runtime.placement import PLACEMENTS
 from processor.runtime.torchrun import under_torchrun
 from processor.strategies import BUILT_IN
 from processor.strategies import strategy_options as strategy_option_names
-from training.config.derived import processor_schema
+from training.config.library_schemas import processor_schema
 from training.config.schema import StrategyOptions, processor_config
 from training.config.settings import ConfigValueError, above, at_least, check_ranges, one_of, setting, within
 

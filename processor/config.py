@@ -67,7 +67,7 @@ class ProcessorConfig:
         use_alibi_slopes: add ``-slope_h * |i - j|`` (global point indices, anemoi's slopes).
         use_rotary_embeddings: rotate q and k by their global point index (flash-attn's rotary
             embedding, as anemoi's flash-attention path; ``head_dim`` must be even).
-            The three work on every device and strategy (:mod:`processor.attention.scores`);
+            The three work on every device and strategy (:mod:`processor.attention.score_mods`);
             softcap and ALiBi need ``attention_path`` ``auto``, ``scored`` or ``flex``.
     """
 

@@ -53,10 +53,10 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     the grids' shards and graphs, and the model (the same initial parameters on every rank,
     whatever the device; split when the strategy splits them), all on the device.
     ``horizon``: forecast steps each sample must have targets for."""
-    t_cfg = cfg.trainer
-    device = rank_device(t_cfg.device)
-    torch.set_num_threads(t_cfg.threads_per_rank)
-    set_freed_memory_policy(t_cfg.retain_freed_memory)
+    trainer_cfg = cfg.trainer
+    device = rank_device(trainer_cfg.device)
+    torch.set_num_threads(trainer_cfg.threads_per_rank)
+    set_freed_memory_policy(trainer_cfg.retain_freed_memory)
     dataset, hidden = open_data(cfg)
     check_ranks_agree(cfg, dataset, dims)
     grids = ShardedGrids.build(
@@ -69,7 +69,7 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
         cfg.model.decoder_neighbours,
         cfg.model.mapper,
     ).to(device)
-    torch.manual_seed(t_cfg.seed)  # the same parameters on every rank, drawn on the CPU
+    torch.manual_seed(trainer_cfg.seed)  # the same parameters on every rank, drawn on the CPU
     model = build_model(cfg, dataset.roles, grids).to(device)
     model.processor.split_parameters(dims.mp_group)  # shard_channels keeps this rank's share
     model.split_node_parameters(grids)

@@ -19,7 +19,7 @@ The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` 
 - ``sdpa_blocks``: blocks of queries against their key bands in one SDPA call on strided views
   (any device, dtype and dropout): the fallback.
 - ``scored``: explicit logits in bounded pieces (:mod:`.scored`), any device and dtype, no
-  dropout: the one CPU path for a softcap or ALiBi (:mod:`.scores`), which only it and
+  dropout: the one CPU path for a softcap or ALiBi (:mod:`.score_mods`), which only it and
   ``flex`` apply.
 
 A run's launcher replaces ``auto`` by the path it measured fastest on its host

@@ -20,7 +20,7 @@ import functools
 import torch
 from torch import Tensor
 
-from processor.attention.scores import ScoreMods
+from processor.attention.score_mods import ScoreMods
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, flex_attention

@@ -31,8 +31,8 @@ from processor.attention.dispatch import AttentionCall, choose_path
 from processor.attention.flash import flash_window_attention
 from processor.attention.flex import flex_window_attention
 from processor.attention.native import NativeBandAttention
+from processor.attention.score_mods import ScoreMods
 from processor.attention.scored import scored_window_attention
-from processor.attention.scores import ScoreMods
 from processor.attention.sdpa_blocks import band_attention, blocked_attention, per_segment
 from processor.segments import segment_id_rows, segment_ids_problem
 
@@ -100,7 +100,7 @@ def sliding_window_attention(
             ``ValueError`` when it cannot run these tensors). Global windows always run ``dense``
             (or, with ``mods``, what ``auto`` picks for them).
         mods: a softcap and the ALiBi slopes of ``q``'s heads
-            (:class:`~processor.attention.scores.ScoreMods`): run by ``scored`` or ``flex`` only.
+            (:class:`~processor.attention.score_mods.ScoreMods`): run by ``scored`` or ``flex`` only.
     Returns:
         ``(batch, heads, n_q, head_dim)``.
     """

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from processor.attention.banded import cat_points
 from processor.attention.kernel import sliding_window_attention
-from processor.attention.scores import ScoreMods, alibi_slopes, rotate
+from processor.attention.score_mods import ScoreMods, alibi_slopes, rotate
 from processor.precision import in_compute_dtype
 
 
@@ -27,7 +27,7 @@ class SelfAttention(nn.Module):
     (from head ``first_head`` of ``total_heads``) after ``shard_channels`` split the parameters.
     ``path`` picks the windowed kernel (:mod:`processor.attention.dispatch`; ``auto``: by
     device, dtype and whether a gradient is needed). ``softcap``, ``alibi`` and ``rotary`` are
-    anemoi's (:mod:`processor.attention.scores`); their positions are global point indices,
+    anemoi's (:mod:`processor.attention.score_mods`); their positions are global point indices,
     which the caller gives as ``first_point`` (of ``h``'s rows) and ``q_offset``.
     """
 

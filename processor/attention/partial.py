@@ -17,7 +17,7 @@ On CPU in fp32 and bf16, where it is built, the whole block is one call of the f
 kernel (:mod:`processor.attention.native`: any offset between the blocks, the queries' own
 segment ids); in float64 PyTorch's fused flash kernel and its backward (the ones
 :mod:`processor.attention.banded` uses); elsewhere, and whenever a softcap or ALiBi
-(:class:`~processor.attention.scores.ScoreMods`) changes the logits, an explicit chunked
+(:class:`~processor.attention.score_mods.ScoreMods`) changes the logits, an explicit chunked
 softmax in float32 or better, at most ``_EXPLICIT_ELEMENTS`` scores per call.
 """
 
@@ -31,7 +31,7 @@ from torch import Tensor
 
 from processor.attention.masks import additive
 from processor.attention.native import native_available, native_backward, native_forward
-from processor.attention.scores import ScoreMods, modify_scores, softcap_backward
+from processor.attention.score_mods import ScoreMods, modify_scores, softcap_backward
 
 _MASK_ELEMENTS = 1 << 21  # per chunk: 8 MiB of float32 mask
 # Scores per piece on the explicit path: 1 MiB of float32, which stays in cache through the

@@ -3,7 +3,7 @@
 Windowed (or global) attention of ``q`` over ``k, v`` as one :class:`~processor.attention.partial.BlockPair`
 of :mod:`processor.attention.partial`'s explicit path: query rows in pieces of at most
 ``_EXPLICIT_ELEMENTS`` logits against the keys their band reaches, each piece's logits scaled, then
-softcapped and ALiBi-biased (:class:`~processor.attention.scores.ScoreMods`), masked (band and
+softcapped and ALiBi-biased (:class:`~processor.attention.score_mods.ScoreMods`), masked (band and
 segment ids), softmaxed in float32 or better. Backward recomputes each piece's probabilities
 from the saved log-sum-exp: saved are q, k, v, the output and its log-sum-exp, no ``N x W``
 tensor. Any device and dtype; no attention dropout. It is the path for softcap and ALiBi
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from processor.attention.partial import BlockPair, partial_attention, partial_attention_backward
-from processor.attention.scores import ScoreMods
+from processor.attention.score_mods import ScoreMods
 
 
 class _Scored(torch.autograd.Function):

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from processor.attention.partial import BlockPair, merge_partial, partial_attention, partial_attention_backward
-from processor.attention.scores import ScoreMods
+from processor.attention.score_mods import ScoreMods
 from processor.distributed.ranges import profiler_range
 from processor.distributed.shards import ShardLayout
 from processor.distributed.transport import Posted, Transport

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from processor.attention.scores import ScoreMods
+from processor.attention.score_mods import ScoreMods
 from processor.distributed.mesh import ModelDims, ModelMesh
 from processor.distributed.ranges import profiler_range
 from processor.distributed.region import gather_points

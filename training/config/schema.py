@@ -21,8 +21,8 @@ from omegaconf.errors import MissingMandatoryValue
 from processor import ConfigError, ProcessorConfig
 from processor.runtime.placement import PLACEMENTS
 from processor.strategies import BUILT_IN, StrategyOptionError, resolve_strategy
-from training.config.derived import LAUNCH_KEYS, processor_schema, strategy_options_schema
-from training.config.parity import ParityConfig
+from training.config.library_schemas import LAUNCH_KEYS, processor_schema, strategy_options_schema
+from training.config.parity_settings import ParityConfig
 from training.config.settings import (
     ConfigValueError,
     above,

@@ -17,15 +17,15 @@ if TYPE_CHECKING:
     from training.data import ZarrDataset
 
 
-def join_ranks(t_cfg: TrainerConfig) -> tuple[ParallelDims, AbstractContextManager]:
+def join_ranks(trainer_cfg: TrainerConfig) -> tuple[ParallelDims, AbstractContextManager]:
     """This rank's data- x model-parallel dims, and the heartbeat to run under on several ranks:
     when a collective fails because another rank died, hung or raised, this rank raises
     :class:`~processor.runtime.PeerFailureError` naming it, within ``trainer.timeout_s`` (plus
-    three heartbeats). ``t_cfg``: the run's ``trainer`` section."""
-    dims = ParallelDims.build(t_cfg.ranks_per_model, t_cfg.placement)
+    three heartbeats). ``trainer_cfg``: the run's ``trainer`` section."""
+    dims = ParallelDims.build(trainer_cfg.ranks_per_model, trainer_cfg.placement)
     if dims.world == 1:
         return dims, nullcontext()
-    return dims, Heartbeat.from_env(dims.rank, dims.world, t_cfg.heartbeat_s, t_cfg.timeout_s, dims.nodes)
+    return dims, Heartbeat.from_env(dims.rank, dims.world, trainer_cfg.heartbeat_s, trainer_cfg.timeout_s, dims.nodes)
 
 
 def check_ranks_agree(cfg: RunConfig, dataset: ZarrDataset, dims: ParallelDims) -> None:

@@ -14,9 +14,9 @@ from training.distributed.device import launch_world
 from training.reporting.mlflow_store import local_store_uri, read_record
 
 
-def _device(t_cfg: TrainerConfig, share_gpu: bool) -> str:
-    if t_cfg.device != "cuda":
-        return f"cpu, {t_cfg.threads_per_rank} thread(s) per rank"
+def _device(trainer_cfg: TrainerConfig, share_gpu: bool) -> str:
+    if trainer_cfg.device != "cuda":
+        return f"cpu, {trainer_cfg.threads_per_rank} thread(s) per rank"
     name = torch.cuda.get_device_name(0)
     shared = " SHARED by the ranks (debug.share_gpu: tests only)" if share_gpu else ""
     return f"cuda ({name}){shared}"
@@ -35,15 +35,16 @@ def _mlflow(cfg: RunConfig) -> str:
 def startup_line(cfg: RunConfig, data_points: int, hidden_points: int) -> str:
     """The line, for the resolved configuration ``cfg``, a dataset of ``data_points`` points and
     a hidden grid of ``hidden_points``."""
-    t_cfg = cfg.trainer
-    world = launch_world(t_cfg.nprocs)
-    mp = t_cfg.ranks_per_model
+    trainer_cfg = cfg.trainer
+    world = launch_world(trainer_cfg.nprocs)
+    mp = trainer_cfg.ranks_per_model
     hidden = cfg.model.hidden_grid + (f" every {cfg.model.hidden_stride}" if cfg.model.hidden_stride > 1 else "")
     return (
         f"strategy {cfg.strategy.name} on {world // mp} data-parallel x {mp} model-parallel rank(s)"
         f"{_mesh(cfg)}; "
         f"data {cfg.data.grid} ({data_points} points) -> hidden {hidden} "
-        f"({hidden_points} points); device {_device(t_cfg, cfg.debug.share_gpu)}; run dir {cfg.run_dir}; {_mlflow(cfg)}"
+        f"({hidden_points} points); device {_device(trainer_cfg, cfg.debug.share_gpu)}; "
+        f"run dir {cfg.run_dir}; {_mlflow(cfg)}"
     )
 
 

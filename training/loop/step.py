@@ -109,17 +109,17 @@ def build_step(session: Session) -> TrainStep:
     """The step of ``session``'s run: AdamW and its schedule (:func:`build_optimiser`), the model
     parallelised over the ranks (compiled under ``trainer.compile``), the run's clipping,
     precision and loss weights."""
-    t_cfg, dataset = session.cfg.trainer, session.dataset
-    optimiser, schedule = build_optimiser(session.model, t_cfg)
+    trainer_cfg, dataset = session.cfg.trainer, session.dataset
+    optimiser, schedule = build_optimiser(session.model, trainer_cfg)
     outputs = dataset.roles.outputs
-    weights = loss_weights(t_cfg.loss, outputs, dataset.area_weights, session.points)
+    weights = loss_weights(trainer_cfg.loss, outputs, dataset.area_weights, session.points)
     model = session.dims.parallelize(session.model)
     return TrainStep(
-        torch.compile(model) if t_cfg.compile else model,
+        torch.compile(model) if trainer_cfg.compile else model,
         optimiser,
         schedule,
-        t_cfg.grad_clip,
-        autocast(session.device, t_cfg.precision),
-        t_cfg.batch_size * dataset.n_points * len(outputs),  # a replica's points x variables
+        trainer_cfg.grad_clip,
+        autocast(session.device, trainer_cfg.precision),
+        trainer_cfg.batch_size * dataset.n_points * len(outputs),  # a replica's points x variables
         None if weights is None else weights.to(session.device),
     )

@@ -68,11 +68,11 @@ class Trainer:
         self.stop = stop or StopRequest()  # a signal asks every rank to stop after its step
         self.stopped: str | None = None  # why the loop ended early: "stop_at_step" or "signal"
         self.stop_agreed = False
-        self.t_cfg = cfg.trainer
+        self.trainer_cfg = cfg.trainer
         self.step_fn = build_step(session)  # the model parallelised (and compiled), AdamW, its schedule
         self.optimiser, self.schedule = self.step_fn.optimiser, self.step_fn.schedule
-        torch.manual_seed(self.t_cfg.seed + 1 + dims.rank)  # dropout streams differ per rank
-        self.rollout = RolloutSchedule.from_config(self.t_cfg.rollout)
+        torch.manual_seed(self.trainer_cfg.seed + 1 + dims.rank)  # dropout streams differ per rank
+        self.rollout = RolloutSchedule.from_config(self.trainer_cfg.rollout)
         if cfg.evaluate.at_end_of_training:  # fails now, not after training, if it cannot
             evaluation_samples(session, cfg.evaluate.steps, cfg.evaluate.samples)
         self.hooks = load_hooks(cfg, dims.rank, dims.world)  # debug.hooks: none by default
@@ -85,7 +85,7 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         """Train from the start step to ``trainer.steps`` (or ``stop_at_step``), then report."""
-        reason = nothing_to_do(self.t_cfg, self.start, self.checkpointer.dir)
+        reason = nothing_to_do(self.trainer_cfg, self.start, self.checkpointer.dir)
         if reason is not None:
             if self.session.dims.rank == 0:
                 log.info("%s; nothing to train", reason)
@@ -108,10 +108,12 @@ class Trainer:
 
     def loop(self) -> list[tuple[int, dict[str, float]]]:
         history: list[tuple[int, dict[str, float]]] = []
-        t_cfg, log_interval = self.t_cfg, self.session.cfg.logging.log_interval
+        trainer_cfg, log_interval = self.trainer_cfg, self.session.cfg.logging.log_interval
         shown = self.session.dims.rank == 0
-        with tqdm(total=t_cfg.steps, initial=self.start, desc="train", disable=not shown, dynamic_ncols=True) as bar:
-            for step in range(self.start, t_cfg.steps):
+        with tqdm(
+            total=trainer_cfg.steps, initial=self.start, desc="train", disable=not shown, dynamic_ncols=True
+        ) as bar:
+            for step in range(self.start, trainer_cfg.steps):
                 with self.step_split.around(step) as profiled:  # filled in as the step ends
                     metrics = self.one_step(step)
                 metrics |= profiled
@@ -131,16 +133,18 @@ class Trainer:
     def stopping(self, step: int) -> str | None:
         """Why the run stops early after ``step``: ``"stop_at_step"``, ``"signal"`` (a rank was
         signalled), or None."""
-        if step + 1 >= self.t_cfg.steps:
+        if step + 1 >= self.trainer_cfg.steps:
             return None
-        if self.t_cfg.stop_at_step is not None and step + 1 >= self.t_cfg.stop_at_step:
+        if self.trainer_cfg.stop_at_step is not None and step + 1 >= self.trainer_cfg.stop_at_step:
             return "stop_at_step"
         return "signal" if self.stop_agreed else None
 
     def one_step(self, step: int) -> dict[str, float]:
         """One optimiser step; its metrics, summed over the ranks."""
-        s, t_cfg, dims = self.session, self.t_cfg, self.session.dims
-        picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg.batch_size, len(s.samples.train), t_cfg.seed)
+        s, trainer_cfg, dims = self.session, self.trainer_cfg, self.session.dims
+        picks = sample_positions(
+            step, dims.dp_rank, dims.dp, trainer_cfg.batch_size, len(s.samples.train), trainer_cfg.seed
+        )
         rollout = self.rollout.steps_at(step)
         t0 = time.perf_counter()
         lr = self.schedule.get_last_lr()[0]
@@ -165,7 +169,7 @@ class Trainer:
                 f"loss is {train_loss} at step {step}: stopping. The last good checkpoint "
                 f"(step {self.checkpointer.last}) is in {self.checkpointer.dir}"
             )
-        samples_per_s = dims.dp * t_cfg.batch_size / elapsed
+        samples_per_s = dims.dp * trainer_cfg.batch_size / elapsed
         return {
             "train/loss": train_loss,
             "train/rollout": float(rollout),
@@ -187,7 +191,7 @@ def run_result(trainer: Trainer, history: list, run_id: str | None, skill) -> di
         "run_id": run_id,
         "start_step": trainer.start,
         "end_step": history[-1][0] + 1 if history else trainer.start,
-        "steps": trainer.t_cfg.steps,
+        "steps": trainer.trainer_cfg.steps,
         "stopped": trainer.stopped,
         "signal": trainer.stop.signum,  # the signal this rank received, if any
         "skill": skill,
@@ -205,12 +209,12 @@ def progress_fields(metrics: dict[str, float], validator: Validator) -> dict[str
     return shown
 
 
-def nothing_to_do(t_cfg, start: int, checkpoints: Path) -> str | None:
+def nothing_to_do(trainer_cfg, start: int, checkpoints: Path) -> str | None:
     """Why a run at step ``start`` trains no step (already at ``trainer.stop_at_step`` or
     ``trainer.steps``), or None."""
-    stop = t_cfg.stop_at_step
+    stop = trainer_cfg.stop_at_step
     if stop is not None and stop <= start:
         return f"trainer.stop_at_step = {stop}: the checkpoint in {checkpoints} is at step {start} already"
-    if start >= t_cfg.steps:
-        return f"trainer.steps = {t_cfg.steps}: the checkpoint in {checkpoints} is at step {start}"
+    if start >= trainer_cfg.steps:
+        return f"trainer.steps = {trainer_cfg.steps}: the checkpoint in {checkpoints} is at step {start}"
     return None

@@ -13,7 +13,7 @@ ranks and strategy. Per step it compares the loss, every parameter's gradient (b
 and every parameter after the optimiser step (:mod:`training.parity.compare`).
 
 It prints the worst tensor of each step and quantity and one verdict line against
-``parity.tolerance`` (default: fp32 1e-5, bf16 0.25, :data:`training.config.parity.TOLERANCES`),
+``parity.tolerance`` (default: fp32 1e-5, bf16 0.25, :data:`training.config.parity_settings.TOLERANCES`),
 and writes ``parity.csv`` (every tensor) in its run directory and an MLflow run tagged
 ``kind=parity`` (``parity/<quantity>``, the worst of each step). Exit code 0 within the
 tolerance, 4 (:data:`training.parity.check.EXIT_BREACH`) beyond it (under torchrun rank 0 exits

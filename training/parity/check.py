@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from training.config.parity import tolerance_of
+from training.config.parity_settings import tolerance_of
 from training.config.schema import ConfigValueError, RunConfig
 from training.distributed.device import launch_world
 from training.distributed.parallel import ParallelDims

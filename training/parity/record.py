@@ -42,15 +42,15 @@ def record_steps(
     rank of the layout calls (the gathers are collective). The step hooks ``debug.hooks`` names
     may change this rank's inputs (:meth:`training.hooks.StepHook.model_inputs`). After each step,
     :class:`ParityStopped` when ``should_stop()`` (every rank of the world asks, together)."""
-    t_cfg = cfg.trainer
-    session = open_session(cfg, dims, rollout_horizon(t_cfg))
+    trainer_cfg = cfg.trainer
+    session = open_session(cfg, dims, rollout_horizon(trainer_cfg))
     step_fn = build_step(session)
-    schedule = RolloutSchedule.from_config(t_cfg.rollout)
+    schedule = RolloutSchedule.from_config(trainer_cfg.rollout)
     n_train = len(session.samples.train)
     hooks = load_hooks(cfg, dims.rank, dims.world)
     records = []
     for step in range(cfg.parity.steps):
-        picks = sample_positions(step, dims.dp_rank, dims.dp, t_cfg.batch_size, n_train, t_cfg.seed)
+        picks = sample_positions(step, dims.dp_rank, dims.dp, trainer_cfg.batch_size, n_train, trainer_cfg.seed)
         batch = session.batches([session.samples.train[i] for i in picks], schedule.steps_at(step))
         gradients: dict[str, Tensor] = {}
         capture = functools.partial(_gather_gradients, session, gradients, keep)

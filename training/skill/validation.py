@@ -142,8 +142,8 @@ class Validator:
 
     def validate(self) -> dict[str, float]:
         """Validate the model as it is now (every rank calls); its metrics."""
-        s, t_cfg = self.session, self.cfg
-        val = s.samples.val[: t_cfg.val_batches * t_cfg.batch_size]
+        s, trainer_cfg = self.session, self.cfg
+        val = s.samples.val[: trainer_cfg.val_batches * trainer_cfg.batch_size]
         if self.skill is None:
             self.skill = ValidationSkill(s, val, self.units)
         losses = []
@@ -153,7 +153,7 @@ class Validator:
                 losses.append(self.loss(b.x, b.targets, s.grids, s.model_group, s.transport).item())
                 self.skill.add(i, forecasts.pop(), b.targets[0])
         s.model.train()
-        total = sum(losses) / len(val) * t_cfg.batch_size
+        total = sum(losses) / len(val) * trainer_cfg.batch_size
         self.last = {"val/loss": s.dims.sum_over_world([total])[0] / s.dims.dp, **self.skill.metrics()}
         return self.last
 

@@ -8,8 +8,8 @@ import torch
 
 from processor.attention import dense_window_attention, sliding_window_attention
 from processor.attention.dispatch import AttentionCall, choose_path, path_problem
+from processor.attention.score_mods import ScoreMods, alibi_slopes
 from processor.attention.scored import scored_window_attention
-from processor.attention.scores import ScoreMods, alibi_slopes
 
 pytestmark = pytest.mark.cuda
 

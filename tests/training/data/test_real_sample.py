@@ -72,7 +72,7 @@ def test_the_sample_is_read_as_its_grid(store):
 def test_two_ranks_train_as_one_on_real_data(tmp_path, store, strategy):
     """Loss, every gradient (the node parameters' split by points among them) and every
     parameter after the step, against one rank, at fp32."""
-    from training.config.parity import TOLERANCES
+    from training.config.parity_settings import TOLERANCES
     from training.parity.check import run
 
     result = run(_config(tmp_path, store, f"strategy={strategy}", "parity.steps=2"))

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from tests.training.hooks.perturb import perturb_overrides
-from training.config.parity import TOLERANCES
+from training.config.parity_settings import TOLERANCES
 from training.config.schema import ConfigValueError
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare

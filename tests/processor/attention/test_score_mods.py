@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from processor import ConfigError, ProcessorConfig, TransformerProcessor
 from processor.attention import sliding_window_attention
 from processor.attention.flex import flex_available
-from processor.attention.scores import ScoreMods, alibi_slopes, rotate
+from processor.attention.score_mods import ScoreMods, alibi_slopes, rotate
 
 F64 = torch.float64
 
