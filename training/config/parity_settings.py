@@ -25,8 +25,11 @@ class ParityConfig:
     replica holding every replica's batch."""
 
     steps: int = setting(3, at_least(1))
-    reference: int = setting(1, at_least(1))  # model-parallel ranks of the reference layout
-    tolerance: float | None = setting(None, or_null(above(0)))  # None: the precision's (TOLERANCES)
+    """Optimiser steps each layout trains."""
+    reference: int = setting(1, at_least(1))
+    """Model-parallel ranks of the reference layout."""
+    tolerance: float | None = setting(None, or_null(above(0)))
+    """The largest relative difference allowed; None: the precision's (:data:`TOLERANCES`)."""
 
 
 def tolerance_of(parity: ParityConfig, precision: str) -> float:

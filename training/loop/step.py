@@ -38,8 +38,7 @@ def build_optimiser(
     model: nn.Module, trainer: TrainerConfig
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its warm-up + cosine schedule from the ``trainer`` config section. Fused: one
-    kernel for every parameter rather than a handful of ops each (2-3 ms of a 64 ms step on two
-    CPU ranks at 1,617 points; the default run's skill table unchanged to three decimals)."""
+    kernel for every parameter rather than a handful of ops each (docs/training.md)."""
     optimiser = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: lr_factor(s, trainer.warmup_steps, trainer.steps, trainer.min_lr_ratio)

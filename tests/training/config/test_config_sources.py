@@ -110,3 +110,24 @@ def test_every_preset_composes_into_a_whole_typed_config(group, option):
     with initialize_config_module(config_module="configs", version_base="1.3"):
         cfg = run_config(compose(config_name="config", overrides=["run_dir=/tmp/x", f"{group}={option}"]))
     assert isinstance(cfg, RunConfig)
+
+
+def test_every_section_field_has_a_docstring_beneath_it():
+    """Each field of the configuration's sections says what it is in a docstring under it (the
+    form anemoi's and torchtitan's configs use), not in a trailing comment."""
+    import ast
+
+    undocumented = []
+    for name in ("sections.py", "parity_settings.py", "schema.py"):
+        path = Path(__file__).resolve().parents[3] / "training" / "config" / name
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            body = node.body
+            for i, statement in enumerate(body):
+                if isinstance(statement, ast.AnnAssign):
+                    after = body[i + 1] if i + 1 < len(body) else None
+                    documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    if not documented or not isinstance(after.value.value, str):
+                        undocumented.append(f"{name}: {node.name}.{statement.target.id}")
+    assert not undocumented, undocumented
