@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,6 +8,12 @@ import torch
 # spawn): which path a loaded machine times fastest must not change a test's numbers. The
 # probe's own tests turn it back on.
 os.environ["GRIDSHARD_ATTENTION_PROBE"] = "0"
+# The commands the tests start (python -m training, torchrun) import the tests' step hooks
+# (debug.hooks=[tests.training.hooks.faults:FaultInjector]) from the repository, whatever their
+# working directory, as a user's run from the repository's root does.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(Path(__file__).resolve().parent.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 from processor.runtime import start_fork_server
 from tests.rank_pool import RankPool
