@@ -150,7 +150,7 @@ def test_the_tests_part_runs_pytest_on_the_cuda_files(tmp_path, monkeypatch):
     code, text = _dry_run(tmp_path, "tests")
     assert code == 0
     assert "`pytest -m cuda` on 1 files" in _part(text, "tests") and "skipped" in _part(text, "tests")
-    assert cuda_tests.imports_wheels(ROOT / "tests" / "training" / "test_cuda_training.py")
+    assert cuda_tests.imports_wheels(ROOT / "tests" / "training" / "distributed" / "test_cuda_training.py")
     assert not cuda_tests.imports_wheels(kernel_tests)
 
 
