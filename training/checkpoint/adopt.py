@@ -46,7 +46,6 @@ DATA_PARAMETER_KEYS = ("grid", "variables", "forcing", "diagnostic")
 READ_FROM_STORE = ("data.grid", "data.variables")  # null: read from the store, then checked on load
 
 
-
 def checkpoint_path(cfg: RunConfig, key: str) -> Path:
     """The checkpoint named by ``<key>.checkpoint`` (``key``: ``evaluate`` or ``predict``; None:
     the run directory's latest), which must exist."""

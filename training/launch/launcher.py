@@ -148,7 +148,6 @@ def write_built_in_if_asked(data: DataConfig) -> None:
 def share_sweep_store(resolved: RunConfig) -> None:
     """Under ``--multirun``, with no ``logging.tracking_uri``, log to the sqlite store in the sweep
     directory rather than one in each member's run directory."""
-
     if resolved.logging.tracking_uri is not None or not HydraConfig.initialized():
         return
     hydra_cfg = HydraConfig.get()
@@ -158,9 +157,7 @@ def share_sweep_store(resolved: RunConfig) -> None:
         resolved.logging.tracking_uri = local_store_uri(sweep_dir)
 
 
-def run(
-    cfg: DictConfig | RunConfig, command: Command, rank_main: RankMain, given: list[str] | None = None
-) -> Any:
+def run(cfg: DictConfig | RunConfig, command: Command, rank_main: RankMain, given: list[str] | None = None) -> Any:
     """Run ``rank_main`` (``command``'s work on one rank) with ``cfg`` (Hydra's composition, made
     a :class:`RunConfig` once by :func:`prepare`) on the torchrun ranks, or on ``trainer.nprocs``
     spawned local ranks; return rank 0's result. ``command``, ``given``: see :func:`prepare`.

@@ -49,6 +49,8 @@ INVOCATION_KEYS = (
     "trainer.device",
     "debug.share_gpu",
 )
+
+
 @dataclass(frozen=True)
 class SavedRun:
     """What a run directory holds of an earlier run: its settings and the step of its checkpoint

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from processor.runtime import peak_rss
 from training.checkpoint.checkpointer import Checkpointer
-from training.config.schema import RunConfig
+from training.config.schema import RunConfig, TrainerConfig
 from training.distributed.device import PeakDeviceMemory, synchronize
 from training.distributed.ranks import join_ranks
 from training.hooks import load_hooks
@@ -70,13 +70,13 @@ class Trainer:
         self.stop_agreed = False
         self.trainer_cfg = cfg.trainer
         self.step_fn = build_step(session)  # the model parallelised (and compiled), AdamW, its schedule
-        self.optimiser, self.schedule = self.step_fn.optimiser, self.step_fn.schedule
+        self.schedule = self.step_fn.schedule  # read for the step's lr (benchmarks wrap step_fn itself)
         torch.manual_seed(self.trainer_cfg.seed + 1 + dims.rank)  # dropout streams differ per rank
         self.rollout = RolloutSchedule.from_config(self.trainer_cfg.rollout)
         if cfg.evaluate.at_end_of_training:  # fails now, not after training, if it cannot
             evaluation_samples(session, cfg.evaluate.steps, cfg.evaluate.samples)
         self.hooks = load_hooks(cfg, dims.rank, dims.world)  # debug.hooks: none by default
-        self.checkpointer = Checkpointer(session, self.optimiser, self.schedule, self.hooks)
+        self.checkpointer = Checkpointer(session, self.step_fn.optimiser, self.schedule, self.hooks)
         self.start = self.checkpointer.restore()
         self.last_step_s = 0.1
         self.device_memory = PeakDeviceMemory(session.device)
@@ -124,20 +124,11 @@ class Trainer:
                     self.tracker.log_metrics(step, metrics)
                 bar.set_postfix(progress_fields(metrics, self.validator))
                 bar.update()
-                self.stopped = self.stopping(step)
+                self.stopped = early_stop(self.trainer_cfg, step, self.stop_agreed)
                 self.checkpointer.save(step + 1, stopping=self.stopped is not None)
                 if self.stopped:
                     break
         return history
-
-    def stopping(self, step: int) -> str | None:
-        """Why the run stops early after ``step``: ``"stop_at_step"``, ``"signal"`` (a rank was
-        signalled), or None."""
-        if step + 1 >= self.trainer_cfg.steps:
-            return None
-        if self.trainer_cfg.stop_at_step is not None and step + 1 >= self.trainer_cfg.stop_at_step:
-            return "stop_at_step"
-        return "signal" if self.stop_agreed else None
 
     def one_step(self, step: int) -> dict[str, float]:
         """One optimiser step; its metrics, summed over the ranks."""
@@ -209,7 +200,17 @@ def progress_fields(metrics: dict[str, float], validator: Validator) -> dict[str
     return shown
 
 
-def nothing_to_do(trainer_cfg, start: int, checkpoints: Path) -> str | None:
+def early_stop(trainer_cfg: TrainerConfig, step: int, signalled: bool) -> str | None:
+    """Why the run stops early after ``step``: ``"stop_at_step"``, ``"signal"`` (a rank was
+    ``signalled``), or None."""
+    if step + 1 >= trainer_cfg.steps:
+        return None
+    if trainer_cfg.stop_at_step is not None and step + 1 >= trainer_cfg.stop_at_step:
+        return "stop_at_step"
+    return "signal" if signalled else None
+
+
+def nothing_to_do(trainer_cfg: TrainerConfig, start: int, checkpoints: Path) -> str | None:
     """Why a run at step ``start`` trains no step (already at ``trainer.stop_at_step`` or
     ``trainer.steps``), or None."""
     stop = trainer_cfg.stop_at_step
