@@ -87,6 +87,18 @@ class Batches:
         x, forcings = self._inputs(np.stack([*given, *later])[:, None], dates)
         return to_device(x, self.device), to_device(forcings, self.device)
 
+    def valid_forcings(self, samples: list[Sample], steps: int) -> np.ndarray:
+        """``(steps, batch, local points, forcings)`` the store's forcing columns then the computed
+        forcings at each sample's valid dates, ``lead``, ..., ``steps x lead`` dates on: what the
+        step to that date is given with ``valid_time_forcing`` (read by the fitted baselines,
+        :mod:`training.skill.fitted`)."""
+        columns, ks = self.dataset.roles.forcing_columns(), range(1, steps + 1)
+        stored = np.stack(
+            [np.stack([self.dataset.state(t + k * self.lead, self.points, m)[..., columns] for t, m in samples]) for k in ks]
+        )
+        dates = np.array([[self.dataset.dates[t + k * self.lead] for t, _ in samples] for k in ks])
+        return np.concatenate([stored, self._computed(dates)], axis=-1)
+
     def _inputs(self, states: np.ndarray, dates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The model's input and the forcings ``(steps - 1, batch, local points, forcings)`` each
         later step is given, from ``states`` ``(history + steps + 1, batch, local points,

@@ -28,9 +28,11 @@ KIND_STYLES = {
     "hourly_climatology": ("tab:red", "v"),
     "doy_climatology": ("tab:brown", "P"),
     "anomaly_persistence": ("tab:purple", "D"),
+    "damped_persistence": ("tab:olive", "<"),
+    "linear_regression": ("tab:cyan", ">"),
 }
-_OTHER_COLOURS = ("tab:pink", "tab:gray", "tab:olive", "tab:cyan", "black")
-_OTHER_MARKERS = ("X", "*", "h", "p", "<", ">")
+_OTHER_COLOURS = ("tab:pink", "tab:gray", "black", "gold", "navy")
+_OTHER_MARKERS = ("X", "*", "h", "p", "d")
 
 
 class _PlainLogFormatter(LogFormatter):

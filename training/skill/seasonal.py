@@ -16,7 +16,7 @@ years and a window of days around ``D``:
 - the mean skips what is not there (xarray's weighted mean over missing values): dates missing
   from the store, years not wholly in the period.
 
-Here: ``x`` are the training period's dates (:func:`training.skill.by_lead.doy_climatology_dates`).
+Here: ``x`` are the training period's dates (:func:`training.skill.climatologies.doy_climatology_dates`).
 Memory: one date is read at a time and added, weighted, to the sums of each ``(day of year,
 hour)`` asked for (the targets: the initial and valid dates to be scored) whose window holds it;
 nothing is held per date, and no (366 x hours) table: the sums are targets x local points x

@@ -1,7 +1,7 @@
 """Whether the model is learning, in physical units, at each validation of a training run: the
 model's area-weighted RMSE at the first lead on the validation samples beside the best simple
-baseline's on the same samples (the lowest of persistence, the climatologies and anomaly
-persistence: :class:`training.skill.by_lead.Climatologies`), scored as WeatherBench 2 does
+baseline's on the same samples (the lowest of persistence, the climatologies, anomaly
+persistence and the fitted baselines: :class:`training.skill.baselines.Baselines`), scored as WeatherBench 2 does
 (:class:`training.skill.scores.SkillAccumulator`: ``RMSE = sqrt(mean over samples of the
 area-weighted MSE)``), so equal to what :func:`training.skill.by_lead.evaluate_skill` reports for
 the same samples at that lead.
@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from training.data.samples import Sample
 from training.session import Session
-from training.skill.by_lead import lead_hours, training_climatologies
+from training.skill.baselines import training_baselines
+from training.skill.by_lead import lead_hours
 from training.skill.scores import SkillAccumulator, SkillTable, metric_part
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,9 @@ class ValidationSkill:
         self.session, self.samples, self.units = session, list(samples), units or {}
         self.variables = list(session.dataset.roles.outputs)
         lead = session.samples.lead
-        self.climatologies = training_climatologies(session, [d for t, _ in self.samples for d in (t, t + lead)])
+        self.reference = training_baselines(session, 1, [d for t, _ in self.samples for d in (t, t + lead)])
         self.baselines = self._score_baselines()
-        kinds = self.climatologies.kinds
+        kinds = self.reference.kinds
         self.best = {v: min(kinds, key=lambda k, v=v: self.baselines.rmse(k, v)[0]) for v in self.variables}
         self._scores = self._accumulator(("model",))
         if session.dims.rank == 0:
@@ -67,17 +68,16 @@ class ValidationSkill:
     def _accumulator(self, kinds: tuple[str, ...]) -> SkillAccumulator:
         s = self.session
         weights = s.dataset.area_weights[s.points]
-        return SkillAccumulator(self.variables, lead_hours(s, 1), kinds, weights, self.climatologies.plain)
+        return SkillAccumulator(self.variables, lead_hours(s, 1), kinds, weights, self.reference.climatologies.plain)
 
     def _score_baselines(self) -> SkillTable:
         """The baselines' scores on the samples, summed over the model-parallel group."""
         s, dataset = self.session, self.session.dataset
         columns, lead = dataset.roles.output_columns(), s.samples.lead
-        scores = self._accumulator(self.climatologies.kinds)
+        scores = self._accumulator(self.reference.kinds)
         for i, (t, member) in enumerate(self.samples):
-            initial = dataset.denormalise(dataset.state(t, s.points, member))[:, columns]
             truth = dataset.denormalise_outputs(dataset.state(t + lead, s.points, member)[:, columns])
-            for kind, forecast in self.climatologies.forecasts(initial, t, t + lead).items():
+            for kind, forecast in self.reference.forecasts(t, member)[0].items():
                 scores.add(kind, 0, forecast, truth, i)
         return scores.finalize(s.dims.mp_group, None)
 
@@ -86,7 +86,7 @@ class ValidationSkill:
         lead_h = lead_hours(self.session, 1)[0]
         parts = []
         for v in self.variables:
-            cells = ", ".join(f"{k} {self.baselines.rmse(k, v)[0]:.4g}" for k in self.climatologies.kinds)
+            cells = ", ".join(f"{k} {self.baselines.rmse(k, v)[0]:.4g}" for k in self.reference.kinds)
             parts.append(f"{v}: {cells} (best: {self.best[v]})")
         return f"baselines' RMSE at {lead_h:g} h on {len(self.samples)} validation samples: " + "; ".join(parts)
 

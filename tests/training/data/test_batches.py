@@ -18,7 +18,8 @@ from training.data import DatasetError, ZarrDataset
 from training.data.batches import Batches
 from training.data.forcings import computed_forcings
 from training.model import ShardedGrids
-from training.skill.by_lead import _baselines
+from training.skill.climatologies import climatology_forecasts
+from training.skill.fitted import FITTED
 
 FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one store variable, three computed
 SETTINGS = [
@@ -57,10 +58,20 @@ def test_forcings_and_diagnostics_train_sharded_exactly(tmp_path, small_dataset)
     for name, value in reference.items():
         if not name.endswith(("k_norm.bias", "lin_key.bias")):  # round-off gradients, scaled up by Adam
             torch.testing.assert_close(saved[name], value, rtol=1e-3, atol=1e-5, msg=name)  # as test_app
-    with open(tmp_path / "single" / "skill.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows, sharded_rows = (_skill_rows(tmp_path / d) for d in ("single", "sharded"))
     assert {r["variable"] for r in rows} == {"psi", "u", "tracer", "v"}
-    assert {r["kind"] for r in rows} >= {"model", "persistence", "hourly_climatology", "anomaly_persistence"}
+    kinds = {"model", "persistence", "hourly_climatology", "anomaly_persistence", *FITTED}
+    assert {r["kind"] for r in rows} >= kinds
+    # Each rank fits the baselines on its own points, from the same inputs as the model's.
+    for kind in FITTED:
+        single_rmse, sharded_rmse = ([float(r["rmse"]) for r in t if r["kind"] == kind] for t in (rows, sharded_rows))
+        assert len(single_rmse) == 4 * 2 and np.isfinite(single_rmse).all()  # 4 variables, 2 leads
+        np.testing.assert_allclose(sharded_rmse, single_rmse, rtol=1e-5)
+
+
+def _skill_rows(run_dir) -> list[dict[str, str]]:
+    with open(run_dir / "skill.csv") as f:
+        return list(csv.DictReader(f))
 
 
 def test_anomaly_persistence_carries_the_initial_anomaly_to_the_valid_hour():
@@ -68,7 +79,7 @@ def test_anomaly_persistence_carries_the_initial_anomaly_to_the_valid_hour():
     clim = np.full((2, 1), 10.0)
     hourly = {0.0: np.full((2, 1), 8.0), 6.0: np.full((2, 1), 11.0), 12.0: np.full((2, 1), 14.0)}
     initial = np.array([[9.0], [7.0]])  # anomalies +1 and -1 at 00 UTC
-    out = _baselines(initial, clim, hourly, dates, 0, 2)
+    out = climatology_forecasts(initial, clim, hourly, dates, 0, 2)
     np.testing.assert_array_equal(out["hourly_climatology"], hourly[12.0])
     np.testing.assert_array_equal(out["anomaly_persistence"], [[15.0], [13.0]])
     np.testing.assert_array_equal(out["persistence"], initial)

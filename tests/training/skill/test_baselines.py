@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
-from training.skill.by_lead import _baselines, training_climatologies
+from training.skill.climatologies import climatology_forecasts, training_climatologies
 from training.skill.scores import climatology, hourly_climatology
 from training.skill.seasonal import days_of_year, doy_climatology, spans_a_year, window_weights
 from training.skill.validation import ValidationSkill
@@ -41,11 +42,33 @@ class FakeStore:
     denormalise_outputs = denormalise
 
 
+class FakeBatches:
+    """The model's inputs on ``store``: its normalised state alone (no forcings), lead 1."""
+
+    def __init__(self, store: FakeStore) -> None:
+        self.store = store
+
+    def __call__(self, samples: list[tuple[int, int]], steps: int = 1) -> SimpleNamespace:
+        x = np.stack([self.store.state(t) for t, _ in samples])
+        targets = np.stack([np.stack([self.store.state(t + k) for t, _ in samples]) for k in range(1, steps + 1)])
+        return SimpleNamespace(x=torch.from_numpy(x), targets=torch.from_numpy(targets))
+
+    def valid_forcings(self, samples: list[tuple[int, int]], steps: int) -> np.ndarray:
+        return np.zeros((steps, len(samples), self.store.values.shape[1], 0))
+
+    def forecast_inputs(self, t: int, member: int, steps: int) -> tuple[torch.Tensor, None]:
+        return torch.from_numpy(self.store.state(t)[None]), None
+
+
 def _session(store: FakeStore, train: list[int]) -> SimpleNamespace:
     """One rank's session over every point of ``store``, training samples from ``train``, lead 1."""
     dims = SimpleNamespace(rank=0, mp_group=None, dp_group=None, dp=1, dp_rank=0)
     return SimpleNamespace(
-        dataset=store, points=slice(None), dims=dims, samples=SimpleNamespace(train=[(t, 0) for t in train], lead=1)
+        dataset=store,
+        points=slice(None),
+        dims=dims,
+        samples=SimpleNamespace(train=[(t, 0) for t in train], lead=1),
+        batches=FakeBatches(store),
     )
 
 
@@ -84,14 +107,23 @@ def test_every_baseline_by_hand():
 
 def test_the_best_baseline_by_hand():
     """Truth (9, 22) at weights (1, 3): errors of persistence (-4, -11), of climatology (-4, -5),
-    of the hourly climatology (-2, 0), of anomaly persistence (0, -1): the best."""
+    of the hourly climatology (-2, 0), of anomaly persistence (0, -1).
+
+    Damped persistence: the anomalies from the hourly climatology at dates 0-4 are (-1, -1, 1, 1,
+    2) and (-2, -2, 2, 2, -1); the training pairs a day apart give the lag correlations
+    3 / sqrt(4 x 7) and 2 / sqrt(16 x 13), and from date 4 the forecasts 7 + 2 rho_0 and
+    22 - rho_1: the best."""
     skill = ValidationSkill(_session(TWO_DAYS, [0, 1, 2, 3]), [(4, 0)])
     assert skill.baselines.rmse("persistence", "a") == [pytest.approx(math.sqrt((16 + 3 * 121) / 4))]
     assert skill.baselines.rmse("climatology", "a") == [pytest.approx(math.sqrt((16 + 3 * 25) / 4))]
     assert skill.baselines.rmse("hourly_climatology", "a") == [pytest.approx(1.0)]
     assert skill.baselines.rmse("anomaly_persistence", "a") == [pytest.approx(math.sqrt(3 / 4))]
-    assert skill.best == {"a": "anomaly_persistence"}
-    assert skill.metrics()["val/rmse/a/best_baseline"] == pytest.approx(math.sqrt(3 / 4))
+    rho = 3 / math.sqrt(28), 2 / math.sqrt(208)
+    damped = math.sqrt(((7 + 2 * rho[0] - 9) ** 2 + 3 * (22 - rho[1] - 22) ** 2) / 4)
+    assert skill.baselines.rmse("damped_persistence", "a") == [pytest.approx(damped)]
+    assert math.isfinite(skill.baselines.rmse("linear_regression", "a")[0])
+    assert skill.best == {"a": "damped_persistence"}
+    assert skill.metrics()["val/rmse/a/best_baseline"] == pytest.approx(damped)
 
 
 # ---------------------------------------------------------------------------- by day of year
@@ -170,14 +202,14 @@ def test_anomaly_persistence_takes_its_anomaly_from_the_doy_climatology():
     clim, hourly = np.full((1, 1), 10.0), {0.0: np.full((1, 1), 11.0)}
     seasonal = {(152, 0.0): np.full((1, 1), 20.0), (153, 0.0): np.full((1, 1), 23.0)}  # 1 and 2 June
     initial = np.array([[21.0]])
-    out = _baselines(initial, clim, hourly, dates, 0, 1, seasonal)
+    out = climatology_forecasts(initial, clim, hourly, dates, 0, 1, seasonal)
     np.testing.assert_array_equal(out["doy_climatology"], [[23]])
     np.testing.assert_array_equal(out["anomaly_persistence"], [[21 - 20 + 23]])
     # 3 June has no doy climatology: the hourly one stands in, for both dates of the anomaly
-    out = _baselines(initial, clim, hourly, dates, 0, 2, seasonal)
+    out = climatology_forecasts(initial, clim, hourly, dates, 0, 2, seasonal)
     np.testing.assert_array_equal(out["doy_climatology"], [[11]])
     np.testing.assert_array_equal(out["anomaly_persistence"], [[21 - 11 + 11]])
-    assert "doy_climatology" not in _baselines(initial, clim, hourly, dates, 0, 1)
+    assert "doy_climatology" not in climatology_forecasts(initial, clim, hourly, dates, 0, 1)
 
 
 def _wb2_stacked(dates: np.ndarray, values: np.ndarray, window: int) -> dict[tuple[int, float], float]:

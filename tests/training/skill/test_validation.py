@@ -20,6 +20,7 @@ from training.launch.launcher import prepare
 from training.loop.trainer import Trainer, progress_fields
 from training.session import open_session
 from training.skill.by_lead import evaluate_skill
+from training.skill.fitted import FITTED
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 
@@ -42,7 +43,7 @@ def test_validation_rmse_equals_the_evaluations_and_shows_in_the_progress_bar(tm
     table = evaluate_skill(session, 1, len(val))  # every validation sample, one lead
     outputs = session.dataset.roles.outputs
     assert outputs[0] == "psi" and len(outputs) > 1
-    baselines = ("persistence", "climatology", "hourly_climatology", "anomaly_persistence")
+    baselines = ("persistence", "climatology", "hourly_climatology", "anomaly_persistence", *FITTED)
     for v in outputs:
         assert metrics[f"val/rmse/{v}/model"] == pytest.approx(table.rmse("model", v)[0], rel=1e-5)
         best = min(table.rmse(k, v)[0] for k in baselines)

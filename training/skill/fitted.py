@@ -1,0 +1,167 @@
+"""The baselines a statistician fits on the training dates, per point and lead:
+
+- ``linear_regression``: ridge regression of each output at lead ``k`` on what the model is
+  given at the same point: its input (the prognostic states, oldest first, and the forcings at
+  the input date, all normalised, as :class:`training.data.batches.Batches` builds it), the
+  forcings at the valid date, and a constant. WeatherBench 1's "LR" is this kind of baseline.
+- ``damped_persistence``: the initial anomaly from the climatology, decayed toward it by the lag
+  correlation of the anomalies ``k`` leads apart, fitted per point, output and lead (clipped to
+  ``[0, 1]``): ``c(v) + rho_k (x0 - c(t))``, with the anomaly persistence's climatologies
+  (:meth:`training.skill.climatologies.Climatologies.anomaly_reference`).
+
+Both are fitted on up to :data:`FIT_DATES` training start dates, evenly spread: no validation
+date is seen. Each rank fits its own block of points (per point: no communication).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from training.data.samples import Sample
+from training.session import Session
+from training.skill.climatologies import Climatologies
+
+LINEAR_REGRESSION = "linear_regression"
+DAMPED_PERSISTENCE = "damped_persistence"
+FITTED = (LINEAR_REGRESSION, DAMPED_PERSISTENCE)
+FIT_DATES = 365  # training start dates a fit reads, at most (evenly spread)
+RIDGE = 1e-2  # the ridge penalty per fitted date, on normalised features (not on the constant)
+FIT_CHUNK = 32  # training samples read at a time
+MAX_NORMAL_EQUATIONS_BYTES = 2**30  # the regression's sums, all leads; larger: not fitted
+
+log = logging.getLogger(__name__)
+
+
+class RidgeFit:
+    """A ridge regression per point: ``y (points, outputs) ~ [features, 1] @ coef``, accumulated
+    from samples ``(samples, points, features)`` and solved once (:meth:`solve`)."""
+
+    def __init__(self, points: int, features: int, outputs: int) -> None:
+        size = features + 1  # and the constant
+        self.gram = torch.zeros(points, size, size, dtype=torch.float64)
+        self.cross = torch.zeros(points, size, outputs, dtype=torch.float64)
+        self.count = 0
+        self.coef: torch.Tensor | None = None
+
+    @staticmethod
+    def _design(features: np.ndarray) -> torch.Tensor:
+        """``(points, samples, features + 1)`` the features of ``(samples, points, features)``
+        and a constant."""
+        x = torch.from_numpy(np.asarray(features, dtype=np.float64)).transpose(0, 1)
+        return torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=torch.float64)], dim=-1)
+
+    def add(self, features: np.ndarray, targets: np.ndarray) -> None:
+        """Add ``features`` ``(samples, points, features)`` and ``targets`` ``(samples, points,
+        outputs)``."""
+        x = self._design(features)
+        y = torch.from_numpy(np.asarray(targets, dtype=np.float64)).transpose(0, 1)
+        self.gram += x.transpose(1, 2) @ x
+        self.cross += x.transpose(1, 2) @ y
+        self.count += x.shape[1]
+
+    def solve(self, ridge: float = RIDGE) -> None:
+        """The coefficients: ``(X'X + ridge n I') coef = X'y``, the constant not penalised."""
+        penalty = torch.full((self.gram.shape[-1],), ridge * max(self.count, 1), dtype=torch.float64)
+        penalty[-1] = 1e-9 * max(self.count, 1)  # the constant: unpenalised, but never singular
+        self.coef = torch.linalg.solve(self.gram + torch.diag(penalty), self.cross)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """``(points, outputs)`` the prediction from ``features`` ``(points, features)``."""
+        if self.coef is None:
+            raise RuntimeError("RidgeFit.predict before solve")
+        x = self._design(np.asarray(features)[None])  # (points, 1, features + 1)
+        return (x @ self.coef)[:, 0].numpy()
+
+
+class LagCorrelation:
+    """The correlation of anomalies ``k`` leads apart, per point and output, from sums over
+    samples of ``a0 ak``, ``a0²`` and ``ak²`` (uncentred: anomalies from a climatology)."""
+
+    def __init__(self, points: int, outputs: int) -> None:
+        self.sums = np.zeros((3, points, outputs))
+
+    def add(self, initial: np.ndarray, valid: np.ndarray) -> None:
+        """Add one sample's anomalies ``(points, outputs)`` at its initial and valid dates."""
+        self.sums += np.stack([initial * valid, initial**2, valid**2])
+
+    def rho(self) -> np.ndarray:
+        """``(points, outputs)`` the lag correlation clipped to ``[0, 1]`` (0 where undefined)."""
+        cross, initial, valid = self.sums
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = cross / np.sqrt(initial * valid)
+        return np.clip(np.nan_to_num(rho, nan=0.0), 0.0, 1.0)
+
+
+@dataclass
+class FittedBaselines:
+    """The two fitted baselines of one rank's points, one fit per lead (see the module)."""
+
+    regressions: list[RidgeFit] | None  # None: too large to fit here (logged)
+    damping: list[np.ndarray]  # per lead: (local points, outputs) the lag correlation
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return FITTED if self.regressions is not None else (DAMPED_PERSISTENCE,)
+
+    def forecasts(
+        self, lead: int, features: np.ndarray, anomaly: np.ndarray, at_valid: np.ndarray, denormalise
+    ) -> dict[str, np.ndarray]:
+        """Each fitted baseline's forecast ``(local points, outputs)`` in physical units at lead
+        index ``lead``: ``features`` ``(local points, features)`` what the regression reads,
+        ``anomaly`` the initial state's from the climatology, ``at_valid`` the climatology at the
+        valid date; ``denormalise`` maps normalised outputs to physical units."""
+        out = {DAMPED_PERSISTENCE: at_valid + self.damping[lead] * anomaly}
+        if self.regressions is not None:
+            out[LINEAR_REGRESSION] = denormalise(self.regressions[lead].predict(features))
+        return out
+
+
+def regression_fits(points: int, features: int, outputs: int, leads: int) -> list[RidgeFit] | None:
+    """One :class:`RidgeFit` per lead, or None (logged) when their sums would pass
+    :data:`MAX_NORMAL_EQUATIONS_BYTES`."""
+    size = leads * points * (features + 1) * (features + 1 + outputs) * 8
+    if size > MAX_NORMAL_EQUATIONS_BYTES:
+        log.warning(
+            "linear_regression is not scored: %d points x %d features would need %.1f GiB of sums on this rank",
+            points,
+            features,
+            size / 2**30,
+        )
+        return None
+    return [RidgeFit(points, features, outputs) for _ in range(leads)]
+
+
+def fit_baselines(session: Session, steps: int, climatologies: Climatologies, starts: list[Sample]) -> FittedBaselines:
+    """Fit both baselines for leads 1 to ``steps`` on ``session``'s points from the training
+    samples ``starts`` (each with targets ``steps`` leads on), read :data:`FIT_CHUNK` at a time."""
+    dataset, batches, lead = session.dataset, session.batches, session.samples.lead
+    columns = dataset.roles.output_columns()
+    correlations: list[LagCorrelation] = []
+    regressions: list[RidgeFit] | None = None
+    for first in range(0, len(starts), FIT_CHUNK):
+        chunk = starts[first : first + FIT_CHUNK]
+        batch = batches(chunk, steps)
+        x, targets = (
+            batch.x.cpu().numpy(),
+            batch.targets.cpu().numpy(),
+        )  # (n, points, inputs), (steps, n, points, outputs)
+        valid_forcings = batches.valid_forcings(chunk, steps)
+        if first == 0:
+            points, outputs = targets.shape[2:]
+            correlations = [LagCorrelation(points, outputs) for _ in range(steps)]
+            regressions = regression_fits(points, x.shape[-1] + valid_forcings.shape[-1], outputs, steps)
+        for k in range(steps):
+            if regressions is not None:
+                regressions[k].add(np.concatenate([x, valid_forcings[k]], axis=-1), targets[k])
+            truth = dataset.denormalise_outputs(targets[k])
+            for i, (t, member) in enumerate(chunk):
+                initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
+                at_start, at_valid = climatologies.anomaly_reference(t, t + (k + 1) * lead)
+                correlations[k].add(initial - at_start, truth[i] - at_valid)
+    for fit in regressions or []:
+        fit.solve()
+    return FittedBaselines(regressions, [c.rho() for c in correlations])
