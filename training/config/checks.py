@@ -11,17 +11,21 @@ from training.config.schema import RunConfig, run_processor_config
 from training.config.settings import ConfigValueError, check_ranges
 
 DATA = "data"  # model.hidden_grid: the data's own points
+AUTO = "auto"  # model.hidden_grid: derived from the store's extent
 
 
-def check_hidden_grid(name: str, stride: int) -> None:
+def check_hidden_grid(name: str, stride: int | None) -> None:
     """Raise ``ConfigValueError`` when ``model.hidden_grid`` / ``model.hidden_stride`` are not a
     hidden grid :mod:`training.model.hidden_grid` builds (before any data is read)."""
+    if name == AUTO:
+        return  # derived from the store (training/launch/store_settings.py) before the data is opened
     if name != DATA and not re.fullmatch(r"o\d+", name):
         raise ConfigValueError(
-            f"model.hidden_grid = {name}: give a global octahedral grid o<N> (e.g. o16, o96) or 'data' "
-            "(the data's own points; with model.hidden_stride=k, every k-th row and column of them)"
+            f"model.hidden_grid = {name}: give a global octahedral grid o<N> (e.g. o16, o96), 'data' "
+            "(the data's own points; with model.hidden_stride=k, every k-th row and column of them) or 'auto' "
+            "(derived from the store)"
         )
-    if name != DATA and stride != 1:
+    if name != DATA and stride not in (None, 1):
         raise ConfigValueError(
             f"model.hidden_stride = {stride} coarsens the data's points: it needs model.hidden_grid=data, "
             f"not {name} (or leave it at 1)"

@@ -37,6 +37,7 @@ from training.config.settings import (
     at_least,
     from_settings,
     one_of,
+    or_null,
     setting,
     to_settings,
 )
@@ -76,8 +77,11 @@ ModelConfig = processor_schema(
     "ModelConfig",
     dict(window_size=MISSING, mlp_hidden_ratio=2.0, num_chunks=0, qk_norm=True),
     extra=[
-        ("hidden_grid", str, field(default=MISSING)),  # the processor's grid: oN or data (model/hidden_grid.py)
-        ("hidden_stride", int, setting(1, at_least(1))),  # hidden_grid=data: every k-th row and column of the data
+        # the processor's grid: oN, data (model/hidden_grid.py) or auto: derived from the store's
+        # extent (training/launch/store_settings.py)
+        ("hidden_grid", str, field(default="auto")),
+        # hidden_grid=data: every k-th row and column of the data; None: derived from its points
+        ("hidden_stride", int | None, setting(None, or_null(at_least(1)))),
         ("encoder_neighbours", int, setting(4, at_least(1))),  # data points feeding each hidden point
         ("decoder_neighbours", int, setting(3, at_least(1))),  # hidden points feeding each data point
         # the encoder's and decoder's kind: attention over each point's edges, or anemoi-free mean messages

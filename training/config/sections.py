@@ -32,8 +32,9 @@ class DataConfig:
     training/data/forcings.py)."""
     diagnostic: list[str] = field(default_factory=list)
     """Store variables predicted, never given as inputs."""
-    lead_time: int | None = None
-    """Hours from input to target, a multiple of the store's frequency; None: one step."""
+    lead_time: int | None = setting(None, or_null(at_least(1)))
+    """Hours from input to target, a multiple of the store's frequency; None: derived from the
+    store (6 h on a finer store that divides it, else one step; training/launch/store_settings.py)."""
     members: list[int] | None = None
     """Ensemble members to train on, each its own sample; None: all."""
     open_dataset: Any = None
@@ -46,8 +47,9 @@ class DataConfig:
     """Dates of the built-in dataset."""
     generate_seed: int = 1
     """Seed of the built-in dataset."""
-    val_fraction: float = setting(0.1, within(0, 1, "()"))
-    """The last part of the dates, held out for validation."""
+    val_fraction: float | None = setting(None, or_null(within(0, 1, "()")))
+    """The last part of the dates, held out for validation; None: derived from the store (from
+    0.1 up to 0.3, enough for 64 initial dates where it allows)."""
     check_finite: bool = True
     """Scan the store for NaN/inf before training (chunk by chunk; missing dates excepted)."""
     preload: bool = True
@@ -116,15 +118,16 @@ class TrainerConfig:
     """End this run early at this step, checkpointed; a later command resumes it."""
     device: str = setting("auto", one_of("auto", "cpu", "cuda"))
     """``auto``: cuda when torch sees a GPU, else cpu. On cuda each local rank owns one GPU (NCCL)."""
-    nprocs: int = setting(2, at_least(1))
-    """Local ranks to start when not started by torchrun."""
-    ranks_per_model: int = setting(2, at_least(1))
-    """The model-parallel group's size."""
+    nprocs: int | None = setting(None, or_null(at_least(1)))
+    """Local ranks to start when not started by torchrun; None: derived (one rank on every core
+    for a hidden grid of up to 1,024 points on a CPU, else 2; one a GPU; torchrun's world)."""
+    ranks_per_model: int | None = setting(None, or_null(at_least(1)))
+    """The model-parallel group's size; None: every rank of the launch in one model."""
     placement: str = setting("within_nodes", one_of(*PLACEMENTS))
     """``within_nodes``: a model group's ranks are consecutive, inside one node when
     ``ranks_per_model`` divides the ranks per node; ``across_nodes``: one rank per node
     (processor/runtime/placement.py)."""
-    threads_per_rank: int = setting(1, at_least(0, " (0: the node's cores shared among its local ranks)"))
+    threads_per_rank: int = setting(0, at_least(0, " (0: the node's cores shared among its local ranks)"))
     """CPU threads of each rank."""
     timeout_s: float = setting(300.0, above(0))
     """Bounds every collective: a lost or stuck rank fails the run by then."""
@@ -187,8 +190,9 @@ class EvaluateConfig:
     """A training checkpoint; None: the run directory's latest."""
     steps: int = setting(8, at_least(1))
     """Forecast steps of the data's lead time to roll out to."""
-    samples: int = setting(16, at_least(1))
-    """Initial dates, evenly spread over the validation period."""
+    samples: int | None = setting(None, or_null(at_least(1)))
+    """Initial dates, evenly spread over the validation period; None: every validation initial
+    date, at most 100."""
     at_end_of_training: bool = True
     """A training run evaluates its final model."""
     at_stop: bool = False

@@ -93,9 +93,8 @@ class Batches:
         step to that date is given with ``valid_time_forcing`` (read by the fitted baselines,
         :mod:`training.skill.fitted`)."""
         columns, ks = self.dataset.roles.forcing_columns(), range(1, steps + 1)
-        stored = np.stack(
-            [np.stack([self.dataset.state(t + k * self.lead, self.points, m)[..., columns] for t, m in samples]) for k in ks]
-        )
+        states = [[self.dataset.state(t + k * self.lead, self.points, m) for t, m in samples] for k in ks]
+        stored = np.stack([np.stack([s[..., columns] for s in at_k]) for at_k in states])
         dates = np.array([[self.dataset.dates[t + k * self.lead] for t, _ in samples] for k in ks])
         return np.concatenate([stored, self._computed(dates)], axis=-1)
 

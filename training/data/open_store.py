@@ -19,14 +19,7 @@ def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDa
     ``data.grid: null`` is inferred from the store and written into ``data`` (the resolved
     configuration records the grid it trained on).
     """
-    if data.open_dataset:
-        dataset: ZarrDataset = AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic)
-    elif data.path is None:
-        raise DatasetError(
-            "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
-        )
-    else:
-        dataset = ZarrDataset(data.path, data.variables, data.forcing, data.diagnostic)
+    dataset = open_store(data)
     coordinates = (dataset.point_set, dataset.latitudes, dataset.longitudes)
     if data.grid is None:
         data.grid = infer_grid(*coordinates, dataset.resolution)
@@ -36,6 +29,18 @@ def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDa
         raise DatasetError(f"{dataset.path} has {dataset.n_times} dates; training needs at least 8")
     dataset_samples(data, dataset, horizon, history)  # fails here on a bad lead_time, members or rollout
     return dataset
+
+
+def open_store(data: DataConfig) -> ZarrDataset:
+    """The configured store as it is, unchecked: ``data.open_dataset`` through anemoi-datasets,
+    else the store at ``data.path``."""
+    if data.open_dataset:
+        return AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic)
+    if data.path is None:
+        raise DatasetError(
+            "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
+        )
+    return ZarrDataset(data.path, data.variables, data.forcing, data.diagnostic)
 
 
 def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1, history: int = 0) -> Samples:

@@ -52,7 +52,7 @@ from training.config.auto_attention import resolve_run_attention
 from training.config.auto_strategy import resolve_auto
 from training.config.checks import check_config
 from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
-from training.config.settings import flatten, write_settings
+from training.config.settings import check_ranges, flatten, write_settings
 from training.data.generate import check_built_in_path, generate_built_in
 from training.distributed.device import (
     backend_for,
@@ -71,6 +71,7 @@ from training.launch.run_end import RunFinished, check_not_finished
 from training.launch.run_lock import RunDirLock
 from training.launch.run_settings import SavedRun, continue_from, resume_line, saved_run
 from training.launch.run_start import startup_line
+from training.launch.store_settings import derive_from_store, describe
 from training.reporting.mlflow_store import local_store_uri
 from training.session import open_data
 
@@ -90,16 +91,10 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     then takes every other setting from the run it continues (:mod:`training.launch.run_settings`).
     None: the configuration as it is (the API's callers)."""
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
-    world = launch_world(cfg.trainer.nprocs)
     cfg, saved = _continued(cfg, given) if command.continues_run else (cfg, None)
-    if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
-        check_config(cfg, world)
-    check_hooks(cfg, world)
+    check_ranges(cfg)  # before the store is read: a value out of range names its key
     trainer = cfg.trainer
     trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
-    check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
-    trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     cfg.run_dir = str(Path(cfg.run_dir).resolve())
     if command.adopt is not None:
         command.adopt(cfg)
@@ -108,6 +103,16 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     if data.path is not None and not data.open_dataset:
         data.path = str(Path(data.path).resolve())
     write_built_in_if_asked(data)
+    derived = derive_from_store(cfg)  # every key left null, from what the store says
+    if derived:
+        log.info(describe(derived))
+    world = launch_world(trainer.nprocs)
+    if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
+        check_config(cfg, world)
+    check_hooks(cfg, world)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
+    check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
+    trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     dataset, hidden = open_data(cfg)  # fails here, clearly, on data or a hidden grid that does not suit it
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow

@@ -1,0 +1,186 @@
+"""The run's settings derived from the store, for every key the configuration leaves null: what a
+practitioner would pick from what the store says, so that ``data=zarr data.path=S`` alone runs.
+
+- ``model.hidden_grid``, from the data's extent: on global data the octahedral ``oN`` of at most
+  a third of its points; on a regional box or point set ``data``, its own points.
+- ``model.hidden_stride``: with ``data``, the smallest stride leaving at most
+  :data:`MAX_DATA_HIDDEN` hidden points (1 with ``oN``).
+- ``data.lead_time``, from the store's frequency: 6 h (anemoi's step) on a store finer than that
+  which divides it, else one step of the store.
+- ``data.val_fraction``: the smallest share of the dates, from 0.1 to :data:`MAX_VAL_FRACTION`,
+  that leaves :data:`VAL_DATES` initial dates with their history and ``evaluate.steps`` targets.
+- ``evaluate.samples``: every validation initial date, at most :data:`MAX_EVAL_SAMPLES`.
+- ``trainer.nprocs``: on a CPU one rank, its threads every core, up to :data:`ONE_RANK_HIDDEN`
+  hidden points, else 2; on CUDA one a GPU; under torchrun its world.
+- ``trainer.ranks_per_model``: every rank in one model.
+
+Each derived value is logged with its reason (:func:`describe`); a value on the command line or
+in a config file is never changed. Saved in the run's settings, a resumed run keeps them."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from processor.host import usable_cores
+from processor.runtime.torchrun import under_torchrun
+from training.config.checks import AUTO, DATA
+from training.config.schema import RunConfig
+from training.data import DatasetError, ZarrDataset
+from training.data.open_store import open_store
+from training.data.samples import build_samples, lead_steps, select_members
+from training.model.hidden_grid import hidden_grid
+from training.model.rollout import rollout_horizon
+
+HIDDEN_SHARE = 3  # a global hidden grid: at most a third of the data's points
+MIN_OCTAHEDRAL = 8  # o8: the coarsest global hidden grid (576 points)
+MAX_DATA_HIDDEN = 1000  # hidden_grid=data: coarsened above this many points
+ANEMOI_STEP_H = 6
+VAL_DATES = 64  # initial dates scored, where the store allows
+MIN_VAL_FRACTION, MAX_VAL_FRACTION = 0.1, 0.3
+MAX_EVAL_SAMPLES = 100
+# One rank on every core up to here (docs/real-data.md: at 404 hidden points one rank of 2 threads
+# ran 1.6x faster than 2 ranks of one; at the default run's 1,600 the two tie).
+ONE_RANK_HIDDEN = 1024
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A setting the store decided: its key, value and the reason, as the start-up log says it."""
+
+    key: str
+    value: Any
+    why: str
+
+
+def octahedral_points(n: int) -> int:
+    """Points of the octahedral reduced Gaussian grid ``oN``: ``4 N^2 + 36 N``."""
+    return 4 * n * n + 36 * n
+
+
+def derive_hidden_grid(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
+    """``model.hidden_grid`` and ``model.hidden_stride`` where null (see the module)."""
+    model, points = cfg.model, dataset.point_set
+    n_data, out = len(dataset.latitudes), []
+    if model.hidden_grid == AUTO:
+        if points.is_global and model.hidden_stride in (None, 1):
+            n = MIN_OCTAHEDRAL
+            while octahedral_points(n + 1) <= n_data / HIDDEN_SHARE:
+                n += 1
+            model.hidden_grid = f"o{n}"
+            why = f"global data of {n_data:,} points: o{n}, {octahedral_points(n):,} points"
+        else:
+            model.hidden_grid = DATA
+            why = f"{points.name}: the data's own points" if not points.is_global else "model.hidden_stride given"
+        out.append(Derived("model.hidden_grid", model.hidden_grid, why))
+    if model.hidden_stride is None:
+        stride = 1
+        if model.hidden_grid == DATA:
+            stride = max(1, math.ceil(math.sqrt(n_data / MAX_DATA_HIDDEN)))
+        model.hidden_stride = stride
+        if model.hidden_grid == DATA:
+            kept = "all of them" if stride == 1 else f"every {stride} row and column"
+            why = f"{n_data:,} data points, at most {MAX_DATA_HIDDEN:,} hidden: {kept}"
+            out.append(Derived("model.hidden_stride", stride, why))
+    return out
+
+
+def derive_lead_time(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
+    """``data.lead_time`` where null: 6 h on a finer store that divides it, else the store's step."""
+    if cfg.data.lead_time is not None:
+        return []
+    frequency_h = dataset.frequency_s / 3600
+    if frequency_h < ANEMOI_STEP_H and (ANEMOI_STEP_H * 3600) % dataset.frequency_s == 0:
+        cfg.data.lead_time = ANEMOI_STEP_H
+        why = f"a store every {frequency_h:g} h: anemoi's {ANEMOI_STEP_H} h step"
+    else:
+        cfg.data.lead_time = max(1, round(frequency_h))
+        why = f"one step of the store ({frequency_h:g} h)"
+    return [Derived("data.lead_time", cfg.data.lead_time, why)]
+
+
+def validation_starts(cfg: RunConfig, dataset: ZarrDataset, fraction: float) -> int:
+    """Distinct initial dates the validation period of ``fraction`` leaves for ``evaluate.steps``
+    leads and the model's history (0 where no sample is left in a period)."""
+    horizon = max(cfg.evaluate.steps, rollout_horizon(cfg.trainer))
+    lead = lead_steps(cfg.data.lead_time, dataset.frequency_s, str(dataset.path))
+    members = select_members(dataset.n_members, cfg.data.members)
+    try:
+        samples = build_samples(
+            dataset.n_times, dataset.missing, members, lead, fraction, horizon, cfg.model.multistep_input - 1
+        )
+    except DatasetError:
+        return 0
+    return len({t for t, _ in samples.val})
+
+
+def derive_validation(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
+    """``data.val_fraction`` and ``evaluate.samples`` where null (see the module)."""
+    out = []
+    if cfg.data.val_fraction is None:
+        fraction = MIN_VAL_FRACTION
+        while validation_starts(cfg, dataset, fraction) < VAL_DATES and fraction < MAX_VAL_FRACTION - 1e-9:
+            fraction = round(fraction + 0.01, 2)
+        cfg.data.val_fraction = fraction
+        found = validation_starts(cfg, dataset, fraction)
+        enough = "" if found >= VAL_DATES else f" (the store allows no more; {VAL_DATES} wanted)"
+        why = f"the last {fraction:.0%} of {dataset.n_times:,} dates: {found} initial dates{enough}"
+        out.append(Derived("data.val_fraction", fraction, why))
+    if cfg.evaluate.samples is None:
+        found = validation_starts(cfg, dataset, cfg.data.val_fraction)
+        cfg.evaluate.samples = max(1, min(found, MAX_EVAL_SAMPLES))
+        why = f"{found} validation initial dates, at most {MAX_EVAL_SAMPLES}"
+        out.append(Derived("evaluate.samples", cfg.evaluate.samples, why))
+    return out
+
+
+def derive_ranks(cfg: RunConfig, hidden_points: int) -> list[Derived]:
+    """``trainer.nprocs`` and ``trainer.ranks_per_model`` where null (see the module)."""
+    trainer, out = cfg.trainer, []
+    if trainer.nprocs is None:
+        if under_torchrun():
+            trainer.nprocs, why = int(os.environ["WORLD_SIZE"]), "torchrun's world"
+        elif trainer.device == "cuda":
+            trainer.nprocs, why = max(1, torch.cuda.device_count()), "one rank a GPU"
+        elif hidden_points <= ONE_RANK_HIDDEN:
+            trainer.nprocs = 1
+            why = f"{hidden_points:,} hidden points need no sharding: one rank, its threads the {usable_cores()} cores"
+        else:
+            trainer.nprocs, why = 2, f"{hidden_points:,} hidden points: sharded over 2 ranks"
+        out.append(Derived("trainer.nprocs", trainer.nprocs, why))
+    if trainer.ranks_per_model is None:
+        trainer.ranks_per_model = trainer.nprocs
+        out.append(Derived("trainer.ranks_per_model", trainer.nprocs, "every rank in one model"))
+    return out
+
+
+def derive_from_store(cfg: RunConfig) -> list[Derived]:
+    """Fill every derived key ``cfg`` leaves null (in place) from its store; what was derived."""
+    needed = (
+        cfg.model.hidden_grid == AUTO,
+        cfg.model.hidden_stride is None,
+        cfg.data.lead_time is None,
+        cfg.data.val_fraction is None,
+        cfg.evaluate.samples is None,
+        cfg.trainer.nprocs is None,
+        cfg.trainer.ranks_per_model is None,
+    )
+    if not any(needed):
+        return []
+    dataset = open_store(cfg.data)
+    derived = [*derive_hidden_grid(cfg, dataset), *derive_lead_time(cfg, dataset), *derive_validation(cfg, dataset)]
+    hidden_points = 0
+    if cfg.trainer.nprocs is None:
+        m, lat, lon = cfg.model, dataset.latitudes, dataset.longitudes
+        hidden_points = hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, lat, lon).n_points
+    return derived + derive_ranks(cfg, hidden_points)
+
+
+def describe(derived: list[Derived]) -> str:
+    """The start-up log's line: each derived key, its value and why; how to override."""
+    parts = [f"{d.key}={d.value} ({d.why})" for d in derived]
+    return "derived from the store (set a key to override it): " + "; ".join(parts)
