@@ -39,6 +39,7 @@ def small_overrides(run_dir: Path, dataset: Path) -> list[str]:
         "model.num_channels=32",
         "model.num_heads=4",
         "model.window_size=40",
+        "trainer.nprocs=2",  # as the default run's 1,600 hidden points derive; o8's 576 would run one rank
         *SHORT_RUN,
     ]
 

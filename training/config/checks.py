@@ -42,17 +42,18 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
             f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
         )
     check_hidden_grid(cfg.model.hidden_grid, cfg.model.hidden_stride)
+    # Ranks left null are derived from the store (training/launch/store_settings.py) and checked then.
     world = cfg.trainer.nprocs if world_size is None else world_size
-    if world % cfg.trainer.ranks_per_model:
-        raise ConfigValueError(
-            f"trainer.ranks_per_model = {cfg.trainer.ranks_per_model} does not divide the world size {world}"
-        )
+    per_model = cfg.trainer.ranks_per_model if cfg.trainer.ranks_per_model is not None else world
+    if world is not None and per_model is not None and world % per_model:
+        raise ConfigValueError(f"trainer.ranks_per_model = {per_model} does not divide the world size {world}")
     try:
         processor = run_processor_config(cfg)
-        processor.check_world_size(cfg.trainer.ranks_per_model)
+        if per_model is not None:
+            processor.check_world_size(per_model)
     except ConfigError as exc:
         raise ConfigValueError(
-            f"strategy={cfg.strategy.name} with trainer.ranks_per_model = {cfg.trainer.ranks_per_model}: {exc.message}"
+            f"strategy={cfg.strategy.name} with trainer.ranks_per_model = {per_model}: {exc.message}"
         ) from None
     except ValueError as exc:  # processor_config's, naming the key
         raise ConfigValueError(str(exc)) from None

@@ -110,6 +110,8 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
         check_config(cfg, world)
     check_hooks(cfg, world)
+    if command.check is not None:
+        command.check(cfg)
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
     check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
     trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)

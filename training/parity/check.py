@@ -120,7 +120,7 @@ def _report(
     }
 
 
-def adopt_parity(resolved: RunConfig) -> None:
+def check_parity_run(resolved: RunConfig) -> None:
     """Before any rank starts: refuse, in one line, what no parity check can run."""
     world = launch_world(resolved.trainer.nprocs)
     check_parity(resolved, world)
@@ -130,4 +130,4 @@ def adopt_parity(resolved: RunConfig) -> None:
 
 def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:
     """:func:`parity_on_rank` on the configured ranks (local or torchrun), after the checks."""
-    return launch(cfg, Command("parity", trains=True, adopt=adopt_parity), parity_on_rank)
+    return launch(cfg, Command("parity", trains=True, check=check_parity_run), parity_on_rank)

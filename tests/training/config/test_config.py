@@ -6,6 +6,8 @@ from omegaconf.errors import ValidationError
 from training.config.checks import check_config
 from training.config.schema import RunConfig, run_config
 
+TWO_RANKS = ("trainer.nprocs=2", "trainer.ranks_per_model=2")  # what the store derives is not read here
+
 
 def _compose(*overrides):
     with initialize_config_module(config_module="configs", version_base="1.3"):
@@ -18,8 +20,10 @@ def _typed(*overrides) -> RunConfig:
 
 def test_defaults_compose_and_pass_checks():
     cfg = _typed()
-    assert isinstance(cfg, RunConfig) and cfg.strategy.name == "shard_sequence" and cfg.trainer.ranks_per_model == 2
+    assert isinstance(cfg, RunConfig) and cfg.strategy.name == "shard_sequence"
+    assert cfg.trainer.nprocs is None and cfg.trainer.ranks_per_model is None  # derived from the store
     check_config(cfg)
+    check_config(_typed("trainer.nprocs=2"))
 
 
 @pytest.mark.parametrize("name", ["none", "shard_heads", "shard_sequence", "shard_hybrid"])
@@ -27,13 +31,24 @@ def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
 
-@pytest.mark.parametrize("data", ["era5_uk_2t", "ncep_msl_daily"])
-def test_a_real_data_preset_runs_one_rank_on_every_core_unless_sharded_on_the_command_line(data):
-    preset = _typed(f"data={data}")
-    t = preset.trainer
-    assert (preset.strategy.name, t.nprocs, t.ranks_per_model, t.threads_per_rank) == ("none", 1, 1, 0)
+@pytest.mark.parametrize("data", ["era5_uk_2t", "ncep_msl_daily", "inca_graz", "regional_t2m"])
+def test_a_data_preset_names_a_store_and_nothing_of_the_model_or_trainer(data):
+    """The store, its forcings and how it is scored; the run is derived from the store."""
+    preset, plain = _typed(f"data={data}"), _typed()
+    assert preset.model == plain.model and preset.trainer == plain.trainer and preset.strategy == plain.strategy
+    assert preset.data.path.endswith(".zarr") and preset.data.lead_time is None
     check_config(preset)
-    sharded = _typed(f"data={data}", "strategy=shard_sequence", "trainer.nprocs=2", "trainer.ranks_per_model=2")
+
+
+@pytest.mark.parametrize("experiment", ["era5_uk_2t", "ncep_msl_daily"])
+def test_an_experiment_is_the_whole_run_tuned_on_its_store_and_one_rank_unless_sharded(experiment):
+    tuned = _typed(f"experiment={experiment}")
+    t = tuned.trainer
+    assert tuned.data.path.endswith(f"{experiment}.zarr") and tuned.model.trainable_size == 8
+    assert (tuned.strategy.name, t.nprocs, t.ranks_per_model, t.threads_per_rank) == ("none", 1, 1, 0)
+    check_config(tuned)
+    ranks = ("trainer.nprocs=2", "trainer.ranks_per_model=2")
+    sharded = _typed(f"experiment={experiment}", "strategy=shard_sequence", *ranks)
     assert (sharded.strategy.name, sharded.trainer.nprocs, sharded.trainer.ranks_per_model) == ("shard_sequence", 2, 2)
     check_config(sharded)
 
@@ -88,14 +103,14 @@ def test_wrong_type_fails_naming_the_key():
 )
 def test_out_of_range_values(overrides, message):
     with pytest.raises(ValueError, match=message):
-        check_config(_typed(*overrides))
+        check_config(_typed("trainer.nprocs=2", *overrides))  # 2 ranks, as the run the store derives
 
 
 def test_auto_picks_a_strategy_and_keeps_its_prediction(capsys):
     from training.config.auto_strategy import resolve_auto
     from training.config.schema import strategy_settings
 
-    cfg = resolve_auto(_typed("strategy=auto", "strategy.machine=h100_nvlink_ib"), 1600)
+    cfg = resolve_auto(_typed("strategy=auto", "strategy.machine=h100_nvlink_ib", *TWO_RANKS), 1600)
     check_config(cfg)  # the pick is a strategy like any other
     assert cfg.strategy.name in ("shard_sequence", "shard_heads", "shard_channels")
     assert cfg.strategy.auto["choice"] == cfg.strategy.name and cfg.strategy.auto["machine"] == "h100_nvlink_ib"
@@ -158,12 +173,13 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
     machine = tmp_path / "chatty.json"
     machine.write_text(json.dumps(dataclasses.asdict(CHATTY_LINKS)))
     own = "tests.processor.plan.test_own_strategy:GatherKeys"
-    cfg = resolve_auto(_typed("strategy=auto", f"strategy.machine={machine}", f"strategy.consider=[{own}]"), 1600)
+    chatty = _typed("strategy=auto", f"strategy.machine={machine}", f"strategy.consider=[{own}]", *TWO_RANKS)
+    cfg = resolve_auto(chatty, 1600)
     assert cfg.strategy.name == own and cfg.strategy.auto["choice"] == "gather_keys"
     assert "gather_keys" in capsys.readouterr().out
     check_config(cfg)  # the pick is a strategy the run can start with
     with pytest.raises(ValueError, match="strategy=auto: strategy 'no_such:Thing' cannot be imported"):
-        resolve_auto(_typed("strategy=auto", "strategy.consider=[no_such:Thing]"), 1600)  # before any probe
+        resolve_auto(_typed("strategy=auto", "strategy.consider=[no_such:Thing]", *TWO_RANKS), 1600)  # before any probe
 
 
 @pytest.mark.parametrize(
@@ -180,7 +196,9 @@ def test_auto_weighs_your_own_strategies_too(tmp_path, capsys):
 def test_the_startup_line_shows_how_the_strategy_lays_out_the_model_group(overrides, mesh):
     from training.launch.run_start import startup_line
 
-    assert mesh in startup_line(_typed(*overrides, "run_dir=/tmp/x", "logging.mlflow=false"), 5248, 1600)
+    derived = (*TWO_RANKS, "model.hidden_grid=o16", "model.hidden_stride=1")  # as prepare leaves them
+    cfg = _typed(*derived, *overrides, "run_dir=/tmp/x", "logging.mlflow=false")
+    assert mesh in startup_line(cfg, 5248, 1600)
 
 
 def test_a_checkpoint_from_before_the_node_parameters_continues_as_it_ran():

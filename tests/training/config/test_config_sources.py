@@ -47,6 +47,8 @@ def _chosen_files(primary: Path) -> list[tuple[Path, str]]:
     for entry in OmegaConf.to_container(OmegaConf.load(primary))["defaults"]:
         if isinstance(entry, dict):
             ((group, option),) = entry.items()
+            if option is None:  # an optional group chosen by the command line (experiment)
+                continue
             files.append((primary.parent / group / f"{option}.yaml", group))
     return files
 
@@ -80,7 +82,6 @@ def test_composed_with_no_overrides_the_main_job_is_the_dataclass_defaults():
     differ = {k: (defaults[k], v) for k, v in composed.items() if defaults[k] != v}
     assert all(default == UNSET for default, _ in differ.values()), differ
     assert set(differ) == {
-        "model.hidden_grid",
         "model.num_layers",
         "model.num_channels",
         "model.num_heads",
@@ -96,7 +97,8 @@ def test_composed_with_no_overrides_the_main_job_is_the_dataclass_defaults():
 def test_the_defaults_are_the_ones_the_readme_s_skill_table_was_measured_with():
     t = TrainerConfig()
     assert (t.steps, t.lr, t.min_lr_ratio, t.val_batches, t.checkpoint_interval) == (1000, 3e-3, 0.3, 8, 200)
-    assert (t.val_interval, t.warmup_steps, t.batch_size, t.nprocs, t.ranks_per_model) == (50, 20, 1, 2, 2)
+    assert (t.val_interval, t.warmup_steps, t.batch_size) == (50, 20, 1)
+    assert (t.nprocs, t.ranks_per_model, t.threads_per_rank) == (None, None, 0)  # derived: 2 x 1 thread here
     assert DebugConfig().hooks == [] and DebugConfig().hook_settings is None  # no step hooks
 
 

@@ -1,0 +1,150 @@
+"""The run's settings derived from the store (training/launch/store_settings.py), worked by hand on
+stores described as the launcher reads them: a global grid, a regional box, a point set, an
+hourly, a daily and a gappy store; and every derived key left as given when it is set."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+
+from training.config.schema import run_config
+from training.launch import store_settings
+from training.launch.store_settings import (
+    derive_hidden_grid,
+    derive_lead_time,
+    derive_ranks,
+    derive_validation,
+    describe,
+    octahedral_points,
+)
+
+
+def _cfg(*overrides: str):
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        return run_config(compose(config_name="config", overrides=["run_dir=/tmp/unused", *overrides]))
+
+
+def _store(points: int, hours: float, dates: int, is_global: bool = False, missing=(), name="regional lat-lon"):
+    """What the derivation reads of a store: its points, extent, frequency and dates."""
+    return SimpleNamespace(
+        point_set=SimpleNamespace(is_global=is_global, name=name),
+        latitudes=np.zeros(points),
+        longitudes=np.zeros(points),
+        frequency_s=int(hours * 3600),
+        n_times=dates,
+        missing=frozenset(missing),
+        n_members=1,
+        path="store.zarr",
+    )
+
+
+def _values(derived) -> dict:
+    return {d.key: d.value for d in derived}
+
+
+def test_a_global_store_gets_the_octahedral_grid_of_a_third_of_its_points():
+    cfg = _cfg()
+    assert cfg.model.hidden_grid == "auto" and cfg.model.hidden_stride is None
+    derived = derive_hidden_grid(cfg, _store(5248, 6, 400, is_global=True))  # the built-in o32 data
+    assert _values(derived) == {"model.hidden_grid": "o16"}  # o16: 1,600 points; o17: 1,768 > 5,248 / 3
+    assert octahedral_points(16) == 1600 and cfg.model.hidden_stride == 1
+    coarse = _cfg()
+    derive_hidden_grid(coarse, _store(600, 6, 400, is_global=True))
+    assert coarse.model.hidden_grid == "o8"  # never coarser
+
+
+def test_a_regional_box_gets_its_own_points_coarsened_where_there_are_many():
+    cfg = _cfg()
+    derived = _values(derive_hidden_grid(cfg, _store(1617, 1, 744)))  # ERA5 UK: 33 x 49
+    assert derived == {"model.hidden_grid": "data", "model.hidden_stride": 2}  # 1,617 / 4 = 404 <= 1,000
+    small = _cfg()
+    derive_hidden_grid(small, _store(561, 24, 3652))
+    assert (small.model.hidden_grid, small.model.hidden_stride) == ("data", 1)
+    large = _cfg()
+    derive_hidden_grid(large, _store(10_000, 1, 744))
+    assert large.model.hidden_stride == 4  # 10,000 / 9 > 1,000 >= 10,000 / 16
+
+
+def test_a_point_set_gets_its_own_points():
+    cfg = _cfg()
+    derived = derive_hidden_grid(cfg, _store(340, 1, 744, name="340 points, regional"))
+    assert _values(derived) == {"model.hidden_grid": "data", "model.hidden_stride": 1}
+    assert "340 points, regional" in derived[0].why
+
+
+def test_the_lead_time_is_six_hours_on_a_finer_store_else_one_step():
+    for hours, lead in ((1, 6), (3, 6), (6, 6), (12, 12), (24, 24), (4, 4)):
+        cfg = _cfg()
+        assert _values(derive_lead_time(cfg, _store(100, hours, 400))) == {"data.lead_time": lead}, hours
+
+
+def test_the_validation_period_holds_64_initial_dates():
+    """Hourly, 744 dates, 6 h steps, 4 leads scored: the validation period needs 64 initial dates
+    and 24 h of targets after the last, 88 dates: 12% of them (89)."""
+    cfg = _cfg("evaluate.steps=4", "data.lead_time=6")
+    derived = _values(derive_validation(cfg, _store(1617, 1, 744)))
+    assert derived == {"data.val_fraction": 0.12, "evaluate.samples": 89 - 24}
+    daily = _cfg("evaluate.steps=5", "data.lead_time=24")
+    assert _values(derive_validation(daily, _store(561, 24, 3652)))["data.val_fraction"] == 0.1  # 365 days
+
+
+def test_a_gappy_store_counts_only_the_dates_it_has():
+    """Daily, 6 winters of 120 days, a year apart (days 1825-1944 the last): 10% of the dates
+    (from day 1971) hold none. Initial dates need 5 days of targets, so the last is day 1939 and
+    64 of them start at day 1876: 314 dates, 15% (328: from day 1862, 78 initial dates)."""
+    winters = [d for year in range(6) for d in range(365 * year, 365 * year + 120)]
+    missing = set(range(365 * 6)) - set(winters)
+    cfg = _cfg("evaluate.steps=5", "data.lead_time=24")
+    derived = _values(derive_validation(cfg, _store(182, 24, 365 * 6, missing=missing)))
+    assert derived == {"data.val_fraction": 0.15, "evaluate.samples": 78}
+
+
+def test_a_short_store_takes_the_largest_share_and_says_so():
+    cfg = _cfg("evaluate.steps=8")
+    derived = derive_validation(cfg, _store(100, 6, 60))
+    assert derived[0].value == 0.3 and "the store allows no more" in derived[0].why
+
+
+def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    small = _cfg()
+    assert _values(derive_ranks(small, 404)) == {"trainer.nprocs": 1, "trainer.ranks_per_model": 1}
+    large = _cfg()
+    assert _values(derive_ranks(large, 1600)) == {"trainer.nprocs": 2, "trainer.ranks_per_model": 2}
+    gpus = _cfg("trainer.device=cuda")
+    monkeypatch.setattr(store_settings.torch.cuda, "device_count", lambda: 4)
+    assert _values(derive_ranks(gpus, 404))["trainer.nprocs"] == 4
+    under_torchrun = _cfg()
+    monkeypatch.setattr(store_settings, "under_torchrun", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert _values(derive_ranks(under_torchrun, 404))["trainer.nprocs"] == 8
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["model.hidden_grid=o8", "model.hidden_stride=1"],
+        ["model.hidden_grid=data", "model.hidden_stride=3"],
+        ["data.lead_time=12"],
+        ["data.val_fraction=0.2", "evaluate.samples=5"],
+        ["trainer.nprocs=3", "trainer.ranks_per_model=3"],
+    ],
+)
+def test_a_given_key_is_never_derived(given):
+    cfg = _cfg(*given)
+    store = _store(1617, 1, 744)
+    derived = [
+        *derive_hidden_grid(cfg, store),
+        *derive_lead_time(cfg, store),
+        *derive_validation(cfg, store),
+        *derive_ranks(cfg, 404),
+    ]
+    for override in given:
+        key, value = override.split("=")
+        assert key not in {d.key for d in derived}
+        section, name = key.split(".")
+        assert str(getattr(getattr(cfg, section), name)) == value
+    assert describe(derived).startswith("derived from the store (set a key to override it): ")
