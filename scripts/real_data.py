@@ -20,6 +20,9 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``ncep_msl_daily``: the NCEP/NCAR Reanalysis 1's daily mean sea-level pressure, 2001-2010
   (3652 days), 2.5 degrees over the North Atlantic and Europe (17 x 33 points, 30-70 N, 70 W-10
   E), from SantanderMetGroup/climate4R.datasets (an R file, made CF NetCDF here with ``rdata``).
+- ``ncep_iberia_t850``: the NCEP/NCAR Reanalysis 1's daily mean 850 hPa temperature over Iberia,
+  20 winters (December to February, 1982/83 to 2001/02: 1805 days, the rest of each year recorded
+  as missing dates), 2.5 degrees (5 x 7 points, 35-45 N, 10 W-5 E), from the same repository.
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ PYET = "https://github.com/pyet-org/pyet/raw/2e857fe5dcc7cfe8d1ef990156dd6f15376
 CLIMATE4R = "https://github.com/SantanderMetGroup/climate4R.datasets/raw/ba034fb48a6ec7544d7f96f1d3fbe3d673828404"
 
 
-def climate4r_msl(rda: Path) -> Path:
+def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
     """The climate4R grid in ``rda`` (an R list: ``Data`` (time, lat, lon), ``xyCoords``,
-    ``Dates``) of daily mean sea-level pressure in Pa, written beside it as CF NetCDF
-    (``msl``) for anemoi-datasets' netcdf source."""
+    ``Dates``) of daily means, written beside it as CF NetCDF (variable ``name`` with ``attrs``)
+    for anemoi-datasets' netcdf source."""
     import numpy as np
     import pandas as pd
     import rdata
@@ -58,16 +61,37 @@ def climate4r_msl(rda: Path) -> Path:
     dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(grid["Dates"]["start"])])
     lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
     lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
-    msl = xr.DataArray(
+    field = xr.DataArray(
         np.asarray(grid["Data"], dtype="float32"),
         dims=("time", "latitude", "longitude"),
         coords={"time": dates, "latitude": lat, "longitude": lon},
-        attrs={"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"},
+        attrs=attrs,
     )
     partial = out.with_suffix(".nc.part")
-    msl.to_dataset(name="msl").to_netcdf(partial)
+    field.to_dataset(name=name).to_netcdf(partial)
     partial.replace(out)
     return out
+
+
+def climate4r_msl(rda: Path) -> Path:
+    """NCEP's daily mean sea-level pressure (Pa) of ``NCEP_slp_2001_2010.rda``."""
+    attrs = {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"}
+    return climate4r_grid(rda, "msl", attrs)
+
+
+def climate4r_t850(rda: Path) -> Path:
+    """NCEP's daily mean air temperature at 850 hPa (K) of ``NCEP_Iberia_ta850.rda``."""
+    attrs = {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"}
+    return climate4r_grid(rda, "t850", attrs)
+
+
+def winter_gaps(first: str, last: str) -> list[str]:
+    """The days from ``first`` to ``last`` (ISO dates) outside December to February: the dates a
+    store of winters records as missing."""
+    import pandas as pd
+
+    days = pd.date_range(first, last, freq="1D")
+    return [d.strftime("%Y-%m-%dT00:00:00") for d in days if d.month not in (12, 1, 2)]
 
 
 @dataclass(frozen=True)
@@ -81,6 +105,7 @@ class Source:
     source: str  # anemoi-datasets' source: grib, netcdf, xarray
     select: dict  # the source's selection (param, variable, ...)
     convert: Callable[[Path], Path] | None = None  # the downloaded file -> one anemoi-datasets reads
+    missing: tuple[str, ...] = ()  # dates in the range that the file does not hold
 
 
 SOURCES = {
@@ -109,6 +134,17 @@ SOURCES = {
         {"param": ["msl"]},
         climate4r_msl,
     ),
+    "ncep_iberia_t850": Source(
+        f"{CLIMATE4R}/data/NCEP_Iberia_ta850.rda",
+        "b2e5491431cafddeb88bdc245b0733e3",
+        "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature, 20 winters (DJF 1982/83-2001/02), 2.5 deg, "
+        "Iberia (5 x 7)",
+        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
+        "netcdf",
+        {"param": ["t850"]},
+        climate4r_t850,
+        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+    ),
 }
 
 
@@ -134,9 +170,12 @@ def _md5(path: Path) -> str:
 def recipe(source: Source, file: Path) -> dict:
     """anemoi-datasets' recipe for a store of ``file``."""
     start, end, frequency = source.dates
+    dates = {"start": start, "end": end, "frequency": frequency}
+    if source.missing:
+        dates["missing"] = list(source.missing)
     return {
         "description": source.description,
-        "dates": {"start": start, "end": end, "frequency": frequency},
+        "dates": dates,
         "input": {source.source: {"path": str(file), **source.select}},
     }
 

@@ -93,8 +93,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     cfg = copy.deepcopy(run_config(composed))  # completed below: the caller's stays as it was
     cfg, saved = _continued(cfg, given) if command.continues_run else (cfg, None)
     check_ranges(cfg)  # before the store is read: a value out of range names its key
-    trainer = cfg.trainer
-    trainer.device = resolve_device(trainer.device)  # the device it ran on, in the record
+    cfg.trainer.device = resolve_device(cfg.trainer.device)  # the device it ran on, in the record
     cfg.run_dir = str(Path(cfg.run_dir).resolve())
     if command.adopt is not None:
         command.adopt(cfg)
@@ -106,6 +105,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     derived = derive_from_store(cfg)  # every key left null, from what the store says
     if derived:
         log.info(describe(derived))
+    trainer = cfg.trainer  # after adopt, which may replace the section
     world = launch_world(trainer.nprocs)
     if cfg.strategy.name != "auto":  # auto is checked once it has picked (below)
         check_config(cfg, world)

@@ -137,7 +137,7 @@ def test_unreachable_tracking_server_loses_nothing(tmp_path, small_dataset, capl
         (["data.path=/nonexistent/store.zarr"], DatasetError, "not found"),
         (["data.variables=[u,t2m]"], DatasetError, "t2m"),
         (["data.grid=o32"], DatasetError, "o32 has 5248 points"),
-        (["trainer.nprocs=3"], ValueError, "does not divide the world size 3"),
+        (["trainer.nprocs=3", "trainer.ranks_per_model=2"], ValueError, "does not divide the world size 3"),
     ],
 )
 def test_bad_input_fails_before_training(tmp_path, small_dataset, overrides, error, message):

@@ -15,6 +15,7 @@ from training.config.schema import RunConfig
 from training.config.settings import from_settings
 from training.data import DatasetError, ZarrDataset
 from training.model.build import build_model
+from training.skill.fitted import FITTED
 from training.skill.scores import KINDS
 
 ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
@@ -28,7 +29,7 @@ def trained(trained_run):
 def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):
     run_dir, result = trained
     table = result["skill"]
-    assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == set(KINDS)
+    assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == {*KINDS, *FITTED}
     for kind in table.kinds:
         assert all(np.isfinite(table.rmse(kind, "tracer")))
     # a row per variable's table, and one in the tracer's centroid table
