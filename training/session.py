@@ -22,6 +22,7 @@ from training.distributed.ranks import check_ranks_agree
 from training.model import Forecaster, ShardedGrids
 from training.model.build import build_model
 from training.model.hidden_grid import HiddenGrid, hidden_grid
+from training.model.linear_baseline import LINEAR_REGRESSION, fit_linear_baseline
 from training.model.rollout import rollout_horizon
 
 
@@ -84,6 +85,8 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     history = cfg.model.multistep_input - 1
     batches = Batches(dataset, points, samples.lead, device, cfg.model.valid_time_forcing, history)
+    if cfg.model.baseline == LINEAR_REGRESSION:  # fitted on this rank's points: no communication
+        model.set_linear_baseline(fit_linear_baseline(batches, samples.train))
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if cfg.debug.share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)

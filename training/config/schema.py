@@ -69,6 +69,7 @@ FORECASTER_KEYS = (
     "normalise_increments",
     "valid_time_forcing",
     "multistep_input",
+    "baseline",
 )
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
 # (configs/model/) gives the sizes, which have no default here; the rest is the processor's
@@ -100,6 +101,9 @@ ModelConfig = processor_schema(
         # the states the model is given: the input date's and multistep_input - 1 before it, a lead
         # time apart (anemoi's training.multistep_input): what is changing, not only what is
         ("multistep_input", int, setting(1, at_least(1))),
+        # what each step is learned over: the latest state (persistence), or a ridge regression
+        # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py)
+        ("baseline", str, setting("persistence", one_of("persistence", "linear_regression"))),
     ],
     module=__name__,
 )

@@ -33,6 +33,7 @@ from processor.grids import Grid
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
 from training.model.hidden_grid import HiddenGrid
+from training.model.linear_baseline import LinearBaseline
 from training.model.mapper import GraphMapper
 from training.model.node_parameters import NodeParameters
 
@@ -149,6 +150,7 @@ class Forecaster(nn.Module):
         if normalise_increments:  # buffers: checkpoints keep the statistics a model was trained with
             self.register_buffer("increment_mean", torch.zeros(num_variables))
             self.register_buffer("increment_stdev", torch.ones(num_variables))
+        self.linear_baseline: LinearBaseline | None = None  # model.baseline=linear_regression: set_linear_baseline
 
     @torch.no_grad()
     def set_increment_statistics(self, mean: np.ndarray, stdev: np.ndarray) -> None:
@@ -157,6 +159,11 @@ class Forecaster(nn.Module):
         the increment in units of ``stdev``, less ``mean``."""
         self.increment_mean.copy_(torch.as_tensor(mean))
         self.increment_stdev.copy_(torch.as_tensor(stdev))
+
+    def set_linear_baseline(self, baseline: LinearBaseline) -> None:
+        """Learn each step as what ``baseline`` (this rank's points, fitted on the training dates)
+        leaves, rather than as an increment over the latest state."""
+        self.linear_baseline = baseline.to_device(self.head[1].weight.device)
 
     def forward(
         self, x: Tensor, grids: ShardedGrids, group: GroupLike, *, transport: Transport | None = None
@@ -186,6 +193,9 @@ class Forecaster(nn.Module):
         increment = out[..., :n]
         if hasattr(self, "increment_stdev"):
             increment = increment * self.increment_stdev.to(out.dtype) + self.increment_mean.to(out.dtype)
+        if self.linear_baseline is not None:
+            base = self.linear_baseline(x)  # (b, local points, outputs)
+            return torch.cat([base[..., :n] + increment, base[..., n:] + out[..., n:]], dim=-1)
         if out.shape[-1] == n == x.shape[-1]:
             return x + increment
         return torch.cat([x[..., latest : latest + n] + increment, out[..., n:]], dim=-1)

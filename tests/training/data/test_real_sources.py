@@ -65,3 +65,27 @@ def test_a_climate4r_grid_becomes_a_store_with_every_value_in_its_place(tmp_path
         for j, lon in enumerate(LONGITUDES):
             (point,) = np.flatnonzero((ds.latitudes == lat) & (ds.longitudes == lon))
             np.testing.assert_allclose(pascal[:, point], data[:, i, j], rtol=1e-6)
+
+
+def test_a_store_of_winters_records_the_rest_of_each_year_as_missing(tmp_path, real_data):
+    """Two days at the end of one winter and two at the start of the next: the 275 days between
+    are the store's missing dates, and every present value is in its place."""
+    days = ["2001-02-27", "2001-02-28", "2001-12-01", "2001-12-02"]
+    grid, data = _climate4r_grid(days=len(days))
+    grid["Dates"] = {"start": np.array([f"{d} GMT" for d in days]), "end": np.array([f"{d} GMT" for d in days])}
+    grid["Data"] = data = data / 370.0  # about 273 K
+    rda = tmp_path / "t850.rda"
+    rdata.write_rda(str(rda), {"NCEP_Iberia_ta850": grid})
+    netcdf = real_data.climate4r_t850(rda)
+    gaps = real_data.winter_gaps(days[0], days[-1])
+    assert len(gaps) == 275 and gaps[0] == "2001-03-01T00:00:00" and gaps[-1] == "2001-11-30T00:00:00"
+    source = real_data.SOURCES["ncep_iberia_t850"]
+    recipe = real_data.recipe(source, netcdf)
+    recipe["dates"].update(start=f"{days[0]}T00:00:00", end=f"{days[-1]}T00:00:00", missing=gaps)
+    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "t850.zarr"))
+    assert (ds.variables, ds.n_times, len(ds.missing)) == (["t850"], 279, 275)
+    present = [t for t in range(ds.n_times) if t not in ds.missing]
+    assert present == [0, 1, 277, 278]
+    kelvin = np.stack([ds.denormalise(ds.state(t))[:, 0] for t in present])
+    (point,) = np.flatnonzero((ds.latitudes == LATITUDES[1]) & (ds.longitudes == LONGITUDES[2]))
+    np.testing.assert_allclose(kelvin[:, point], data[:, 1, 2], rtol=1e-6)

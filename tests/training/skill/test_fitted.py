@@ -6,14 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.skill.fitted import (
-    DAMPED_PERSISTENCE,
-    LINEAR_REGRESSION,
-    FittedBaselines,
-    LagCorrelation,
-    RidgeFit,
-    regression_fits,
-)
+from training.skill.fitted import DAMPED_PERSISTENCE, LINEAR_REGRESSION, FittedBaselines, regression_fits
+from training.skill.regression import LagCorrelation, RidgeFit
 
 
 def test_ridge_fit_by_hand():

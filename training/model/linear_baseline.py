@@ -1,0 +1,60 @@
+"""The forecaster's linear baseline (``model.baseline=linear_regression``): a ridge regression per
+data point of each step's outputs on the step's own inputs (the states, the forcings of the input
+and the valid date, normalised), fitted on the training dates before training starts. The
+network then learns what the regression leaves, not the whole step, so where it learns nothing
+the forecast is the regression's, the statistician's baseline (:mod:`training.skill.fitted`).
+
+The fit is per point, so each rank fits its own block of points: the same numbers as one rank,
+no communication. It is not saved in checkpoints: it is fitted again from the store whenever a
+session opens (:func:`training.session.open_session`), as the climatologies are."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from training.data.batches import Batches
+from training.data.samples import Sample, evenly_spread
+from training.skill.regression import RidgeFit
+
+LINEAR_REGRESSION = "linear_regression"  # model.baseline's value for it
+FIT_SAMPLES = 365  # training samples the fit reads, at most (evenly spread)
+FIT_CHUNK = 32  # read at a time
+
+
+class LinearBaseline(nn.Module):
+    """``(b, local points, inputs) -> (b, local points, outputs)``: a linear map per point,
+    ``coef`` ``(local points, inputs + 1, outputs)`` (the last row: the constant). Holds no
+    parameters: nothing of it is trained or saved."""
+
+    def __init__(self, coef: Tensor) -> None:
+        super().__init__()
+        # A plain tensor, not a buffer: DistributedDataParallel (the gradients' reduction over the
+        # model group) copies rank 0's buffers to every rank, and each rank's fit is its own points'.
+        self.coef = coef.float()
+
+    def to_device(self, device: torch.device) -> LinearBaseline:
+        self.coef = self.coef.to(device)
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.autocast(x.device.type, enabled=False):  # the whole state rides on it: full precision
+            return torch.einsum("bpf,pfo->bpo", x.float(), self.coef[:, :-1]) + self.coef[:, -1]
+
+
+def fit_linear_baseline(batches: Batches, train: list[Sample]) -> LinearBaseline:
+    """The ridge fit of one step on up to :data:`FIT_SAMPLES` of the training samples ``train``
+    (each with a target a step on), on ``batches``' points, their inputs as the model sees them."""
+    starts = evenly_spread(train, FIT_SAMPLES)
+    fit: RidgeFit | None = None
+    for first in range(0, len(starts), FIT_CHUNK):
+        batch = batches(starts[first : first + FIT_CHUNK], 1)
+        x, target = batch.x.cpu().numpy(), batch.targets[0].cpu().numpy()  # (n, points, inputs), (n, points, outputs)
+        if fit is None:
+            fit = RidgeFit(x.shape[1], x.shape[2], target.shape[2])
+        fit.add(x.astype(np.float64), target)
+    if fit is None:
+        raise ValueError("model.baseline = linear_regression: no training sample to fit it on")
+    fit.solve()
+    return LinearBaseline(fit.coef)
