@@ -2,7 +2,7 @@
 split by part of the model and kind of work, from the PyTorch profiler.
 
     python -m benchmarks.step_profile                                   # the default run
-    python -m benchmarks.step_profile data=era5_uk_2t --steps 60        # a real store's preset
+    python -m benchmarks.step_profile experiment=era5_uk_2t --steps 60  # a real store's tuned run
     python -m benchmarks.step_profile data=zarr data.path=S model.hidden_grid=data
 
 The arguments after the flags are the training command's overrides: the run is composed,

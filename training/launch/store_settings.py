@@ -2,7 +2,8 @@
 practitioner would pick from what the store says, so that ``data=zarr data.path=S`` alone runs.
 
 - ``model.hidden_grid``, from the data's extent: on global data the octahedral ``oN`` of at most
-  a third of its points; on a regional box or point set ``data``, its own points.
+  a third of its points, from ``o8`` to ``o96`` (anemoi's for n320 data); on a regional box or
+  point set ``data``, its own points.
 - ``model.hidden_stride``: with ``data``, the smallest stride leaving at most
   :data:`MAX_DATA_HIDDEN` hidden points (1 with ``oN``).
 - ``data.lead_time``, from the store's frequency: 6 h (anemoi's step) on a store finer than that
@@ -38,6 +39,7 @@ from training.model.rollout import rollout_horizon
 
 HIDDEN_SHARE = 3  # a global hidden grid: at most a third of the data's points
 MIN_OCTAHEDRAL = 8  # o8: the coarsest global hidden grid (576 points)
+MAX_OCTAHEDRAL = 96  # o96 (40,320 points): anemoi's hidden grid for n320 data, the finest derived
 MAX_DATA_HIDDEN = 1000  # hidden_grid=data: coarsened above this many points
 ANEMOI_STEP_H = 6
 VAL_DATES = 64  # initial dates scored, where the store allows
@@ -69,7 +71,7 @@ def derive_hidden_grid(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     if model.hidden_grid == AUTO:
         if points.is_global and model.hidden_stride in (None, 1):
             n = MIN_OCTAHEDRAL
-            while octahedral_points(n + 1) <= n_data / HIDDEN_SHARE:
+            while n < MAX_OCTAHEDRAL and octahedral_points(n + 1) <= n_data / HIDDEN_SHARE:
                 n += 1
             model.hidden_grid = f"o{n}"
             why = f"global data of {n_data:,} points: o{n}, {octahedral_points(n):,} points"

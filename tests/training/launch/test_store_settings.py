@@ -54,6 +54,9 @@ def test_a_global_store_gets_the_octahedral_grid_of_a_third_of_its_points():
     coarse = _cfg()
     derive_hidden_grid(coarse, _store(600, 6, 400, is_global=True))
     assert coarse.model.hidden_grid == "o8"  # never coarser
+    n320 = _cfg()
+    derive_hidden_grid(n320, _store(542_080, 6, 400, is_global=True))
+    assert n320.model.hidden_grid == "o96"  # never finer: anemoi's hidden grid for n320 data
 
 
 def test_a_regional_box_gets_its_own_points_coarsened_where_there_are_many():
