@@ -74,14 +74,33 @@ class Climatologies:
         return tuple(k for k in BASELINES if k != DOY_CLIMATOLOGY or self.seasonal is not None)
 
     def forecasts(self, initial: np.ndarray, t: int, valid: int) -> dict[str, np.ndarray]:
-        """Each baseline's forecast ``(local points, outputs)`` from date index ``t``, whose state
-        is ``initial``, for date index ``valid``."""
-        return climatology_forecasts(initial, self.plain, self.hourly, self.dates, t, valid, self.seasonal)
+        """The simple baselines' forecasts ``(local points, outputs)`` from date index ``t``,
+        whose state is ``initial``, for date index ``valid``: persistence, climatology, the hourly
+        climatology at the valid hour, with ``seasonal`` the climatology by day of year and hour
+        at the valid date, and the initial anomaly persisted (from :meth:`anomaly_reference`;
+        see :mod:`training.skill.scores`)."""
+        hour_v = float(utc_hours(self.dates[[valid]])[0])
+        hourly_at_valid = self.hourly.get(hour_v, self.plain)  # an hour no training date has: the plain one
+        out = {"persistence": initial, "climatology": self.plain, "hourly_climatology": hourly_at_valid}
+        if self.seasonal is not None:
+            key_v = seasonal_keys(self.dates[[valid]])[0]
+            out[DOY_CLIMATOLOGY] = self.seasonal.get(key_v, hourly_at_valid)  # none in its window: the hourly one
+        at_start, at_valid = self.anomaly_reference(t, valid)
+        out["anomaly_persistence"] = initial - at_start + at_valid
+        return out
 
     def anomaly_reference(self, t: int, valid: int) -> tuple[np.ndarray, np.ndarray]:
-        """The climatologies at date indices ``t`` and ``valid`` an anomaly is taken from
-        (:func:`anomaly_reference`)."""
-        return anomaly_reference(self.plain, self.hourly, self.dates, t, valid, self.seasonal)
+        """The climatologies ``(local points, outputs)`` at date indices ``t`` and ``valid`` that
+        an anomaly is taken from: the one by day of year and hour where it has both dates, else
+        the hourly one (an hour no training date has: the plain one). Why the seasonal one
+        first: its daily cycle is the season's (a summer day's swing, not the year's mean
+        swing) and it follows the season over long leads."""
+        hour_0, hour_v = (float(h) for h in utc_hours(self.dates[[t, valid]]))
+        if self.seasonal is not None:
+            key_0, key_v = seasonal_keys(self.dates[[t, valid]])
+            if key_0 in self.seasonal and key_v in self.seasonal:
+                return self.seasonal[key_0], self.seasonal[key_v]
+        return self.hourly.get(hour_0, self.plain), self.hourly.get(hour_v, self.plain)
 
 
 def training_climatologies(session: Session, dates: Iterable[int]) -> Climatologies:
@@ -98,49 +117,3 @@ def training_climatologies(session: Session, dates: Iterable[int]) -> Climatolog
     if seasonal_dates is not None:
         seasonal = doy_climatology(dataset, seasonal_dates, targets, points, columns=columns)
     return Climatologies(plain, {h: c[:, columns] for h, c in by_hour.items()}, seasonal, dataset.dates)
-
-
-def anomaly_reference(
-    clim: np.ndarray,
-    hourly: dict[float, np.ndarray],
-    dates: np.ndarray,
-    t: int,
-    valid: int,
-    seasonal: dict[SeasonalKey, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The climatologies ``(local points, outputs)`` at date indices ``t`` and ``valid`` that an
-    anomaly is taken from: the one by day of year and hour where it has both dates, else the
-    hourly one (an hour no training date has: the plain one). Why the seasonal one first: its
-    daily cycle is the season's (a summer day's swing, not the year's mean swing) and it follows
-    the season over long leads."""
-    hour_0, hour_v = (float(h) for h in utc_hours(dates[[t, valid]]))
-    at_start, at_valid = hourly.get(hour_0, clim), hourly.get(hour_v, clim)
-    if seasonal is not None:
-        key_0, key_v = seasonal_keys(dates[[t, valid]])
-        if key_0 in seasonal and key_v in seasonal:
-            return seasonal[key_0], seasonal[key_v]
-    return at_start, at_valid
-
-
-def climatology_forecasts(
-    initial: np.ndarray,
-    clim: np.ndarray,
-    hourly: dict[float, np.ndarray],
-    dates: np.ndarray,
-    t: int,
-    valid: int,
-    seasonal: dict[SeasonalKey, np.ndarray] | None = None,
-) -> dict[str, np.ndarray]:
-    """The simple baselines' forecasts ``(local points, outputs)`` from date index ``t`` for date
-    index ``valid``: persistence, climatology, the hourly climatology at the valid hour, with
-    ``seasonal`` the climatology by day of year and hour at the valid date, and the initial
-    anomaly persisted (from :func:`anomaly_reference`; see :mod:`training.skill.scores`)."""
-    hour_v = float(utc_hours(dates[[valid]])[0])
-    hourly_at_valid = hourly.get(hour_v, clim)
-    out = {"persistence": initial, "climatology": clim, "hourly_climatology": hourly_at_valid}
-    if seasonal is not None:
-        key_v = seasonal_keys(dates[[valid]])[0]
-        out[DOY_CLIMATOLOGY] = seasonal.get(key_v, hourly_at_valid)  # none in its window: the hourly one
-    at_start, at_valid = anomaly_reference(clim, hourly, dates, t, valid, seasonal)
-    out["anomaly_persistence"] = initial - at_start + at_valid
-    return out

@@ -14,7 +14,7 @@
   anomaly from the hourly climatology, persisted: ``x0 - c(hour0) + c(valid hour)``); and when
   the training period spans a year, ``doy_climatology``, WeatherBench 2's climatology by day of
   year and hour (:mod:`training.skill.seasonal`), from which anomaly persistence then takes its
-  anomalies (:func:`training.skill.climatologies.climatology_forecasts`).
+  anomalies (:meth:`training.skill.climatologies.Climatologies.forecasts`).
 
 Sharding: each model-parallel rank holds a contiguous block of points and adds local sums; data-
 parallel replicas add different samples. :meth:`SkillAccumulator.finalize` sums points over the

@@ -18,7 +18,7 @@ from training.data import DatasetError, ZarrDataset
 from training.data.batches import Batches
 from training.data.forcings import computed_forcings
 from training.model import ShardedGrids
-from training.skill.climatologies import climatology_forecasts
+from training.skill.climatologies import Climatologies
 from training.skill.fitted import FITTED
 
 FORCING = ["zeta", "cos_local_time", "sin_julian_day", "insolation"]  # one store variable, three computed
@@ -79,7 +79,7 @@ def test_anomaly_persistence_carries_the_initial_anomaly_to_the_valid_hour():
     clim = np.full((2, 1), 10.0)
     hourly = {0.0: np.full((2, 1), 8.0), 6.0: np.full((2, 1), 11.0), 12.0: np.full((2, 1), 14.0)}
     initial = np.array([[9.0], [7.0]])  # anomalies +1 and -1 at 00 UTC
-    out = climatology_forecasts(initial, clim, hourly, dates, 0, 2)
+    out = Climatologies(clim, hourly, None, dates).forecasts(initial, 0, 2)
     np.testing.assert_array_equal(out["hourly_climatology"], hourly[12.0])
     np.testing.assert_array_equal(out["anomaly_persistence"], [[15.0], [13.0]])
     np.testing.assert_array_equal(out["persistence"], initial)

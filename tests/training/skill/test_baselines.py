@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.skill.climatologies import climatology_forecasts, training_climatologies
+from training.skill.climatologies import Climatologies, training_climatologies
 from training.skill.scores import climatology, hourly_climatology
 from training.skill.seasonal import days_of_year, doy_climatology, spans_a_year, window_weights
 from training.skill.validation import ValidationSkill
@@ -202,14 +202,14 @@ def test_anomaly_persistence_takes_its_anomaly_from_the_doy_climatology():
     clim, hourly = np.full((1, 1), 10.0), {0.0: np.full((1, 1), 11.0)}
     seasonal = {(152, 0.0): np.full((1, 1), 20.0), (153, 0.0): np.full((1, 1), 23.0)}  # 1 and 2 June
     initial = np.array([[21.0]])
-    out = climatology_forecasts(initial, clim, hourly, dates, 0, 1, seasonal)
+    out = Climatologies(clim, hourly, seasonal, dates).forecasts(initial, 0, 1)
     np.testing.assert_array_equal(out["doy_climatology"], [[23]])
     np.testing.assert_array_equal(out["anomaly_persistence"], [[21 - 20 + 23]])
     # 3 June has no doy climatology: the hourly one stands in, for both dates of the anomaly
-    out = climatology_forecasts(initial, clim, hourly, dates, 0, 2, seasonal)
+    out = Climatologies(clim, hourly, seasonal, dates).forecasts(initial, 0, 2)
     np.testing.assert_array_equal(out["doy_climatology"], [[11]])
     np.testing.assert_array_equal(out["anomaly_persistence"], [[21 - 11 + 11]])
-    assert "doy_climatology" not in climatology_forecasts(initial, clim, hourly, dates, 0, 1)
+    assert "doy_climatology" not in Climatologies(clim, hourly, None, dates).forecasts(initial, 0, 1)
 
 
 def _wb2_stacked(dates: np.ndarray, values: np.ndarray, window: int) -> dict[tuple[int, float], float]:
