@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from training.data.batches import Batches
 from training.data.samples import Sample, evenly_spread
-from training.skill.regression import RidgeFit
+from training.model.ridge import RidgeFit
 
 LINEAR_REGRESSION = "linear_regression"  # model.baseline's value for it
 FIT_SAMPLES = 365  # training samples the fit reads, at most (evenly spread)

@@ -22,9 +22,9 @@ import numpy as np
 
 from training.data.samples import Sample
 from training.model.linear_baseline import LINEAR_REGRESSION
+from training.model.ridge import RidgeFit
 from training.session import Session
 from training.skill.climatologies import Climatologies
-from training.skill.regression import LagCorrelation, RidgeFit
 
 DAMPED_PERSISTENCE = "damped_persistence"
 FITTED = (LINEAR_REGRESSION, DAMPED_PERSISTENCE)
@@ -33,6 +33,25 @@ FIT_CHUNK = 32  # training samples read at a time
 MAX_NORMAL_EQUATIONS_BYTES = 2**30  # the regression's sums, all leads; larger: not fitted
 
 log = logging.getLogger(__name__)
+
+
+class LagCorrelation:
+    """The correlation of anomalies ``k`` leads apart, per point and output, from sums over
+    samples of ``a0 ak``, ``a0²`` and ``ak²`` (uncentred: anomalies from a climatology)."""
+
+    def __init__(self, points: int, outputs: int) -> None:
+        self.sums = np.zeros((3, points, outputs))
+
+    def add(self, initial: np.ndarray, valid: np.ndarray) -> None:
+        """Add one sample's anomalies ``(points, outputs)`` at its initial and valid dates."""
+        self.sums += np.stack([initial * valid, initial**2, valid**2])
+
+    def rho(self) -> np.ndarray:
+        """``(points, outputs)`` the lag correlation clipped to ``[0, 1]`` (0 where undefined)."""
+        cross, initial, valid = self.sums
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = cross / np.sqrt(initial * valid)
+        return np.clip(np.nan_to_num(rho, nan=0.0), 0.0, 1.0)
 
 
 @dataclass

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.skill.fitted import DAMPED_PERSISTENCE, LINEAR_REGRESSION, FittedBaselines, regression_fits
-from training.skill.regression import LagCorrelation, RidgeFit
+from training.model.ridge import RidgeFit
+from training.skill.fitted import (
+    DAMPED_PERSISTENCE,
+    LINEAR_REGRESSION,
+    FittedBaselines,
+    LagCorrelation,
+    regression_fits,
+)
 
 
 def test_ridge_fit_by_hand():

@@ -1,7 +1,6 @@
-"""Least-squares fits per grid point, from sums over samples: a ridge regression
-(:class:`RidgeFit`) and the lag correlation of anomalies (:class:`LagCorrelation`). The fitted
-baselines (:mod:`training.skill.fitted`) and the forecaster's linear baseline
-(:mod:`training.model.linear_baseline`) are made of them."""
+"""A ridge regression per grid point, from sums over samples (:class:`RidgeFit`): what the
+forecaster's linear baseline (:mod:`training.model.linear_baseline`) and the skill table's
+``linear_regression`` (:mod:`training.skill.fitted`) are fitted with."""
 
 from __future__ import annotations
 
@@ -50,22 +49,3 @@ class RidgeFit:
             raise RuntimeError("RidgeFit.predict before solve")
         x = self._design(np.asarray(features)[None])  # (points, 1, features + 1)
         return (x @ self.coef)[:, 0].numpy()
-
-
-class LagCorrelation:
-    """The correlation of anomalies ``k`` leads apart, per point and output, from sums over
-    samples of ``a0 ak``, ``a0²`` and ``ak²`` (uncentred: anomalies from a climatology)."""
-
-    def __init__(self, points: int, outputs: int) -> None:
-        self.sums = np.zeros((3, points, outputs))
-
-    def add(self, initial: np.ndarray, valid: np.ndarray) -> None:
-        """Add one sample's anomalies ``(points, outputs)`` at its initial and valid dates."""
-        self.sums += np.stack([initial * valid, initial**2, valid**2])
-
-    def rho(self) -> np.ndarray:
-        """``(points, outputs)`` the lag correlation clipped to ``[0, 1]`` (0 where undefined)."""
-        cross, initial, valid = self.sums
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rho = cross / np.sqrt(initial * valid)
-        return np.clip(np.nan_to_num(rho, nan=0.0), 0.0, 1.0)
