@@ -42,14 +42,12 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(run_dir: Path, store: Path, *overrides: str):
-    """The README's real-data recipe on the sample, shrunk to seconds."""
+    """The README's command for a store on the sample (the rest derived from it), shrunk to seconds."""
     small = [
         f"run_dir={run_dir}",
         "data=zarr",
         f"data.path={store}",
-        "model.hidden_grid=data",
-        "model.hidden_stride=2",
-        "model.trainable_size=8",  # as the real-data preset
+        "model.trainable_size=8",  # node parameters: their split over ranks is checked below
         "model.num_layers=2",
         "model.num_channels=32",
         "model.window_size=40",
@@ -68,14 +66,18 @@ def test_the_sample_is_read_as_its_grid(store):
     assert 250 < kelvin.min() < kelvin.max() < 300  # 2 m temperature in K, in March
 
 
-@pytest.mark.parametrize("strategy", ["shard_sequence", "shard_channels"])
+@pytest.mark.parametrize(
+    "strategy", ["shard_sequence", "shard_channels", "shard_sequence model.baseline=linear_regression"]
+)
 def test_two_ranks_train_as_one_on_real_data(tmp_path, store, strategy):
     """Loss, every gradient (the node parameters' split by points among them) and every
-    parameter after the step, against one rank, at fp32."""
+    parameter after the step, against one rank, at fp32; also with each step learned over the
+    linear regression, which each rank fits on its own points."""
     from training.config.parity_settings import TOLERANCES
     from training.parity.check import run
 
-    result = run(_config(tmp_path, store, f"strategy={strategy}", "parity.steps=2"))
+    name, *more = strategy.split()
+    result = run(_config(tmp_path, store, f"strategy={name}", *more, "trainer.nprocs=2", "parity.steps=2"))
     assert not result["breach"], result["verdict"]
     judged = [r for r in result["rows"] if r.judged]
     assert {r.tensor for r in judged} >= {"data_nodes.weight", "hidden_nodes.weight"}
@@ -85,9 +87,14 @@ def test_two_ranks_train_as_one_on_real_data(tmp_path, store, strategy):
 def test_the_training_command_trains_and_scores_on_real_data(tmp_path, store):
     from training.app import run
 
-    run(_config(tmp_path, store, "logging.mlflow=false"))
+    cfg = _config(tmp_path, store, "logging.mlflow=false")  # the ranks derived too
+    run(cfg)
+    saved = (tmp_path / "config.yaml").read_text()
+    for derived in ("hidden_grid: data", "hidden_stride: 2", "lead_time: 6", "nprocs: 1"):
+        assert derived in saved, derived  # a regional box of 1,617 points, 6-hourly, one rank
     table = (tmp_path / "skill.md").read_text()
-    for kind in ("model RMSE", "persistence RMSE", "hourly_climatology RMSE", "anomaly_persistence RMSE"):
-        assert kind in table
+    kinds = ("model", "persistence", "hourly_climatology", "anomaly_persistence", "linear_regression")
+    for kind in (*kinds, "damped_persistence"):
+        assert f"{kind} RMSE" in table
     rmse = np.loadtxt(tmp_path / "skill.csv", delimiter=",", skiprows=1, usecols=3)
     assert len(rmse) >= 2 * 4 and np.isfinite(rmse).all() and (rmse > 0).all()  # 2 leads x model and baselines
