@@ -53,7 +53,8 @@ def test_nan_loss_stops_keeps_the_last_good_checkpoint_and_tells_mlflow(tmp_path
     n_val = 4  # max(2, int(40 dates * val_fraction 0.1))
     step, t = _first_unseen_time(40 - n_val - 1)
     _poison(store, t, 0, 500, np.nan)
-    cfg = small_config(tmp_path / "run", store, "data.check_finite=false", "trainer.timeout_s=30")
+    settings = ("data.check_finite=false", "trainer.timeout_s=30", "data.val_fraction=0.1")  # n_val as above
+    cfg = small_config(tmp_path / "run", store, *settings)
 
     with pytest.raises(RuntimeError) as info:
         run(cfg)  # two ranks, both must stop
