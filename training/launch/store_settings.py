@@ -125,15 +125,17 @@ def derive_validation(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     out = []
     if cfg.data.val_fraction is None:
         fraction = MIN_VAL_FRACTION
-        while validation_starts(cfg, dataset, fraction) < VAL_DATES and fraction < MAX_VAL_FRACTION - 1e-9:
-            fraction = round(fraction + 0.01, 2)
-        cfg.data.val_fraction = fraction
         found = validation_starts(cfg, dataset, fraction)
+        while found < VAL_DATES and fraction < MAX_VAL_FRACTION - 1e-9:
+            fraction = round(fraction + 0.01, 2)
+            found = validation_starts(cfg, dataset, fraction)
+        cfg.data.val_fraction = fraction
         enough = "" if found >= VAL_DATES else f" (the store allows no more; {VAL_DATES} wanted)"
         why = f"the last {fraction:.0%} of {dataset.n_times:,} dates: {found} initial dates{enough}"
         out.append(Derived("data.val_fraction", fraction, why))
-    if cfg.evaluate.samples is None:
+    elif cfg.evaluate.samples is None:
         found = validation_starts(cfg, dataset, cfg.data.val_fraction)
+    if cfg.evaluate.samples is None:
         cfg.evaluate.samples = max(1, min(found, MAX_EVAL_SAMPLES))
         why = f"{found} validation initial dates, at most {MAX_EVAL_SAMPLES}"
         out.append(Derived("evaluate.samples", cfg.evaluate.samples, why))

@@ -10,6 +10,8 @@ session opens (:func:`training.session.open_session`), as the climatologies are.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -43,17 +45,26 @@ class LinearBaseline(nn.Module):
             return torch.einsum("bpf,pfo->bpo", x.float(), self.coef[:, :-1]) + self.coef[:, -1]
 
 
+def training_chunks(
+    batches: Batches, starts: list[Sample], steps: int
+) -> Iterator[tuple[list[Sample], np.ndarray, np.ndarray]]:
+    """The samples ``starts``, :data:`FIT_CHUNK` at a time, each chunk with its inputs ``(n,
+    points, inputs)`` as the model sees them and its targets ``(steps, n, points, outputs)``, on
+    the host: what a fit on the training dates reads (here and :mod:`training.skill.fitted`)."""
+    for first in range(0, len(starts), FIT_CHUNK):
+        chunk = starts[first : first + FIT_CHUNK]
+        batch = batches(chunk, steps)
+        yield chunk, batch.x.cpu().numpy(), batch.targets.cpu().numpy()
+
+
 def fit_linear_baseline(batches: Batches, train: list[Sample]) -> LinearBaseline:
     """The ridge fit of one step on up to :data:`FIT_SAMPLES` of the training samples ``train``
     (each with a target a step on), on ``batches``' points, their inputs as the model sees them."""
-    starts = evenly_spread(train, FIT_SAMPLES)
     fit: RidgeFit | None = None
-    for first in range(0, len(starts), FIT_CHUNK):
-        batch = batches(starts[first : first + FIT_CHUNK], 1)
-        x, target = batch.x.cpu().numpy(), batch.targets[0].cpu().numpy()  # (n, points, inputs), (n, points, outputs)
+    for _, x, targets in training_chunks(batches, evenly_spread(train, FIT_SAMPLES), 1):
         if fit is None:
-            fit = RidgeFit(x.shape[1], x.shape[2], target.shape[2])
-        fit.add(x.astype(np.float64), target)
+            fit = RidgeFit(x.shape[1], x.shape[2], targets.shape[3])
+        fit.add(x.astype(np.float64), targets[0])
     if fit is None:
         raise ValueError("model.baseline = linear_regression: no training sample to fit it on")
     fit.solve()

@@ -13,9 +13,10 @@ import numpy as np
 from training.data import DatasetError
 from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
+from training.model.linear_baseline import FIT_SAMPLES
 from training.session import Session
 from training.skill.climatologies import Climatologies, training_climatologies
-from training.skill.fitted import FIT_DATES, FittedBaselines, fit_baselines
+from training.skill.fitted import FittedBaselines, fit_baselines
 
 
 @dataclass
@@ -54,8 +55,9 @@ class Baselines:
 
 
 def fit_samples(session: Session, steps: int) -> list[Sample]:
-    """The training samples the fitted baselines read: up to :data:`FIT_DATES` of those with
-    targets ``steps`` leads on, evenly spread (every training sample has one lead); none where no
+    """The training samples the fitted baselines read: up to
+    :data:`~training.model.linear_baseline.FIT_SAMPLES` of those with targets ``steps`` leads on,
+    evenly spread (every training sample has one lead); none where no
     training sample has them."""
     train = session.samples.train
     if steps > 1:
@@ -64,7 +66,7 @@ def fit_samples(session: Session, steps: int) -> list[Sample]:
             train = dataset_samples(session.cfg.data, session.dataset, steps, history).train
         except DatasetError:
             return []
-    return evenly_spread(train, FIT_DATES)
+    return evenly_spread(train, FIT_SAMPLES)
 
 
 def training_baselines(session: Session, steps: int, dates: Iterable[int]) -> Baselines:

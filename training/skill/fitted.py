@@ -9,8 +9,9 @@
   ``[0, 1]``): ``c(v) + rho_k (x0 - c(t))``, with the anomaly persistence's climatologies
   (:meth:`training.skill.climatologies.Climatologies.anomaly_reference`).
 
-Both are fitted on up to :data:`FIT_DATES` training start dates, evenly spread: no validation
-date is seen. Each rank fits its own block of points (per point: no communication).
+Both are fitted on up to 365 training samples, evenly spread
+(:func:`training.skill.baselines.fit_samples`): no validation date is seen. Each rank fits its own
+block of points (per point: no communication).
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.data.samples import Sample
-from training.model.linear_baseline import LINEAR_REGRESSION
+from training.model.linear_baseline import LINEAR_REGRESSION, training_chunks
 from training.model.ridge import RidgeFit
 from training.session import Session
 from training.skill.climatologies import Climatologies
 
 DAMPED_PERSISTENCE = "damped_persistence"
 FITTED = (LINEAR_REGRESSION, DAMPED_PERSISTENCE)
-FIT_DATES = 365  # training start dates a fit reads, at most (evenly spread)
-FIT_CHUNK = 32  # training samples read at a time
 MAX_NORMAL_EQUATIONS_BYTES = 2**30  # the regression's sums, all leads; larger: not fitted
 
 log = logging.getLogger(__name__)
@@ -95,31 +94,26 @@ def regression_fits(points: int, features: int, outputs: int, leads: int) -> lis
 
 def fit_baselines(session: Session, steps: int, climatologies: Climatologies, starts: list[Sample]) -> FittedBaselines:
     """Fit both baselines for leads 1 to ``steps`` on ``session``'s points from the training
-    samples ``starts`` (each with targets ``steps`` leads on), read :data:`FIT_CHUNK` at a time."""
+    samples ``starts`` (each with targets ``steps`` leads on), read a chunk at a time
+    (:func:`training.model.linear_baseline.training_chunks`)."""
     dataset, batches, lead = session.dataset, session.batches, session.samples.lead
     columns = dataset.roles.output_columns()
     correlations: list[LagCorrelation] = []
     regressions: list[RidgeFit] | None = None
-    for first in range(0, len(starts), FIT_CHUNK):
-        chunk = starts[first : first + FIT_CHUNK]
-        batch = batches(chunk, steps)
-        x, targets = (
-            batch.x.cpu().numpy(),
-            batch.targets.cpu().numpy(),
-        )  # (n, points, inputs), (steps, n, points, outputs)
+    for chunk, x, targets in training_chunks(batches, starts, steps):
         valid_forcings = batches.valid_forcings(chunk, steps)
-        if first == 0:
+        if not correlations:
             points, outputs = targets.shape[2:]
             correlations = [LagCorrelation(points, outputs) for _ in range(steps)]
             regressions = regression_fits(points, x.shape[-1] + valid_forcings.shape[-1], outputs, steps)
+        initial = [dataset.denormalise(dataset.state(t, session.points, m))[:, columns] for t, m in chunk]
         for k in range(steps):
             if regressions is not None:
                 regressions[k].add(np.concatenate([x, valid_forcings[k]], axis=-1), targets[k])
             truth = dataset.denormalise_outputs(targets[k])
-            for i, (t, member) in enumerate(chunk):
-                initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
+            for i, (t, _) in enumerate(chunk):
                 at_start, at_valid = climatologies.anomaly_reference(t, t + (k + 1) * lead)
-                correlations[k].add(initial - at_start, truth[i] - at_valid)
+                correlations[k].add(initial[i] - at_start, truth[i] - at_valid)
     for fit in regressions or []:
         fit.solve()
     return FittedBaselines(regressions, [c.rho() for c in correlations])
