@@ -15,6 +15,7 @@ from processor.errors import UserError
 
 FORMAT_VERSION = 1
 LATEST = "latest.pt"
+BEST = "best.pt"  # the model of the lowest validation loss so far (trainer.keep_best)
 PARTIAL_PREFIX = ".partial-"
 TRAINING_KEYS = ("step", "model", "optimizer", "scheduler", "rng", "config")
 
@@ -24,9 +25,9 @@ class CheckpointError(UserError):
 
 
 def save_checkpoint(
-    directory: str | Path, state: dict[str, Any], progress: Callable[[int], None] | None = None
+    directory: str | Path, state: dict[str, Any], progress: Callable[[int], None] | None = None, name: str = LATEST
 ) -> Path:
-    """Write ``state`` to ``directory/latest.pt`` so that a reader sees the old file or the new
+    """Write ``state`` to ``directory/name`` so that a reader sees the old file or the new
     one, never a partial one. ``progress`` is called with the bytes written so far after each
     write (a step hook's, :meth:`training.hooks.StepHook.checkpoint_write`)."""
     directory = Path(directory)
@@ -37,7 +38,7 @@ def save_checkpoint(
             _save(state, f, progress)
             f.flush()
             os.fsync(f.fileno())
-        final = directory / LATEST
+        final = directory / name
         os.replace(tmp, final)
         dir_fd = os.open(directory, os.O_RDONLY)
         try:

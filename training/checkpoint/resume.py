@@ -88,9 +88,11 @@ def check_resumable(cfg: RunConfig) -> None:
 
 def restore_training_state(
     path: Path, cfg: RunConfig, dims: ParallelDims, model: nn.Module, optimiser, schedule
-) -> int:
+) -> tuple[int, dict[str, Any]]:
     """Load the checkpoint at ``path`` into the training state (this rank's share of split
-    parameters); return its step. Rank 0 logs what differs from the run that wrote it."""
+    parameters); return its step and its run records (what :func:`save_training_state` was
+    given as ``records``; empty in a checkpoint written without). Rank 0 logs what differs from
+    the run that wrote it."""
     state, saved_cfg = load_training_checkpoint(path)
     notes = check_compatible(saved_cfg, cfg)
     if dims.rank == 0:
@@ -107,7 +109,7 @@ def restore_training_state(
         cuda_rng = state.get("cuda_rng")
         if cuda_rng is not None and len(cuda_rng) == dims.world and _device_of(model).type == "cuda":
             torch.cuda.set_rng_state(cuda_rng[dims.rank])  # the current device's, this rank's GPU
-    return int(state["step"])
+    return int(state["step"]), dict(state.get("records") or {})
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -138,12 +140,15 @@ def save_training_state(
     schedule,
     on_write: Callable[[int], None] | None = None,
     transport: Transport | None = None,
+    records: dict[str, Any] | None = None,
+    name: str = LATEST,
 ) -> None:
-    """Write the training state after ``step`` (every rank calls; rank 0 writes, atomically).
-    Every tensor is written from the CPU, so the checkpoint loads on any device.
-    ``on_write``: a step hook's (:meth:`training.hooks.StepHook.checkpoint_write`), given
+    """Write the training state after ``step`` to ``directory/name`` (every rank calls; rank 0
+    writes, atomically). Every tensor is written from the CPU, so the checkpoint loads on any
+    device. ``on_write``: a step hook's (:meth:`training.hooks.StepHook.checkpoint_write`), given
     the bytes rank 0 has written, and 0 on the other ranks while rank 0 writes. ``transport``:
-    what gathers split parameters (the session's)."""
+    what gathers split parameters (the session's). ``records``: plain data of the run that a
+    resumed run continues with (the best validation so far, the time trained)."""
     rng = _every_rank(torch.get_rng_state(), dims)
     on_cuda = _device_of(model).type == "cuda"
     cuda_rng = _every_rank(torch.cuda.get_rng_state(), dims) if on_cuda else None
@@ -159,10 +164,11 @@ def save_training_state(
             "scheduler": schedule.state_dict(),
             "rng": rng,
             "config": yaml.safe_dump(to_settings(cfg)),
+            "records": records or {},
             **({"cuda_rng": cuda_rng} if cuda_rng is not None else {}),
         }
         try:
-            save_checkpoint(directory, state, progress=on_write)
+            save_checkpoint(directory, state, progress=on_write, name=name)
         except OSError as exc:  # a full disk, a file-size limit, a read-only file system
             failure = exc.strerror or str(exc)
     elif on_write is not None:

@@ -16,6 +16,7 @@ EARLIER_VALUES = {
     "model.mapper": "mean_mlp",
     "model.trainable_size": 0,
     "model.valid_time_forcing": False,
+    "trainer.keep_best": False,  # runs before best.pt scored their last model
 }
 
 

@@ -112,6 +112,16 @@ class TrainerConfig:
     """Batches of validation samples each validation scores."""
     checkpoint_interval: int = setting(200, at_least(1))
     """Steps between checkpoints (and the last step, and an early stop)."""
+    keep_best: bool = True
+    """Keep the model of the lowest validation loss as ``checkpoints/best.pt`` and score it at the
+    end of the run (skill table, plots); false: score the last model."""
+    patience: int | None = setting(None, or_null(at_least(1)))
+    """Stop after this many validations in a row without a lower validation loss, then evaluate;
+    None: train every ``trainer.steps``."""
+    time_budget_min: float | None = setting(None, or_null(above(0)))
+    """Stop after this many minutes of training (steps and validations, summed over resumed
+    runs), checkpointed, then evaluate; None: no limit. The learning-rate schedule still spans
+    ``trainer.steps``."""
     resume: bool = True
     """Continue the run directory's checkpoint when there is one."""
     stop_at_step: int | None = setting(None, or_null(at_least(1)))

@@ -10,7 +10,6 @@ import functools
 import logging
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from processor.runtime import peak_rss
+from training.checkpoint.best import BestOnValidation
 from training.checkpoint.checkpointer import Checkpointer
 from training.config.schema import RunConfig, TrainerConfig
 from training.distributed.device import PeakDeviceMemory, synchronize
@@ -33,7 +33,10 @@ from training.session import Session, open_session
 from training.skill.by_lead import evaluation_samples
 from training.skill.validation import Validator
 
-__all__ = ["sample_positions", "train"]
+__all__ = ["RUN_DONE", "sample_positions", "train"]
+
+# Early stops that end the run (it has trained enough): evaluated as a run of every step is.
+RUN_DONE = ("patience", "time_budget")
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +82,14 @@ class Trainer:
         self.checkpointer = Checkpointer(session, self.step_fn.optimiser, self.schedule, self.hooks)
         self.start = self.checkpointer.restore()
         self.last_step_s = 0.1
+        self.budget_agreed = False
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_split = StepSplit(session.model, self.start, profile_after(cfg, session.device), dims.mean_over_world)
         self.validator = Validator(session, self.step_fn.loss, variable_units(session.dataset))
 
     def run(self) -> dict[str, Any]:
         """Train from the start step to ``trainer.steps`` (or ``stop_at_step``), then report."""
-        reason = nothing_to_do(self.trainer_cfg, self.start, self.checkpointer.dir)
+        reason = nothing_to_do(self.trainer_cfg, self.start, self.checkpointer)
         if reason is not None:
             if self.session.dims.rank == 0:
                 log.info("%s; nothing to train", reason)
@@ -96,8 +100,8 @@ class Trainer:
         try:
             history = self.loop()
             # A stop (trainer.stop_at_step, a signal) is not the end: no final evaluation unless asked.
-            if history and (self.stopped is None or self.session.cfg.evaluate.at_stop):
-                skill = final_report(self.session, self.tracker, self.checkpointer.last)
+            if history and (self.stopped in (None, *RUN_DONE) or self.session.cfg.evaluate.at_stop):
+                skill = final_report(self.session, self.tracker, self.checkpointer.load_best())
         except BaseException as exc:
             self.tracker.finish("FAILED", reason=f"{type(exc).__name__}: {exc}")
             raise
@@ -110,6 +114,7 @@ class Trainer:
         history: list[tuple[int, dict[str, float]]] = []
         trainer_cfg, log_interval = self.trainer_cfg, self.session.cfg.logging.log_interval
         shown = self.session.dims.rank == 0
+        self.clock = time.perf_counter()
         with tqdm(
             total=trainer_cfg.steps, initial=self.start, desc="train", disable=not shown, dynamic_ncols=True
         ) as bar:
@@ -118,17 +123,36 @@ class Trainer:
                     metrics = self.one_step(step)
                 metrics |= profiled
                 if self.validator.due(step):
-                    metrics |= self.validator.validate()
+                    metrics |= self.validate(step)
                 history.append((step, metrics))
                 if step % log_interval == 0 or "val/loss" in metrics or profiled:
                     self.tracker.log_metrics(step, metrics)
-                bar.set_postfix(progress_fields(metrics, self.validator))
+                bar.set_postfix(progress_fields(metrics, self.validator, self.checkpointer.best))
                 bar.update()
-                self.stopped = early_stop(self.trainer_cfg, step, self.stop_agreed)
-                self.checkpointer.save(step + 1, stopping=self.stopped is not None)
+                self.stopped = early_stop(
+                    self.trainer_cfg, step, self.stop_agreed, self.budget_agreed, self.checkpointer.best
+                )
+                self.checkpointer.save(step + 1, self.trained_s(), stopping=self.stopped is not None)
                 if self.stopped:
                     break
         return history
+
+    def validate(self, step: int) -> dict[str, float]:
+        """Validate the model after ``step`` and keep it when it is the best so far; the metrics,
+        with the best validation loss and its step."""
+        metrics = self.validator.validate()
+        self.checkpointer.validated(step + 1, metrics["val/loss"])
+        best = self.checkpointer.best
+        return metrics | {"val/best_loss": best.loss, "val/best_step": float(best.step or 0)}
+
+    def trained_s(self) -> float:
+        """Seconds of training in this run so far (steps and validations)."""
+        return time.perf_counter() - self.clock
+
+    def out_of_time(self) -> bool:
+        """Whether this rank has trained ``trainer.time_budget_min``, earlier runs included."""
+        budget = self.trainer_cfg.time_budget_min
+        return budget is not None and self.checkpointer.trained_s_before + self.trained_s() >= 60 * budget
 
     def one_step(self, step: int) -> dict[str, float]:
         """One optimiser step; its metrics, summed over the ranks."""
@@ -148,11 +172,12 @@ class Trainer:
         loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
         synchronize(s.device)  # the step's time includes the work queued on the GPU
         elapsed = self.last_step_s = time.perf_counter() - t0
-        train_loss, peak, sent, stops = dims.sum_over_world(
-            [loss.item(), peak_rss() / 2**30, s.counter.total_bytes, float(self.stop.requested)]
+        train_loss, peak, sent, stops, over_budget = dims.sum_over_world(
+            [loss.item(), peak_rss() / 2**30, s.counter.total_bytes, float(self.stop.requested), self.out_of_time()]
         )
         train_loss /= dims.dp
         self.stop_agreed = stops > 0  # a rank was signalled: every rank stops after this step
+        self.budget_agreed = over_budget > 0  # a rank's clock ran out: every rank stops after this step
         device_peak = dims.max_over_world([self.device_memory.peak_gib()])[0]
         if not math.isfinite(train_loss):  # equal on every rank: all stop together
             self.tracker.log_metrics(step, {"train/nonfinite_loss": 1.0})
@@ -184,38 +209,57 @@ def run_result(trainer: Trainer, history: list, run_id: str | None, skill) -> di
         "end_step": history[-1][0] + 1 if history else trainer.start,
         "steps": trainer.trainer_cfg.steps,
         "stopped": trainer.stopped,
+        "best_step": trainer.checkpointer.best.step,  # the model on validation scored at the end (keep_best)
         "signal": trainer.stop.signum,  # the signal this rank received, if any
         "skill": skill,
     }
 
 
-def progress_fields(metrics: dict[str, float], validator: Validator) -> dict[str, str]:
-    """What the progress bar shows after a step: losses, the last validation's RMSE beside the
-    best baseline's, samples/s and, on a GPU, the step's peak device memory (the largest over
-    the ranks)."""
+def progress_fields(metrics: dict[str, float], validator: Validator, best: BestOnValidation) -> dict[str, str]:
+    """What the progress bar shows after a step: losses, the best validation loss and its step,
+    the last validation's RMSE beside the best baseline's, samples/s and, on a GPU, the step's
+    peak device memory (the largest over the ranks)."""
     shown = {"loss": f"{metrics['train/loss']:.4f}", **validator.progress()}
+    if best.step is not None:
+        shown["best"] = f"{best.loss:.4f}@{best.step}"
     shown["samples/s"] = f"{metrics['samples_per_s']:.3g}"
     if "peak_device_memory_gib" in metrics:
         shown["gpu_mem"] = f"{metrics['peak_device_memory_gib']:.2f}GiB"
     return shown
 
 
-def early_stop(trainer_cfg: TrainerConfig, step: int, signalled: bool) -> str | None:
+def early_stop(
+    trainer_cfg: TrainerConfig, step: int, signalled: bool, over_budget: bool, best: BestOnValidation
+) -> str | None:
     """Why the run stops early after ``step``: ``"stop_at_step"``, ``"signal"`` (a rank was
-    ``signalled``), or None."""
+    ``signalled``), ``"patience"`` (``trainer.patience`` validations without a better one),
+    ``"time_budget"`` (a rank is ``over_budget``), or None. The last two end the run: it is
+    evaluated (:data:`RUN_DONE`)."""
     if step + 1 >= trainer_cfg.steps:
         return None
     if trainer_cfg.stop_at_step is not None and step + 1 >= trainer_cfg.stop_at_step:
         return "stop_at_step"
-    return "signal" if signalled else None
+    if signalled:
+        return "signal"
+    if best.out_of_patience(trainer_cfg.patience):
+        return "patience"
+    return "time_budget" if over_budget else None
 
 
-def nothing_to_do(trainer_cfg: TrainerConfig, start: int, checkpoints: Path) -> str | None:
+def nothing_to_do(trainer_cfg: TrainerConfig, start: int, checkpointer: Checkpointer) -> str | None:
     """Why a run at step ``start`` trains no step (already at ``trainer.stop_at_step`` or
-    ``trainer.steps``), or None."""
-    stop = trainer_cfg.stop_at_step
+    ``trainer.steps``, out of patience or of its time budget), or None."""
+    stop, checkpoints, best = trainer_cfg.stop_at_step, checkpointer.dir, checkpointer.best
     if stop is not None and stop <= start:
         return f"trainer.stop_at_step = {stop}: the checkpoint in {checkpoints} is at step {start} already"
     if start >= trainer_cfg.steps:
         return f"trainer.steps = {trainer_cfg.steps}: the checkpoint in {checkpoints} is at step {start}"
+    if best.out_of_patience(trainer_cfg.patience):
+        return (
+            f"trainer.patience = {trainer_cfg.patience}: the checkpoint in {checkpoints} (step {start}) is "
+            f"{best.stale} validations past its best ({best.describe()})"
+        )
+    budget, trained_min = trainer_cfg.time_budget_min, checkpointer.trained_s_before / 60
+    if budget is not None and trained_min >= budget:
+        return f"trainer.time_budget_min = {budget:g}: the run in {checkpoints} has trained {trained_min:.1f} min"
     return None

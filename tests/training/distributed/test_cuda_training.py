@@ -77,7 +77,7 @@ def _restored(run_dir, dataset, checkpoint, device: str) -> tuple[int, dict[str,
     resolved = prepare(small_config(run_dir, dataset, *ONE_RANK, f"trainer.device={device}"))
     session = open_session(resolved, ParallelDims.build(1))
     optimiser, schedule = build_optimiser(session.model, resolved.trainer)
-    step = restore_training_state(checkpoint, resolved, session.dims, session.model, optimiser, schedule)
+    step, _ = restore_training_state(checkpoint, resolved, session.dims, session.model, optimiser, schedule)
     return step, {k: v.cpu() for k, v in session.model.state_dict().items()}
 
 
