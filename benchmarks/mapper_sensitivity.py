@@ -22,9 +22,11 @@ from scipy.spatial import cKDTree
 import training.config.schema  # noqa: F401  (registers the schema)
 from processor.geometry import unit_vectors
 from processor.grids import get_grid
+from processor.point_sets import point_set
 from training.config.schema import run_config
 from training.data.forcings import VariableRoles
 from training.data.generate import VARIABLES
+from training.launch.store_settings import derive_recipe
 from training.model import ShardedGrids
 from training.model.build import build_model
 
@@ -37,6 +39,7 @@ def sensitivity(mapper: str, overrides: list[str], points: int, shift_deg: float
         composed = compose(config_name="config", overrides=["run_dir=unused", f"model.mapper={mapper}", *overrides])
         cfg = run_config(composed)
     data = get_grid(cfg.data.grid or "o32")
+    derive_recipe(cfg, point_set(data.latitudes, data.longitudes))  # the model a run on this grid derives
     grids = ShardedGrids.build(
         data.latitudes,
         data.longitudes,

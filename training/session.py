@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport
 from processor.runtime import set_freed_memory_policy
@@ -22,7 +23,7 @@ from training.distributed.ranks import check_ranks_agree
 from training.model import Forecaster, ShardedGrids
 from training.model.build import build_model
 from training.model.hidden_grid import HiddenGrid, hidden_grid
-from training.model.linear_baseline import LINEAR_REGRESSION, fit_linear_baseline
+from training.model.linear_baseline import LINEAR_REGRESSION, fit_linear_baseline, residual_statistics
 from training.model.rollout import rollout_horizon
 
 
@@ -78,15 +79,11 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     points = slice(grids.data_layout.start, grids.data_layout.stop)
     if cfg.data.preload:  # first: the tendency statistics below then read from memory
         dataset.preload(points, select_members(dataset.n_members, cfg.data.members))  # where it fits
-    if cfg.model.normalise_increments:  # a checkpoint loaded later brings its own
-        starts = sorted({t for t, _ in samples.train})
-        model.set_increment_statistics(*tendency_statistics(dataset, starts, samples.lead, points, dims.mp_group))
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     history = cfg.model.multistep_input - 1
     batches = Batches(dataset, points, samples.lead, device, cfg.model.valid_time_forcing, history)
-    if cfg.model.baseline == LINEAR_REGRESSION:  # fitted on this rank's points: no communication
-        model.set_linear_baseline(fit_linear_baseline(batches, samples.train))
+    learn_over_baseline(cfg, model, batches, samples, dims.mp_group)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if cfg.debug.share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)
@@ -101,3 +98,22 @@ def open_data(cfg: RunConfig) -> tuple[ZarrDataset, HiddenGrid]:
     dataset = open_dataset(cfg.data, rollout_horizon(cfg.trainer), m.multistep_input - 1)
     hidden = hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, dataset.latitudes, dataset.longitudes)
     return dataset, hidden
+
+
+def learn_over_baseline(
+    cfg: RunConfig, model: Forecaster, batches: Batches, samples: Samples, group: dist.ProcessGroup | None
+) -> None:
+    """What the model learns each step over (``model.baseline``), and in which units
+    (``model.normalise_increments``): the latest state and the increment's statistics, or the
+    linear regression fitted on this rank's points (no communication) and the statistics of what
+    it leaves. A checkpoint loaded later brings its own statistics."""
+    dataset, points = batches.dataset, batches.points
+    if cfg.model.baseline == LINEAR_REGRESSION:
+        baseline = fit_linear_baseline(batches, samples.train)
+        model.set_linear_baseline(baseline)
+        if cfg.model.normalise_increments:
+            prognostic = len(dataset.roles.prognostic_columns())
+            model.set_increment_statistics(*residual_statistics(baseline, batches, samples.train, prognostic, group))
+    elif cfg.model.normalise_increments:
+        starts = sorted({t for t, _ in samples.train})
+        model.set_increment_statistics(*tendency_statistics(dataset, starts, samples.lead, points, group))

@@ -21,7 +21,7 @@ from typing import Any
 from processor.runtime.torchrun import under_torchrun
 from training.checkpoint.files import CheckpointError, load_training_checkpoint
 from training.checkpoint.resume import RUNTIME_MODEL_KEYS
-from training.config.checks import check_config
+from training.config.checks import AUTO, check_config
 from training.config.saved_names import current_names
 from training.config.schema import ModelConfig, RunConfig, schema_keys
 from training.config.settings import from_settings, sets_key, settings_not_given, to_settings
@@ -44,6 +44,15 @@ OWN_KEYS = (
 # channels); every model setting does too, except the runtime ones (resume's RUNTIME_MODEL_KEYS).
 DATA_PARAMETER_KEYS = ("grid", "variables", "forcing", "diagnostic")
 READ_FROM_STORE = ("data.grid", "data.variables")  # null: read from the store, then checked on load
+# Null or auto: derived from the store (training/launch/store_settings.py); the checkpoint's value
+# is what its store gave, so a command line leaving them to the derivation takes it.
+DERIVED_MODEL_KEYS = (
+    "model.hidden_grid",
+    "model.hidden_stride",
+    "model.baseline",
+    "model.trainable_size",
+    "model.multistep_input",
+)
 
 
 def checkpoint_path(cfg: RunConfig, key: str) -> Path:
@@ -104,7 +113,10 @@ def check_given_settings(saved: dict[str, Any], resolved: RunConfig, given: list
         if not sets_key(key, given) or name not in (saved.get(section) or {}):
             continue
         value, was = mine[section].get(name), saved[section][name]
-        if value != was and not (value is None and key in READ_FROM_STORE):
+        left_to_store = (value is None and key in READ_FROM_STORE) or (
+            value in (None, AUTO) and key in DERIVED_MODEL_KEYS
+        )
+        if value != was and not left_to_store:
             raise CheckpointError(
                 f"{key} = {value} on the command line, but checkpoint {path} was trained with {key} = {was}: "
                 f"its parameters need that value (leave {key} out to take the checkpoint's)"

@@ -16,6 +16,9 @@ EARLIER_VALUES = {
     "model.mapper": "mean_mlp",
     "model.trainable_size": 0,
     "model.valid_time_forcing": False,
+    "model.multistep_input": 1,
+    "model.baseline": "persistence",
+    "trainer.batch_size": 1,
     "trainer.keep_best": False,  # runs before best.pt scored their last model
 }
 

@@ -89,9 +89,9 @@ ModelConfig = processor_schema(
         ("mapper", str, setting("graph_transformer", one_of("graph_transformer", "mean_mlp"))),
         ("mapper_heads", int, setting(4, at_least(1))),  # the graph transformer's heads
         # learned features per data and hidden point, as anemoi's trainable_size: each point's
-        # local climate, coast and hills, which its coordinates do not tell (why 0 by default:
-        # docs/training.md)
-        ("trainable_size", int, setting(0, at_least(0))),
+        # local climate, coast and hills, which its coordinates do not tell; None: derived from
+        # the store (training/launch/store_settings.py: 8 on a limited area, 0 on global data)
+        ("trainable_size", int | None, setting(None, or_null(at_least(0)))),
         # predict each step's change in units of the changes' own spread over the training period
         # (anemoi's tendency statistics), not the field's (training/data/tendencies.py)
         ("normalise_increments", bool, field(default=False)),
@@ -99,11 +99,13 @@ ModelConfig = processor_schema(
         # date: the sun of the valid hour (docs/real-data.md)
         ("valid_time_forcing", bool, field(default=True)),
         # the states the model is given: the input date's and multistep_input - 1 before it, a lead
-        # time apart (anemoi's training.multistep_input): what is changing, not only what is
-        ("multistep_input", int, setting(1, at_least(1))),
+        # time apart (anemoi's training.multistep_input): what is changing, not only what is;
+        # None: derived from the store (2 on a limited area, 1 on global data)
+        ("multistep_input", int | None, setting(None, or_null(at_least(1)))),
         # what each step is learned over: the latest state (persistence), or a ridge regression
-        # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py)
-        ("baseline", str, setting("persistence", one_of("persistence", "linear_regression"))),
+        # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py);
+        # auto: derived from the store (the regression on a limited area, persistence on global data)
+        ("baseline", str, setting("auto", one_of("auto", "persistence", "linear_regression"))),
     ],
     module=__name__,
 )

@@ -34,6 +34,12 @@ def tendency_statistics(
     for t in evenly_spread(starts, DATES):
         change = (dataset.state(t + lead, points) - dataset.state(t, points))[:, columns].astype(np.float64)
         sums += [np.full(len(columns), len(change)), change.sum(0), (change**2).sum(0)]
+    return pooled_mean_stdev(sums, group)
+
+
+def pooled_mean_stdev(sums: np.ndarray, group: dist.ProcessGroup | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, stdev)`` ``(columns,)`` from this rank's ``sums`` ``(3, columns)`` (count, sum,
+    sum of squares) added over ``group``; the stdev at least 1e-6. Every rank of ``group`` calls."""
     if group is not None and dist.get_world_size(group) > 1:
         total = torch.from_numpy(sums).to(collective_device(group))
         dist.all_reduce(total, group=group)

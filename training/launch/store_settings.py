@@ -14,6 +14,12 @@ practitioner would pick from what the store says, so that ``data=zarr data.path=
 - ``trainer.nprocs``: on a CPU one rank, its threads every core, up to :data:`ONE_RANK_HIDDEN`
   hidden points, else 2; on CUDA one a GPU; under torchrun its world.
 - ``trainer.ranks_per_model``: every rank in one model.
+- The recipe, from the data's extent: on a limited area (a regional box or point set) each step
+  is learned over the per-point regression (``model.baseline``), with :data:`AREA_NODE_FEATURES`
+  learned features per point (``model.trainable_size``) and :data:`AREA_INPUT_STATES` input states
+  (``model.multistep_input``); on global data over persistence, with neither.
+- ``trainer.batch_size``: enough samples for :data:`POINTS_PER_STEP` data points a step, a power
+  of two, at most :data:`MAX_BATCH`.
 
 Each derived value is logged with its reason (:func:`describe`); a value on the command line or
 in a config file is never changed. Saved in the run's settings, a resumed run keeps them."""
@@ -28,6 +34,7 @@ from typing import Any
 import torch
 
 from processor.host import usable_cores
+from processor.point_sets import PointSet
 from processor.runtime.torchrun import under_torchrun
 from training.config.checks import AUTO, DATA
 from training.config.schema import RunConfig
@@ -35,6 +42,7 @@ from training.data import DatasetError, ZarrDataset
 from training.data.open_store import open_store
 from training.data.samples import build_samples, lead_steps, select_members
 from training.model.hidden_grid import hidden_grid
+from training.model.linear_baseline import LINEAR_REGRESSION, PERSISTENCE
 from training.model.rollout import rollout_horizon
 
 HIDDEN_SHARE = 3  # a global hidden grid: at most a third of the data's points
@@ -48,6 +56,17 @@ MAX_EVAL_SAMPLES = 100
 # One rank on every core up to here (docs/real-data.md: at 404 hidden points one rank of 2 threads
 # ran 1.6x faster than 2 ranks of one; at the default run's 1,600 the two tie).
 ONE_RANK_HIDDEN = 1024
+# The recipe on a limited area (docs/real-data.md: on the four real regional stores each of the
+# three moved the first lead toward the regression's skill and past it; on the global built-in data
+# they cost 20-130% of the model's RMSE).
+AREA_BASELINE = LINEAR_REGRESSION
+AREA_NODE_FEATURES = 8
+AREA_INPUT_STATES = 2
+# A step costs nearly the same from 35 to 1,617 points (#55): a batch of several samples buys
+# gradient quality for little time (docs/real-data.md: batch 8 took Iberia's first lead from +1%
+# to +17% and NCEP's from +1% to +19%).
+POINTS_PER_STEP = 4096
+MAX_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -142,6 +161,38 @@ def derive_validation(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     return out
 
 
+def derive_recipe(cfg: RunConfig, points: PointSet) -> list[Derived]:
+    """``model.baseline``, ``model.trainable_size`` and ``model.multistep_input`` where not set,
+    from the extent of the data's ``points`` (see the module)."""
+    model, area = cfg.model, not points.is_global
+    where = points.name if area else "global data"
+    picks = {
+        "baseline": AREA_BASELINE if area else PERSISTENCE,
+        "trainable_size": AREA_NODE_FEATURES if area else 0,
+        "multistep_input": AREA_INPUT_STATES if area else 1,
+    }
+    out = []
+    for key, value in picks.items():
+        if getattr(model, key) in (None, AUTO):
+            setattr(model, key, value)
+            out.append(Derived(f"model.{key}", value, where))
+    return out
+
+
+def derive_batch_size(cfg: RunConfig, n_points: int) -> list[Derived]:
+    """``trainer.batch_size`` where null (see the module)."""
+    if cfg.trainer.batch_size is not None:
+        return []
+    batch = 1
+    while batch * n_points < POINTS_PER_STEP and batch < MAX_BATCH:
+        batch *= 2
+    cfg.trainer.batch_size = batch
+    why = f"{n_points:,} data points: {batch * n_points:,} a step" + (
+        f", at most {MAX_BATCH}" if batch == MAX_BATCH else ""
+    )
+    return [Derived("trainer.batch_size", batch, why)]
+
+
 def derive_ranks(cfg: RunConfig, hidden_points: int) -> list[Derived]:
     """``trainer.nprocs`` and ``trainer.ranks_per_model`` where null (see the module)."""
     trainer, out = cfg.trainer, []
@@ -172,11 +223,21 @@ def derive_from_store(cfg: RunConfig) -> list[Derived]:
         cfg.evaluate.samples is None,
         cfg.trainer.nprocs is None,
         cfg.trainer.ranks_per_model is None,
+        cfg.trainer.batch_size is None,
+        cfg.model.baseline == AUTO,
+        cfg.model.trainable_size is None,
+        cfg.model.multistep_input is None,
     )
     if not any(needed):
         return []
     dataset = open_store(cfg.data)
-    derived = [*derive_hidden_grid(cfg, dataset), *derive_lead_time(cfg, dataset), *derive_validation(cfg, dataset)]
+    derived = [
+        *derive_hidden_grid(cfg, dataset),
+        *derive_recipe(cfg, dataset.point_set),  # before the validation: the input states shape its samples
+        *derive_lead_time(cfg, dataset),
+        *derive_validation(cfg, dataset),
+        *derive_batch_size(cfg, len(dataset.latitudes)),
+    ]
     hidden_points = 0
     if cfg.trainer.nprocs is None:
         m, lat, lon = cfg.model, dataset.latitudes, dataset.longitudes

@@ -6,6 +6,7 @@ from processor import TransformerProcessor
 from training.config.schema import RunConfig, run_processor_config
 from training.data.forcings import VariableRoles
 from training.model.forecaster import Forecaster, ShardedGrids
+from training.model.linear_baseline import LINEAR_REGRESSION
 
 
 def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Forecaster:
@@ -25,4 +26,5 @@ def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Fo
         multistep=model.multistep_input,
         node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
         normalise_increments=model.normalise_increments,
+        baseline_inputs=model.baseline == LINEAR_REGRESSION,
     )

@@ -118,7 +118,10 @@ class Forecaster(nn.Module):
     its own statistics (:meth:`set_increment_statistics`), not the field's. ``node_parameters``:
     ``(data points, hidden points, size)``, learned features of each point of both grids beside
     its coordinates (anemoi's ``trainable_size``), zero at first; each rank keeps its blocks
-    after :meth:`split_node_parameters`."""
+    after :meth:`split_node_parameters`. ``baseline_inputs``: each step is learned over a linear
+    baseline (:meth:`set_linear_baseline`), whose forecast the network is also given as inputs:
+    undoing it where it is wrong is then a linear map of what the network sees, not a per-point
+    one."""
 
     def __init__(
         self,
@@ -132,6 +135,7 @@ class Forecaster(nn.Module):
         multistep: int = 1,
         node_parameters: tuple[int, int, int] = (0, 0, 0),
         normalise_increments: bool = False,
+        baseline_inputs: bool = False,
     ) -> None:
         super().__init__()
         self.mapper = mapper
@@ -141,7 +145,9 @@ class Forecaster(nn.Module):
         # None without any: a model of trainable_size 0 has the parameters (and checkpoints) it had before
         self.data_nodes = NodeParameters(data_points, size) if size else None
         self.hidden_nodes = NodeParameters(hidden_points, size) if size else None
-        self.data_embed = nn.Linear(num_variables * multistep + forcings + 4 + size, num_channels)
+        self.baseline_inputs = num_variables + diagnostics if baseline_inputs else 0
+        inputs = num_variables * multistep + forcings + self.baseline_inputs
+        self.data_embed = nn.Linear(inputs + 4 + size, num_channels)
         self.hidden_embed = nn.Linear(4 + size, num_channels)
         self.encoder = make_mapper(mapper, num_channels, mapper_heads)
         self.processor = processor
@@ -180,7 +186,9 @@ class Forecaster(nn.Module):
         transport = transport or Transport()
         data_nodes = _with_nodes(grids.data_features, self.data_nodes, grids.data_layout)
         hidden_nodes = _with_nodes(grids.hidden_features, self.hidden_nodes, grids.hidden_layout)
-        data = self.data_embed(torch.cat([x, data_nodes.expand(b, -1, -1)], dim=-1))
+        base = self._baseline(x)  # (b, local points, outputs), or None
+        given = x if base is None else torch.cat([x, base.to(x.dtype)], dim=-1)
+        data = self.data_embed(torch.cat([given, data_nodes.expand(b, -1, -1)], dim=-1))
         hidden = self.hidden_embed(hidden_nodes).expand(b, -1, -1)
         src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
         hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
@@ -193,12 +201,19 @@ class Forecaster(nn.Module):
         increment = out[..., :n]
         if hasattr(self, "increment_stdev"):
             increment = increment * self.increment_stdev.to(out.dtype) + self.increment_mean.to(out.dtype)
-        if self.linear_baseline is not None:
-            base = self.linear_baseline(x)  # (b, local points, outputs)
+        if base is not None:
             return torch.cat([base[..., :n] + increment, base[..., n:] + out[..., n:]], dim=-1)
         if out.shape[-1] == n == x.shape[-1]:
             return x + increment
         return torch.cat([x[..., latest : latest + n] + increment, out[..., n:]], dim=-1)
+
+    def _baseline(self, x: Tensor) -> Tensor | None:
+        """The linear baseline's forecast of ``x``'s next step, None without one."""
+        if self.linear_baseline is None:
+            if self.baseline_inputs:
+                raise RuntimeError("this forecaster learns over a linear baseline: call set_linear_baseline first")
+            return None
+        return self.linear_baseline(x)
 
     def split_node_parameters(self, grids: ShardedGrids) -> None:
         """Keep this rank's blocks of the node parameters (of ``grids``' layouts)."""

@@ -14,13 +14,16 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from training.data.batches import Batches
 from training.data.samples import Sample, evenly_spread
+from training.data.tendencies import pooled_mean_stdev
 from training.model.ridge import RidgeFit
 
 LINEAR_REGRESSION = "linear_regression"  # model.baseline's value for it
+PERSISTENCE = "persistence"  # model.baseline's other value: each step over the latest state
 FIT_SAMPLES = 365  # training samples the fit reads, at most (evenly spread)
 FIT_CHUNK = 32  # read at a time
 
@@ -55,6 +58,22 @@ def training_chunks(
         chunk = starts[first : first + FIT_CHUNK]
         batch = batches(chunk, steps)
         yield chunk, batch.x.cpu().numpy(), batch.targets.cpu().numpy()
+
+
+def residual_statistics(
+    baseline: LinearBaseline, batches: Batches, train: list[Sample], prognostic: int, group: dist.ProcessGroup | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, stdev)`` ``(prognostic,)`` of what ``baseline`` leaves of one step's first
+    ``prognostic`` outputs (normalised) on the samples it was fitted on, over every point (this
+    rank's, summed over ``group``): the scale of what the network learns over it, as the
+    increment's statistics are over the latest state (:mod:`training.data.tendencies`)."""
+    sums = np.zeros((3, prognostic), dtype=np.float64)  # count, sum, sum of squares
+    coef = baseline.coef.cpu().double().numpy()
+    for _, x, targets in training_chunks(batches, evenly_spread(train, FIT_SAMPLES), 1):
+        fitted = np.einsum("npf,pfo->npo", x.astype(np.float64), coef[:, :-1]) + coef[:, -1]
+        left = (targets[0] - fitted)[..., :prognostic].reshape(-1, prognostic)
+        sums += [np.full(prognostic, len(left)), left.sum(0), (left**2).sum(0)]
+    return pooled_mean_stdev(sums, group)
 
 
 def fit_linear_baseline(batches: Batches, train: list[Sample]) -> LinearBaseline:

@@ -109,9 +109,9 @@ def test_the_checkpoint_s_settings_are_taken_and_the_command_line_s_on_top(regio
     ("override", "key"),
     [
         ("model.num_channels=32", "model.num_channels"),
-        ("model=small", "model.hidden_grid"),
+        ("model=small", "model.num_channels"),  # its derived keys (auto, null) are left to the checkpoint
         ("data.forcing=[cos_latitude]", "data.forcing"),
-        ("model.multistep_input=2", "model.multistep_input"),
+        ("model.multistep_input=3", "model.multistep_input"),  # trained with 2: derived on a regional store
     ],
 )
 def test_an_override_the_parameters_do_not_allow_is_one_line_naming_it(regional, tmp_path, override, key):

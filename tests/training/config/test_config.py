@@ -6,7 +6,11 @@ from omegaconf.errors import ValidationError
 from training.config.checks import check_config
 from training.config.schema import RunConfig, run_config
 
-TWO_RANKS = ("trainer.nprocs=2", "trainer.ranks_per_model=2")  # what the store derives is not read here
+TWO_RANKS = (
+    "trainer.nprocs=2",
+    "trainer.ranks_per_model=2",
+    "trainer.batch_size=1",
+)  # what the store derives is not read here
 
 
 def _compose(*overrides):
@@ -140,8 +144,17 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
     old = {"trainer": {"steps": 60, "debug_share_gpu": True}, "model": {"num_layers": 3}}
     saved = current_names(old)
     # a run saved before mappers were chosen ran mean_mlp, before node parameters none
-    model = {**old["model"], "mapper": "mean_mlp", "trainable_size": 0, "valid_time_forcing": False}
-    assert saved == {"trainer": {"steps": 60}, "debug": {"share_gpu": True}, "model": model}
+    # and, before the recipe was derived from the store, persistence, one input state, batches of one
+    model = {
+        **old["model"],
+        "mapper": "mean_mlp",
+        "trainable_size": 0,
+        "valid_time_forcing": False,
+        "multistep_input": 1,
+        "baseline": "persistence",
+    }
+    trainer = {"steps": 60, "batch_size": 1, "keep_best": False}  # and it scored its last model
+    assert saved == {"trainer": trainer, "debug": {"share_gpu": True}, "model": model}
     cfg = continue_from(_typed(), SavedRun(saved, 30, Path("x")), given=[])
     assert (cfg.trainer.steps, cfg.model.num_layers) == (60, 3)
     assert cfg.debug.share_gpu is False  # a setting of the invocation, never the saved run's

@@ -33,6 +33,7 @@ def test_the_preset_trains_on_two_ranks(tmp_path):
         f"data.path={tmp_path / 'regional_t2m_small.zarr'}",
         "data.generate_steps=96",
         "data.val_fraction=0.3",
+        "model.multistep_input=1",  # 96 hourly dates: 2 input states (derived) leave no validation sample
         f"run_dir={tmp_path / 'run'}",
         "model.num_layers=1",
         "model.num_channels=16",

@@ -13,9 +13,11 @@ from hydra import compose, initialize_config_module
 from training.config.schema import run_config
 from training.launch import store_settings
 from training.launch.store_settings import (
+    derive_batch_size,
     derive_hidden_grid,
     derive_lead_time,
     derive_ranks,
+    derive_recipe,
     derive_validation,
     describe,
     octahedral_points,
@@ -23,8 +25,11 @@ from training.launch.store_settings import (
 
 
 def _cfg(*overrides: str):
+    """The default configuration; its input states as the recipe derives them on a global store
+    (one) unless given: the validation's samples depend on them."""
+    states = [] if any(o.startswith("model.multistep_input=") for o in overrides) else ["model.multistep_input=1"]
     with initialize_config_module(config_module="configs", version_base="1.3"):
-        return run_config(compose(config_name="config", overrides=["run_dir=/tmp/unused", *overrides]))
+        return run_config(compose(config_name="config", overrides=["run_dir=/tmp/unused", *states, *overrides]))
 
 
 def _store(points: int, hours: float, dates: int, is_global: bool = False, missing=(), name="regional lat-lon"):
@@ -111,6 +116,34 @@ def test_a_short_store_takes_the_largest_share_and_says_so():
     assert derived[0].value == 0.3 and "the store allows no more" in derived[0].why
 
 
+def test_the_recipe_follows_the_datas_extent():
+    """A limited area (a regional box, a point set) learns over the per-point regression, with 8
+    learned features per point and 2 input states; global data over persistence, with neither."""
+    area = _cfg("model.multistep_input=null")
+    assert _values(derive_recipe(area, _store(340, 1, 744).point_set)) == {
+        "model.baseline": "linear_regression",
+        "model.trainable_size": 8,
+        "model.multistep_input": 2,
+    }
+    points = _cfg("model.multistep_input=null")
+    assert _values(derive_recipe(points, _store(182, 24, 3652, name="point set").point_set))["model.baseline"] == (
+        "linear_regression"
+    )
+    world = _cfg("model.multistep_input=null")
+    derived = derive_recipe(world, _store(5248, 6, 400, is_global=True).point_set)
+    assert _values(derived) == {"model.baseline": "persistence", "model.trainable_size": 0, "model.multistep_input": 1}
+    assert all(d.why == "global data" for d in derived)
+
+
+@pytest.mark.parametrize(
+    "points, batch",
+    [(5248, 1), (4096, 1), (1617, 4), (561, 8), (340, 16), (35, 16)],  # built-in, ERA5, NCEP, INCA, Iberia
+)
+def test_the_batch_holds_about_4096_points(points, batch):
+    cfg = _cfg()
+    assert _values(derive_batch_size(cfg, points)) == {"trainer.batch_size": batch}
+
+
 def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     small = _cfg()
@@ -134,6 +167,8 @@ def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
         ["data.lead_time=12"],
         ["data.val_fraction=0.2", "evaluate.samples=5"],
         ["trainer.nprocs=3", "trainer.ranks_per_model=3"],
+        ["model.baseline=persistence", "model.trainable_size=2", "model.multistep_input=3"],
+        ["trainer.batch_size=2"],
     ],
 )
 def test_a_given_key_is_never_derived(given):
@@ -141,6 +176,8 @@ def test_a_given_key_is_never_derived(given):
     store = _store(1617, 1, 744)
     derived = [
         *derive_hidden_grid(cfg, store),
+        *derive_recipe(cfg, store.point_set),
+        *derive_batch_size(cfg, 1617),
         *derive_lead_time(cfg, store),
         *derive_validation(cfg, store),
         *derive_ranks(cfg, 404),

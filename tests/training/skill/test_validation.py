@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.training.conftest import small_config
 from training.app import run
+from training.checkpoint.best import BestOnValidation
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
 from training.loop.trainer import Trainer, progress_fields
@@ -49,7 +50,7 @@ def test_validation_rmse_equals_the_evaluations_and_shows_in_the_progress_bar(tm
         best = min(table.rmse(k, v)[0] for k in baselines)
         assert metrics[f"val/rmse/{v}/best_baseline"] == pytest.approx(best, rel=1e-12)
         assert trainer.validator.skill.best[v] == min(baselines, key=lambda k, v=v: table.rmse(k, v)[0])
-    shown = progress_fields({"train/loss": 0.5, "samples_per_s": 3.0}, trainer.validator)
+    shown = progress_fields({"train/loss": 0.5, "samples_per_s": 3.0}, trainer.validator, BestOnValidation())
     psi = metrics["val/rmse/psi/model"], metrics["val/rmse/psi/best_baseline"]
     assert shown["psi_rmse"] == f"{psi[0]:.3g} m2 s-1"
     assert shown["baseline"] == f"{psi[1]:.3g} ({trainer.validator.skill.best['psi']})"
