@@ -90,8 +90,8 @@ class TrainerConfig:
     steps: int = setting(1000, at_least(1))
     """Optimiser steps of the run."""
     batch_size: int | None = setting(None, or_null(at_least(1)))
-    """Samples per data-parallel replica; None: derived from the store (enough samples for
-    about 4,096 points a step, at most 16: one on the built-in data's 5,248 points)."""
+    """Samples per data-parallel replica; None: derived from the store (the most, a power of two
+    up to 16, whose data points fit in 8,192; one on the built-in data's 5,248)."""
     lr: float = setting(3e-3, above(0))
     """AdamW's peak learning rate."""
     weight_decay: float = 0.01

@@ -137,9 +137,9 @@ def test_the_recipe_follows_the_datas_extent():
 
 @pytest.mark.parametrize(
     "points, batch",
-    [(5248, 1), (4096, 1), (1617, 4), (561, 8), (340, 16), (35, 16)],  # built-in, ERA5, NCEP, INCA, Iberia
+    [(5248, 1), (4096, 2), (3000, 2), (1617, 4), (561, 8), (340, 16), (35, 16)],  # built-in, ERA5, NCEP, INCA, Iberia
 )
-def test_the_batch_holds_about_4096_points(points, batch):
+def test_the_batch_fits_8192_points(points, batch):
     cfg = _cfg()
     assert _values(derive_batch_size(cfg, points)) == {"trainer.batch_size": batch}
 
