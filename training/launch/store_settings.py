@@ -167,7 +167,7 @@ def derive_recipe(cfg: RunConfig, points: PointSet) -> list[Derived]:
     """``model.baseline``, ``model.trainable_size`` and ``model.multistep_input`` where not set,
     from the extent of the data's ``points`` (see the module)."""
     model, area = cfg.model, not points.is_global
-    where = points.name if area else "global data"
+    where = f"a limited area: {points.name}" if area else "global data"
     picks = {
         "baseline": AREA_BASELINE if area else PERSISTENCE,
         "trainable_size": AREA_NODE_FEATURES if area else 0,
