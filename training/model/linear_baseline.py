@@ -68,10 +68,10 @@ def residual_statistics(
     rank's, summed over ``group``): the scale of what the network learns over it, as the
     increment's statistics are over the latest state (:mod:`training.data.tendencies`)."""
     sums = np.zeros((3, prognostic), dtype=np.float64)  # count, sum, sum of squares
-    coef = baseline.coef.cpu().double().numpy()
     for _, x, targets in training_chunks(batches, evenly_spread(train, FIT_SAMPLES), 1):
-        fitted = np.einsum("npf,pfo->npo", x.astype(np.float64), coef[:, :-1]) + coef[:, -1]
-        left = (targets[0] - fitted)[..., :prognostic].reshape(-1, prognostic)
+        with torch.no_grad():
+            fitted = baseline(torch.from_numpy(x).to(baseline.coef.device)).cpu().numpy()
+        left = (targets[0] - fitted)[..., :prognostic].reshape(-1, prognostic).astype(np.float64)
         sums += [np.full(prognostic, len(left)), left.sum(0), (left**2).sum(0)]
     return pooled_mean_stdev(sums, group)
 
