@@ -18,6 +18,7 @@ from training.checkpoint.resume import load_model_weights, restore_training_stat
 
 if TYPE_CHECKING:
     from training.hooks import StepHook
+    from training.loop.weight_average import WeightAverage
     from training.session import Session
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,15 @@ class Checkpointer:
         session: the rank's run (its model, ranks and transport).
         optimiser, schedule: the rest of the training state.
         hooks: the run's step hooks, told of each write (:meth:`training.hooks.StepHook.checkpoint_write`).
+        average: the moving average of the parameters (``trainer.weight_average``), if any: saved
+            and restored with them, and what ``best.pt`` holds.
     """
 
-    def __init__(self, session: Session, optimiser, schedule, hooks: StepHook) -> None:
+    def __init__(
+        self, session: Session, optimiser, schedule, hooks: StepHook, average: WeightAverage | None = None
+    ) -> None:
         self.session, self.optimiser, self.schedule, self.hooks = session, optimiser, schedule, hooks
+        self.average = average
         self.cfg = session.cfg.trainer
         self.dir = Path(session.cfg.run_dir) / "checkpoints"
         self.last = 0  # the step of the last good checkpoint: restored, then saved
@@ -46,7 +52,7 @@ class Checkpointer:
         s = self.session
         if self.cfg.resume and (self.dir / LATEST).exists():
             self.last, records = restore_training_state(
-                self.dir / LATEST, s.cfg, s.dims, s.model, self.optimiser, self.schedule
+                self.dir / LATEST, s.cfg, s.dims, s.model, self.optimiser, self.schedule, self.average
             )
             self.best = BestOnValidation.from_record(records.get("best_validation"))
             self.trained_s_before = float(records.get("trained_s", 0.0))
@@ -76,6 +82,8 @@ class Checkpointer:
         and it is not the current one (step ``last``); the step of the model it now holds."""
         s, best = self.session, self.best
         if not self.cfg.keep_best or best.step is None or best.step == self.last:
+            if self.average is not None:  # the model scored is the average, the last one
+                self.average.copy_to_model()
             return self.last
         step = load_model_weights(self.dir / BEST, s.cfg, s.dims, s.model)
         if s.dims.rank == 0:
@@ -110,6 +118,14 @@ class Checkpointer:
         records = {"best_validation": self.best.record()}
         if trained_s is not None:
             records["trained_s"] = self.trained_s_before + trained_s
+        if name == BEST and self.average is not None:  # the model validated: the average
+            with self.average.applied():
+                self._save(steps_done, name, on_write, records, average=None)
+        else:
+            self._save(steps_done, name, on_write, records, self.average)
+
+    def _save(self, steps_done: int, name: str, on_write, records: dict, average: WeightAverage | None) -> None:
+        s = self.session
         save_training_state(
             self.dir,
             steps_done,
@@ -122,4 +138,5 @@ class Checkpointer:
             s.transport,
             records=records,
             name=name,
+            average=average,
         )

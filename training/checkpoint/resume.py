@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import yaml
@@ -30,6 +30,9 @@ from training.config.schema import RunConfig
 from training.config.settings import to_settings
 from training.distributed.device import device_free
 from training.distributed.parallel import ParallelDims
+
+if TYPE_CHECKING:
+    from training.loop.weight_average import WeightAverage
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +90,19 @@ def check_resumable(cfg: RunConfig) -> None:
 
 
 def restore_training_state(
-    path: Path, cfg: RunConfig, dims: ParallelDims, model: nn.Module, optimiser, schedule
+    path: Path,
+    cfg: RunConfig,
+    dims: ParallelDims,
+    model: nn.Module,
+    optimiser,
+    schedule,
+    average: WeightAverage | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Load the checkpoint at ``path`` into the training state (this rank's share of split
     parameters); return its step and its run records (what :func:`save_training_state` was
-    given as ``records``; empty in a checkpoint written without). Rank 0 logs what differs from
-    the run that wrote it."""
+    given as ``records``; empty in a checkpoint written without). ``average``: the run's moving
+    average of the parameters, restored too (started afresh from a checkpoint without one). Rank 0
+    logs what differs from the run that wrote it."""
     state, saved_cfg = load_training_checkpoint(path)
     notes = check_compatible(saved_cfg, cfg)
     if dims.rank == 0:
@@ -102,6 +112,8 @@ def restore_training_state(
         load_full_state_dict(model, state["model"], dims.mp_rank)
         load_full_optimizer_state(optimiser, state["optimizer"], dims.mp_rank)
         schedule.load_state_dict(state["scheduler"])
+        if average is not None:
+            _restore_average(average, model, state, dims)
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
     if len(state["rng"]) == dims.world:  # the same ranks: every rank's random stream continues
@@ -110,6 +122,16 @@ def restore_training_state(
         if cuda_rng is not None and len(cuda_rng) == dims.world and _device_of(model).type == "cuda":
             torch.cuda.set_rng_state(cuda_rng[dims.rank])  # the current device's, this rank's GPU
     return int(state["step"]), dict(state.get("records") or {})
+
+
+def _restore_average(average: WeightAverage, model: nn.Module, state: dict[str, Any], dims: ParallelDims) -> None:
+    """The checkpoint's average into ``average``, or the parameters just loaded where it has none."""
+    if "average" not in state:
+        average.restart()
+        return
+    with average.applied():  # the parameters are the average's tensors inside: load into them
+        load_full_state_dict(model, state["average"], dims.mp_rank)
+    average.updates = int(state["average_updates"])
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -142,19 +164,26 @@ def save_training_state(
     transport: Transport | None = None,
     records: dict[str, Any] | None = None,
     name: str = LATEST,
+    average: WeightAverage | None = None,
 ) -> None:
     """Write the training state after ``step`` to ``directory/name`` (every rank calls; rank 0
     writes, atomically). Every tensor is written from the CPU, so the checkpoint loads on any
     device. ``on_write``: a step hook's (:meth:`training.hooks.StepHook.checkpoint_write`), given
     the bytes rank 0 has written, and 0 on the other ranks while rank 0 writes. ``transport``:
     what gathers split parameters (the session's). ``records``: plain data of the run that a
-    resumed run continues with (the best validation so far, the time trained)."""
+    resumed run continues with (the best validation so far, the time trained). ``average``: the
+    moving average of the parameters, written beside them (and read by evaluation first)."""
     rng = _every_rank(torch.get_rng_state(), dims)
     on_cuda = _device_of(model).type == "cuda"
     cuda_rng = _every_rank(torch.cuda.get_rng_state(), dims) if on_cuda else None
     # Full tensors, whatever the strategy: split parameters are gathered over the model group.
     model_state = device_free(full_state_dict(model, dims.mp_group, transport))
     optimiser_state = device_free(full_optimizer_state(optimiser, dims.mp_group, transport))
+    averaged = {}
+    if average is not None:
+        with average.applied():
+            averaged = {"average": device_free(full_state_dict(model, dims.mp_group, transport))}
+        averaged["average_updates"] = average.updates
     failure = ""
     if dims.rank == 0:
         state = {
@@ -165,6 +194,7 @@ def save_training_state(
             "rng": rng,
             "config": yaml.safe_dump(to_settings(cfg)),
             "records": records or {},
+            **averaged,
             **({"cuda_rng": cuda_rng} if cuda_rng is not None else {}),
         }
         try:
@@ -183,12 +213,13 @@ def save_training_state(
 
 
 def load_model_weights(path: str | Path, cfg: RunConfig, dims: ParallelDims, model: nn.Module) -> int:
-    """Load a training checkpoint's parameters into ``model`` (evaluation, prediction); return
-    its step. The checkpoint must be of this model (grid, variables, architecture)."""
+    """Load a training checkpoint's parameters into ``model`` (evaluation, prediction): their
+    moving average where the run kept one (``trainer.weight_average``); return its step. The
+    checkpoint must be of this model (grid, variables, architecture)."""
     state, saved_cfg = load_training_checkpoint(path)
     check_compatible(saved_cfg, cfg)
     try:
-        load_full_state_dict(model, state["model"], dims.mp_rank)
+        load_full_state_dict(model, state.get("average", state["model"]), dims.mp_rank)
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model: {exc}") from exc
     return int(state["step"])

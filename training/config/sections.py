@@ -113,6 +113,9 @@ class TrainerConfig:
     """Batches of validation samples each validation scores."""
     checkpoint_interval: int = setting(200, at_least(1))
     """Steps between checkpoints (and the last step, and an early stop)."""
+    weight_average: float | None = setting(None, or_null(within(0, 1)))
+    """The decay per step of a moving average of the parameters that is validated, kept as
+    ``best.pt`` and scored (training/loop/weight_average.py); None: the parameters themselves."""
     keep_best: bool = True
     """Keep the model of the lowest validation loss as ``checkpoints/best.pt`` and score it at the
     end of the run (skill table, plots); false: score the last model."""
@@ -204,6 +207,10 @@ class EvaluateConfig:
     samples: int | None = setting(None, or_null(at_least(1)))
     """Initial dates, evenly spread over the validation period; None: every validation initial
     date, at most 100."""
+    calibrate: bool = True
+    """The model's forecast is scored calibrated per lead on the training dates toward the
+    climatology and damped persistence (training/skill/calibration.py), its own forecast beside
+    it as ``model_uncalibrated``."""
     at_end_of_training: bool = True
     """A training run evaluates its final model."""
     at_stop: bool = False

@@ -10,6 +10,7 @@ import functools
 import logging
 import math
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from training.distributed.ranks import join_ranks
 from training.hooks import load_hooks
 from training.launch.interrupt import StopRequest, stop_requests
 from training.loop.step import build_step
+from training.loop.weight_average import WeightAverage
 from training.model.rollout import RolloutSchedule, rollout_horizon
 from training.reporting.end_of_run import final_report
 from training.reporting.report import open_tracker, variable_units
@@ -79,7 +81,9 @@ class Trainer:
         if cfg.evaluate.at_end_of_training:  # fails now, not after training, if it cannot
             evaluation_samples(session, cfg.evaluate.steps, cfg.evaluate.samples)
         self.hooks = load_hooks(cfg, dims.rank, dims.world)  # debug.hooks: none by default
-        self.checkpointer = Checkpointer(session, self.step_fn.optimiser, self.schedule, self.hooks)
+        decay = self.trainer_cfg.weight_average
+        self.average = WeightAverage(session.model, decay) if decay is not None else None
+        self.checkpointer = Checkpointer(session, self.step_fn.optimiser, self.schedule, self.hooks, self.average)
         self.start = self.checkpointer.restore()
         self.last_step_s = 0.1
         self.budget_agreed = False
@@ -140,7 +144,8 @@ class Trainer:
     def validate(self, step: int) -> dict[str, float]:
         """Validate the model after ``step`` and keep it when it is the best so far; the metrics,
         with the best validation loss and its step."""
-        metrics = self.validator.validate()
+        with self.average.applied() if self.average is not None else nullcontext():
+            metrics = self.validator.validate()
         self.checkpointer.validated(step + 1, metrics["val/loss"])
         best = self.checkpointer.best
         return metrics | {"val/best_loss": best.loss, "val/best_step": float(best.step or 0)}
@@ -170,6 +175,8 @@ class Trainer:
         x = self.hooks.model_inputs(step, batch.x)
         after_backward = functools.partial(self.hooks.after_backward, step)
         loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
+        if self.average is not None:
+            self.average.update()
         synchronize(s.device)  # the step's time includes the work queued on the GPU
         elapsed = self.last_step_s = time.perf_counter() - t0
         train_loss, peak, sent, stops, over_budget = dims.sum_over_world(

@@ -23,6 +23,7 @@ DPI = 110
 # Each forecast kind's (colour, marker), the same in every panel: the model and the baselines.
 KIND_STYLES = {
     "model": ("tab:blue", "o"),
+    "model_uncalibrated": ("lightsteelblue", "o"),
     "persistence": ("tab:orange", "s"),
     "climatology": ("tab:green", "^"),
     "hourly_climatology": ("tab:red", "v"),

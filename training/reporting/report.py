@@ -20,6 +20,7 @@ from training.distributed.parallel import ParallelDims
 from training.reporting.metrics_file import read_history
 from training.reporting.tracking import NullTracker, RecordOnly, Tracker
 from training.skill.by_lead import skill_summary
+from training.skill.calibration import UNCALIBRATED
 from training.skill.scores import SkillTable
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,13 @@ def report_skill(
     from training.reporting.plots import rmse_by_lead  # deferred: matplotlib (0.7 s)
 
     directory.mkdir(parents=True, exist_ok=True)
-    text = f"Model after training step {model_step}.\n\n" + table.to_markdown()
+    text = f"Model after training step {model_step}."
+    if UNCALIBRATED in table.kinds:
+        text += (
+            f" The model's forecast calibrated per lead on the training dates (training/skill/calibration.py);"
+            f" its own forecast is `{UNCALIBRATED}`."
+        )
+    text += "\n\n" + table.to_markdown()
     (directory / "skill.md").write_text(text + "\n")
     table.to_csv(directory / "skill.csv")
     tracker.log_evaluation(model_step, table.metrics())

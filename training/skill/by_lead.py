@@ -24,6 +24,7 @@ from training.data.samples import Sample, evenly_spread
 from training.model.rollout import rollout
 from training.session import Session
 from training.skill.baselines import training_baselines
+from training.skill.calibration import UNCALIBRATED, calibration_samples, describe, fit_calibration
 from training.skill.centroid import CentroidAccumulator
 from training.skill.scores import SkillAccumulator, SkillTable
 
@@ -67,10 +68,16 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     mine = samples[dims.dp_rank :: dims.dp]
     outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
     weights = dataset.area_weights[session.points]
-    baselines = training_baselines(session, steps, [t + k * lead for t, _ in mine for k in range(steps + 1)])
+    calibrating = calibration_samples(session, steps) if session.cfg.evaluate.calibrate else []
+    dates = [t + k * lead for t, _ in [*mine, *calibrating] for k in range(steps + 1)]
+    baselines = training_baselines(session, steps, dates)
     leads = lead_hours(session, steps)
     plain = baselines.climatologies.plain
-    scores = SkillAccumulator(outputs, leads, ("model", *baselines.kinds), weights=weights, climatology=plain)
+    calibration = fit_calibration(session, baselines, calibrating)
+    if calibration and dims.rank == 0:
+        log.info(describe(calibration, outputs, leads))
+    kinds = ("model", *((UNCALIBRATED,) if calibration else ()), *baselines.kinds)
+    scores = SkillAccumulator(outputs, leads, kinds, weights=weights, climatology=plain)
     centroids = centroid_accumulator(session, weights, leads)
     was_training = model.training
     model.eval()
@@ -85,6 +92,9 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
                 truth = dataset.denormalise_outputs(target[0].cpu().numpy())
                 predicted = dataset.denormalise_outputs(forecast[0].cpu().numpy())
+                if calibration:
+                    scores.add(UNCALIBRATED, k, predicted, truth, sample_id)
+                    predicted = calibration[k].apply(predicted, by_lead[k])
                 scores.add("model", k, predicted, truth, sample_id)
                 for kind, forecast_of_kind in by_lead[k].items():
                     scores.add(kind, k, forecast_of_kind, truth, sample_id)

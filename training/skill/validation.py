@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from training.data.samples import Sample
+from training.data.samples import Sample, evenly_spread
 from training.session import Session
 from training.skill.baselines import training_baselines
 from training.skill.by_lead import lead_hours
@@ -143,7 +143,8 @@ class Validator:
     def validate(self) -> dict[str, float]:
         """Validate the model as it is now (every rank calls); its metrics."""
         s, trainer_cfg = self.session, self.cfg
-        val = s.samples.val[: trainer_cfg.val_batches * trainer_cfg.batch_size]
+        # spread over the whole period: the best model is chosen on more than its first days' weather
+        val = evenly_spread(s.samples.val, trainer_cfg.val_batches * trainer_cfg.batch_size)
         if self.skill is None:
             self.skill = ValidationSkill(s, val, self.units)
         losses = []

@@ -15,6 +15,7 @@ from training.config.schema import RunConfig
 from training.config.settings import from_settings
 from training.data import DatasetError, ZarrDataset
 from training.model.build import build_model
+from training.skill.calibration import UNCALIBRATED
 from training.skill.fitted import FITTED
 from training.skill.scores import KINDS
 
@@ -29,7 +30,7 @@ def trained(trained_run):
 def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):
     run_dir, result = trained
     table = result["skill"]
-    assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == {*KINDS, *FITTED}
+    assert table.lead_hours == [6.0, 12.0] and set(table.kinds) == {*KINDS, *FITTED, UNCALIBRATED}
     for kind in table.kinds:
         assert all(np.isfinite(table.rmse(kind, "tracer")))
     # a row per variable's table, and one in the tracer's centroid table
@@ -54,6 +55,15 @@ def test_evaluate_a_checkpoint_on_other_ranks_gives_the_same_table(trained, tmp_
         np.testing.assert_allclose(got.rmse, want.rmse, rtol=1e-5)
         np.testing.assert_allclose(got.acc, want.acc, rtol=1e-5, atol=1e-6)
     assert (tmp_path / "rmse_by_lead.png").exists()
+    uncalibrated = evaluate.run(
+        small_config(
+            tmp_path / "raw", small_dataset, *ONE_RANK, f"evaluate.checkpoint={checkpoint}", "evaluate.calibrate=false"
+        )
+    )
+    raw = uncalibrated["skill"]
+    assert UNCALIBRATED not in raw.kinds
+    np.testing.assert_allclose(raw.rmse("model", "tracer"), result["skill"].rmse(UNCALIBRATED, "tracer"), rtol=1e-5)
+    assert not np.allclose(raw.rmse("model", "tracer"), result["skill"].rmse("model", "tracer"), rtol=1e-5)
     # logged beside the run it evaluates, naming it
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     tags = client.get_run(out["run_id"]).data.tags

@@ -1,0 +1,79 @@
+"""The per-lead calibration of the model's forecast: weights worked by hand on a small case, the
+reference climatology it chooses, and the samples it is fitted on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.skill.calibration import MODEL, LeadCalibration, describe, products, solve
+from training.skill.fitted import DAMPED_PERSISTENCE
+
+KINDS = (MODEL, DAMPED_PERSISTENCE)
+
+
+def _case(rng: np.random.Generator, points: int = 40, variables: int = 2):
+    """Forecasts ``(points, variables)``: model, damped persistence, two climatologies, and a truth
+    that is exactly ``c + 0.5 (model - c) + 0.3 (damped - c)`` about the second climatology."""
+    model, damped = rng.normal(size=(2, points, variables))
+    plain, hourly = rng.normal(size=(2, points, variables)) * [[0.1]]
+    truth = hourly + 0.5 * (model - hourly) + 0.3 * (damped - hourly)
+    return model, damped, {"climatology": plain, "hourly_climatology": hourly}, truth
+
+
+def test_weights_and_reference_recovered_by_hand():
+    rng = np.random.default_rng(0)
+    weights = rng.uniform(0.5, 1.5, size=40)
+    sums = np.zeros((2, 3, 3, 2))
+    for _ in range(5):  # five samples
+        model, damped, climatologies, truth = _case(rng)
+        for r, c in enumerate(climatologies.values()):
+            sums[r] += products([model, damped], truth, c, weights)
+    cal = solve(sums, ("climatology", "hourly_climatology"), KINDS)
+    assert cal.references == ("hourly_climatology", "hourly_climatology")
+    np.testing.assert_allclose(cal.weights, [[0.5, 0.3], [0.5, 0.3]], rtol=1e-10)
+    model, damped, climatologies, truth = _case(rng)
+    calibrated = cal.apply(model, {**climatologies, DAMPED_PERSISTENCE: damped})
+    np.testing.assert_allclose(calibrated, truth, rtol=1e-10, atol=1e-12)
+
+
+def test_products_are_the_weighted_sums():
+    m, d, y, c = (np.array([[2.0], [1.0]]), np.array([[0.0], [3.0]]), np.array([[1.0], [1.0]]), np.ones((2, 1)))
+    w = np.array([1.0, 2.0])
+    # anomalies: m - c = (1, 0), d - c = (-1, 2), y - c = (0, 0)
+    np.testing.assert_allclose(products([m, d], y, c, w)[..., 0], [[1.0, -1.0, 0.0], [-1.0, 9.0, 0.0], [0.0, 0.0, 0.0]])
+    y[1, 0] = np.nan  # a missing value: that point counts nowhere
+    np.testing.assert_allclose(products([m, d], y, c, w)[..., 0], [[1.0, -1.0, 0.0], [-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_the_model_alone_is_weighted_by_hand():
+    sums = np.zeros((1, 2, 2, 1))
+    sums[0, 0, 0, 0], sums[0, 0, 1, 0] = 4.0, 2.0  # sum m^2 = 4, sum m y = 2: a = 0.5
+    cal = solve(sums, ("climatology",), (MODEL,))
+    assert cal.weights[0, 0] == pytest.approx(0.5)
+    out = cal.apply(np.array([[3.0]]), {"climatology": np.array([[1.0]])})
+    assert out[0, 0] == pytest.approx(1.0 + 0.5 * 2.0)
+
+
+def test_describe_names_each_lead():
+    cal = LeadCalibration(KINDS, ("doy_climatology",), np.array([[0.9, 0.1]]))
+    assert describe([cal, cal], ["t2m"], [6.0, 12.0]).splitlines() == [
+        "calibration at 6 h: t2m model=0.90 damped_persistence=0.10 about doy_climatology",
+        "calibration at 12 h: t2m model=0.90 damped_persistence=0.10 about doy_climatology",
+    ]
+
+
+def test_fitted_on_training_samples_the_baselines_read(tmp_path, small_dataset, monkeypatch):
+    from tests.training.conftest import small_config
+    from training.distributed.parallel import ParallelDims
+    from training.launch.launcher import prepare
+    from training.session import open_session
+    from training.skill import calibration
+    from training.skill.baselines import fit_samples
+
+    one_rank = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
+    session = open_session(prepare(small_config(tmp_path, small_dataset, *one_rank)), ParallelDims.build(1))
+    monkeypatch.setattr(calibration, "CALIBRATION_SAMPLES", 5)
+    chosen, fitted_on = calibration.calibration_samples(session, 2), fit_samples(session, 2)
+    assert len(chosen) == 5 < len(fitted_on) and set(chosen) <= set(fitted_on)
+    assert chosen == [fitted_on[i] for i in np.linspace(0, len(fitted_on) - 1, 5).round().astype(int)]
