@@ -113,7 +113,7 @@ class TrainerConfig:
     """Batches of validation samples each validation scores."""
     checkpoint_interval: int = setting(200, at_least(1))
     """Steps between checkpoints (and the last step, and an early stop)."""
-    weight_average: float | None = setting(None, or_null(within(0, 1)))
+    weight_average: float | None = setting(None, or_null(within(0, 1, "()")))
     """The decay per step of a moving average of the parameters that is validated, kept as
     ``best.pt`` and scored (training/loop/weight_average.py); None: the parameters themselves."""
     keep_best: bool = True

@@ -1,11 +1,11 @@
 """An exponential moving average of the model's parameters (``trainer.weight_average``), the
-model that is validated, kept as ``best.pt`` and scored, as anemoi's and timm's EMA callbacks
+model that is validated, kept as ``best.pt`` and scored, as the EMA callbacks of anemoi and timm
 do: training steps the parameters, the average follows them, and the average is the smoother
 model of the two when a short run's steps still swing the loss.
 
 Each rank averages its own parameters (its blocks of split ones), so the average is exact under
-any layout. The decay warms up as timm's ``ModelEmaV3`` does, ``min(decay, (1 + n) / (10 + n))``
-after ``n`` updates, so that the first steps' random weights fade quickly."""
+any layout. The decay warms up as TensorFlow's ``ExponentialMovingAverage(num_updates=n)`` does,
+``min(decay, (1 + n) / (10 + n))`` after ``n`` updates, so that the first steps' random weights fade quickly."""
 
 from __future__ import annotations
 

@@ -68,9 +68,9 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     mine = samples[dims.dp_rank :: dims.dp]
     outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
     weights = dataset.area_weights[session.points]
+    # The calibration's samples are among the fitted baselines': their dates' climatologies are made.
     calibrating = calibration_samples(session, steps) if session.cfg.evaluate.calibrate else []
-    dates = [t + k * lead for t, _ in [*mine, *calibrating] for k in range(steps + 1)]
-    baselines = training_baselines(session, steps, dates)
+    baselines = training_baselines(session, steps, [t + k * lead for t, _ in mine for k in range(steps + 1)])
     leads = lead_hours(session, steps)
     plain = baselines.climatologies.plain
     calibration = fit_calibration(session, baselines, calibrating)
