@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, LogFormatter, MaxNLocator  # noqa: E402
 
 from training.reporting.map_frame import MapFrame, map_frame, raster  # noqa: E402
+from training.skill.calibration import UNCALIBRATED  # noqa: E402
 
 if TYPE_CHECKING:
     from training.skill.scores import SkillTable
@@ -23,7 +24,7 @@ DPI = 110
 # Each forecast kind's (colour, marker), the same in every panel: the model and the baselines.
 KIND_STYLES = {
     "model": ("tab:blue", "o"),
-    "model_uncalibrated": ("lightsteelblue", "o"),
+    UNCALIBRATED: ("lightsteelblue", "o"),
     "persistence": ("tab:orange", "s"),
     "climatology": ("tab:green", "^"),
     "hourly_climatology": ("tab:red", "v"),

@@ -24,7 +24,7 @@ from training.data.samples import Sample, evenly_spread
 from training.model.rollout import rollout
 from training.session import Session
 from training.skill.baselines import training_baselines
-from training.skill.calibration import UNCALIBRATED, calibration_samples, describe, fit_calibration
+from training.skill.calibration import UNCALIBRATED, describe, fit_calibration
 from training.skill.centroid import CentroidAccumulator
 from training.skill.scores import SkillAccumulator, SkillTable
 
@@ -68,12 +68,10 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     mine = samples[dims.dp_rank :: dims.dp]
     outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
     weights = dataset.area_weights[session.points]
-    # The calibration's samples are among the fitted baselines': their dates' climatologies are made.
-    calibrating = calibration_samples(session, steps) if session.cfg.evaluate.calibrate else []
     baselines = training_baselines(session, steps, [t + k * lead for t, _ in mine for k in range(steps + 1)])
     leads = lead_hours(session, steps)
     plain = baselines.climatologies.plain
-    calibration = fit_calibration(session, baselines, calibrating)
+    calibration = fit_calibration(session, baselines) if session.cfg.evaluate.calibrate else None
     if calibration and dims.rank == 0:
         log.info(describe(calibration, outputs, leads))
     kinds = ("model", *((UNCALIBRATED,) if calibration else ()), *baselines.kinds)

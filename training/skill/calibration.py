@@ -100,13 +100,14 @@ def calibration_samples(session: Session, steps: int) -> list[Sample]:
     return evenly_spread(fit_samples(session, steps), CALIBRATION_SAMPLES)
 
 
-def fit_calibration(session: Session, baselines: Baselines, samples: list[Sample]) -> list[LeadCalibration] | None:
+def fit_calibration(session: Session, baselines: Baselines) -> list[LeadCalibration] | None:
     """Per lead (1 to ``baselines.steps``), the calibration of ``session``'s model fitted on
-    ``samples`` (:func:`calibration_samples`, whose dates ``baselines`` were given); None without
-    samples or fitted baselines (every rank agrees: both are the same everywhere)."""
-    if not samples or baselines.fitted is None:
-        return None
+    :func:`calibration_samples` (among the fitted baselines' own, whose dates' climatologies
+    ``baselines`` holds); None without them (every rank agrees: they are the same everywhere)."""
     dataset, dims, steps = session.dataset, session.dims, baselines.steps
+    samples = calibration_samples(session, steps) if baselines.fitted is not None else []
+    if not samples:
+        return None
     references = tuple(r for r in REFERENCES if r in baselines.kinds)
     kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds))
     weights = dataset.area_weights[session.points]
