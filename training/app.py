@@ -64,7 +64,7 @@ def _hydra_main(cfg: DictConfig) -> float:
         print("error: interrupted before training started (no step trained)", file=sys.stderr)
         sys.exit(130)
     if torchrun_rank() == 0:
-        log_skill(result.get("skill"), cfg.run_dir)
+        log_skill(result.get("skill"), cfg.run_dir, cfg.logging.plots)
     return report_end(result, cfg.run_dir)
 
 

@@ -63,7 +63,7 @@ def evaluate_on_rank(cfg: RunConfig) -> dict[str, Any]:
         tags = {"kind": "evaluation", **source_run_tags(checkpoint, step)}
         tracker = open_tracker(cfg, dims, 0, tags)
         if dims.rank == 0:
-            report_skill(table, Path(cfg.run_dir), tracker, model_step=step)
+            report_skill(table, Path(cfg.run_dir), tracker, model_step=step, plot=cfg.logging.plots)
         tracker.finish()
         return {"skill": table, "run_id": tracker.run_id, "checkpoint_step": step}
 
@@ -80,7 +80,7 @@ def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str
 def _hydra_main(cfg: DictConfig) -> None:
     given = command_line_keys(multirun_members=True)
     result = run_reporting_errors(lambda c: run(c, given), cfg)
-    log_skill(result["skill"], cfg.run_dir)
+    log_skill(result["skill"], cfg.run_dir, cfg.logging.plots)
 
 
 if __name__ == "__main__":

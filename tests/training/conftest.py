@@ -13,8 +13,11 @@ def small_dataset(tmp_path_factory) -> Path:
     return generate_rossby_haurwitz(tmp_path_factory.mktemp("data") / "rh_o16.zarr", "o16", steps=40, seed=3)
 
 
-# A run of seconds: 6 steps, validated and checkpointed every 3, scored at 2 leads from 2 dates.
+# A run of seconds: 6 steps, validated and checkpointed every 3, scored at 2 leads from 2 dates,
+# no pictures (their drawing cost more than the run: a test that reads them sets PICTURES).
+PICTURES = "logging.plots=true"
 SHORT_RUN = [
+    "logging.plots=false",
     "trainer.steps=6",
     "trainer.val_interval=3",
     "trainer.val_batches=2",
@@ -53,9 +56,9 @@ def small_config(run_dir: Path, dataset: Path, *overrides: str):
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, small_dataset):
-    """The default config shrunk (2 ranks, shard_sequence, 6 steps, step 4 profiled), trained once
+    """The default config shrunk (2 ranks, shard_sequence, 6 steps, step 4 profiled, pictures drawn), trained once
     for every test that only reads its outputs: ``(run directory, result)``."""
     from training.app import run
 
     run_dir = tmp_path_factory.mktemp("trained")
-    return run_dir, run(small_config(run_dir, small_dataset, "logging.profile_after=4"))
+    return run_dir, run(small_config(run_dir, small_dataset, "logging.profile_after=4", PICTURES))

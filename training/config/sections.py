@@ -182,6 +182,10 @@ class LoggingConfig:
 
     mlflow: bool = True
     """Log to MLflow too."""
+    plots: bool = True
+    """Draw the pictures of a run's end and of an evaluation (loss curve, forecast map, skill by
+    lead time), and log them to MLflow; false: the tables, metrics and checkpoints only (sweeps,
+    tests: the pictures of a small run cost more than its training)."""
     tracking_uri: str | None = None
     """None: ``sqlite:///<run_dir>/mlflow.db``; or a tracking server, ``http://host:5000``."""
     experiment: str = "gridshard"

@@ -19,11 +19,12 @@ FURTHER_LEADS_H = (24.0, 48.0)  # the centroid variable's extra map rows
 
 def final_report(session: Session, tracker, model_step: int) -> SkillTable | None:
     """Skill by lead time when ``evaluate.at_end_of_training`` (every rank; its table, or
-    None), then rank 0's tables, plots and MLflow artifacts of the model after ``model_step``."""
+    None), then rank 0's tables, plots (``logging.plots``) and MLflow artifacts of the model
+    after ``model_step``."""
     s = session
-    dims, ev = s.dims, s.cfg.evaluate
+    dims, ev, plots = s.dims, s.cfg.evaluate, s.cfg.logging.plots
     skill = evaluate_skill(s, ev.steps, ev.samples) if ev.at_end_of_training else None
-    if dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 draws it
+    if plots and dims.dp_rank == 0:  # replica 0 forecasts one validation date, rank 0 draws it
         part, further = forecast_part(s)
         parts = [part]
         if dims.mp > 1:
@@ -35,7 +36,7 @@ def final_report(session: Session, tracker, model_step: int) -> SkillTable | Non
             final_pictures(tracker, run_dir, s.dataset, forecast, s.samples.val[0], s.samples.lead, further)
     if skill is not None and dims.rank == 0:
         units = variable_units(s.dataset)
-        report_skill(skill, Path(s.cfg.run_dir), tracker, model_step=model_step, units=units)
+        report_skill(skill, Path(s.cfg.run_dir), tracker, model_step=model_step, units=units, plot=plots)
     return skill
 
 

@@ -284,7 +284,9 @@ def rmse_by_lead_figure(table: SkillTable, units: dict[str, str] | None = None) 
             if len(leads) <= 12:
                 ax.xaxis.set_major_locator(FixedLocator(leads))
             ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend(fontsize="small")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    # One legend for every panel (a kind has one style everywhere): a legend per panel cost
+    # most of the figure's drawing time (1.2 of 2 s with 5 variables) and said the same ten times.
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6), fontsize="small")
     fig.suptitle("Forecast skill by lead time (area-weighted, averaged over samples)")
     return fig

@@ -146,13 +146,18 @@ def _denormalise_columns(dataset: ZarrDataset, values: np.ndarray, columns: list
 
 
 def report_skill(
-    table: SkillTable, directory: Path, tracker, model_step: int, units: dict[str, str] | None = None
+    table: SkillTable,
+    directory: Path,
+    tracker,
+    model_step: int,
+    units: dict[str, str] | None = None,
+    plot: bool = True,
 ) -> str:
-    """Write the table (``skill.md``, ``skill.csv``) and its plot (``rmse_by_lead.png``, its axes
-    in each variable's ``units`` where the store names them) to ``directory``, log them as
-    artifacts and the scores as one evaluation with ``tracker`` (:meth:`SkillTable.metrics`, all
-    at ``model_step``: the training step of the model scored, its checkpoint's step); return the
-    table as markdown."""
+    """Write the table (``skill.md``, ``skill.csv``) and, when ``plot``, its plot
+    (``rmse_by_lead.png``, its axes in each variable's ``units`` where the store names them) to
+    ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
+    (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored, its
+    checkpoint's step); return the table as markdown."""
     from training.reporting.plots import rmse_by_lead  # deferred: matplotlib (0.7 s)
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -166,24 +171,21 @@ def report_skill(
     (directory / "skill.md").write_text(text + "\n")
     table.to_csv(directory / "skill.csv")
     tracker.log_evaluation(model_step, table.metrics())
-    for path in (
-        directory / "skill.md",
-        directory / "skill.csv",
-        rmse_by_lead(table, directory / "rmse_by_lead.png", units),
-    ):
+    paths = [directory / "skill.md", directory / "skill.csv"]
+    if plot:
+        paths.append(rmse_by_lead(table, directory / "rmse_by_lead.png", units))
+    for path in paths:
         tracker.log_artifact(path)
     return text
 
 
-def log_skill(skill: Any, run_dir: str) -> None:
+def log_skill(skill: Any, run_dir: str, plot: bool = True) -> None:
     """Log the skill summary of rank 0's result (the ranks may be spawned processes, whose logs
-    do not reach the console), and where the full tables and the plot are."""
+    do not reach the console), and where the full tables and (``plot``) the plot are."""
     if skill is None or torchrun_rank() != 0:
         return
-    log.info(
-        "RMSE by lead time (area-weighted, physical units), model / persistence:\n%s\n"
-        "full tables (climatology, ACC): %s/skill.md; plot: %s/rmse_by_lead.png",
-        skill_summary(skill),
-        run_dir,
-        run_dir,
-    )
+    where = f"full tables (climatology, ACC): {run_dir}/skill.md"
+    if plot:
+        where += f"; plot: {run_dir}/rmse_by_lead.png"
+    summary = skill_summary(skill)
+    log.info("RMSE by lead time (area-weighted, physical units), model / persistence:\n%s\n%s", summary, where)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.training.conftest import small_config
+from tests.training.conftest import PICTURES, small_config
 from training import evaluate, predict
 from training.checkpoint.files import CheckpointError, load_training_checkpoint
 from training.config.schema import RunConfig
@@ -47,7 +47,7 @@ def test_a_run_ends_with_skill_by_lead_time_in_mlflow(trained):
 def test_evaluate_a_checkpoint_on_other_ranks_gives_the_same_table(trained, tmp_path, small_dataset):
     run_dir, result = trained
     checkpoint = run_dir / "checkpoints" / "latest.pt"
-    cfg = small_config(tmp_path, small_dataset, *ONE_RANK, f"evaluate.checkpoint={checkpoint}")
+    cfg = small_config(tmp_path, small_dataset, *ONE_RANK, f"evaluate.checkpoint={checkpoint}", PICTURES)
     out = evaluate.run(cfg)
     assert out["checkpoint_step"] == 6
     for want, got in zip(result["skill"].rows, out["skill"].rows):

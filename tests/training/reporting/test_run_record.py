@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.training.conftest import small_config
+from tests.training.conftest import PICTURES, small_config
 from training.app import run
 from training.reporting.metrics_file import RunRecord, read_evaluations, read_history
 
@@ -13,7 +13,7 @@ ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
 
 
 def test_a_run_with_mlflow_off_keeps_its_record(tmp_path, small_dataset):
-    result = run(small_config(tmp_path, small_dataset, *ONE_RANK, "logging.mlflow=false"))
+    result = run(small_config(tmp_path, small_dataset, *ONE_RANK, "logging.mlflow=false", PICTURES))
     assert result["run_id"] is None
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlflow_run.json").exists()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -24,6 +24,13 @@ def test_a_run_with_mlflow_off_keeps_its_record(tmp_path, small_dataset):
     assert any(name.startswith("eval/rmse/psi/model/") for name in evaluations[0][1])
     for picture in ("loss_curve.png", "forecast_map.png", "rmse_by_lead.png"):
         assert (tmp_path / picture).stat().st_size > 0, picture
+
+
+def test_a_run_with_plots_off_writes_its_tables_and_no_picture(tmp_path, small_dataset):
+    run(small_config(tmp_path, small_dataset, *ONE_RANK, "logging.mlflow=false", "logging.plots=false"))
+    assert (tmp_path / "skill.md").exists() and (tmp_path / "skill.csv").exists()
+    assert [step for step, _ in read_evaluations(tmp_path)] == [6]
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_a_resumed_record_keeps_the_earlier_steps_once(tmp_path):
