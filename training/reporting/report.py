@@ -158,8 +158,6 @@ def report_skill(
     ``directory``, log them as artifacts and the scores as one evaluation with ``tracker``
     (:meth:`SkillTable.metrics`, all at ``model_step``: the training step of the model scored, its
     checkpoint's step); return the table as markdown."""
-    from training.reporting.plots import rmse_by_lead  # deferred: matplotlib (0.7 s)
-
     directory.mkdir(parents=True, exist_ok=True)
     text = f"Model after training step {model_step}."
     if UNCALIBRATED in table.kinds:
@@ -173,6 +171,8 @@ def report_skill(
     tracker.log_evaluation(model_step, table.metrics())
     paths = [directory / "skill.md", directory / "skill.csv"]
     if plot:
+        from training.reporting.plots import rmse_by_lead  # deferred: matplotlib (0.7 s), only to draw
+
         paths.append(rmse_by_lead(table, directory / "rmse_by_lead.png", units))
     for path in paths:
         tracker.log_artifact(path)
