@@ -53,6 +53,16 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def cache_dir() -> Path:
+    """Where this machine keeps what is worth measuring or making once (the attention paths'
+    timings, an empty MLflow store): ``$GRIDSHARD_CACHE_DIR``, else ``gridshard`` under
+    ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    root = os.environ.get("GRIDSHARD_CACHE_DIR")
+    if root is None:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gridshard")
+    return Path(root)
+
+
 def device_name(device: torch.device) -> str:
     """The GPU's name for a CUDA device, else :func:`cpu_name`."""
     if device.type == "cuda":

@@ -20,8 +20,9 @@ from tests.rank_pool import RankPool
 
 # Local gloo ranks fork from one server per process (processor.runtime.launch), which imports
 # what the first run's rank function needs; started here with the app's, not with whatever the
-# first test happens to run.
-start_fork_server("training.app")
+# first test happens to run. With MLflow's client and sqlite store too: rank 0's tracker thread
+# imports them (2.5-3 s, holding the GIL the rank's own loop needs) in every run with MLflow on.
+start_fork_server("training.app", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -33,7 +33,7 @@ import torch
 from processor.attention.dispatch import AttentionCall, path_problem
 from processor.attention.kernel import sliding_window_attention
 from processor.attention.native_build import build_stamp
-from processor.host import cpu_name, device_name
+from processor.host import cache_dir, cpu_name, device_name
 
 # What may win, per device: every windowed path but those that cannot pay off (``dense`` and
 # ``scored`` build O(N·W) or O(N^2) logits; ``flex`` on CPU compiles for 10-14 s per shape and
@@ -120,11 +120,8 @@ def cache_key(shape: ProbeShape, device: torch.device) -> str:
 
 
 def default_cache_file() -> Path:
-    """``$GRIDSHARD_CACHE_DIR/attention_paths.json``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``."""
-    root = os.environ.get("GRIDSHARD_CACHE_DIR")
-    if root is None:
-        root = str(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gridshard")
-    return Path(root) / CACHE_NAME
+    """``attention_paths.json`` in this machine's :func:`~processor.host.cache_dir`."""
+    return cache_dir() / CACHE_NAME
 
 
 def eligible_paths(shape: ProbeShape, device: torch.device) -> list[str]:

@@ -8,8 +8,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import sqlite3
+import time
+from contextlib import closing, suppress
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from processor.host import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +40,11 @@ def create_local_store(uri: str) -> None:
     all. MLflow makes its tables in dozens of migration steps, each committed on its own: a rank
     0 killed among them leaves a half-made schema that every later run refuses (seen in the
     soak). So the store is made in a temporary file beside it, closed, and renamed into place;
-    a temporary file left by a killed attempt is removed."""
+    a temporary file left by a killed attempt is removed.
+
+    The migrations take 1-1.5 s of one core, the same for every run of one MLflow version: the
+    first run on a machine keeps the empty store it made (:func:`empty_store`), and each later
+    one copies it and sets its default experiment's artifact location, as MLflow would have."""
     if not uri.startswith("sqlite:///"):
         return
     path = Path(uri.removeprefix("sqlite:///"))
@@ -41,12 +52,55 @@ def create_local_store(uri: str) -> None:
         return
     for stale in path.parent.glob(f".{path.name}.partial-*"):
         stale.unlink(missing_ok=True)
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    artifact_root = (path.parent / "mlartifacts").resolve().as_uri()
+    template = empty_store()
+    if template is None:
+        _migrate(tmp, artifact_root)
+    else:
+        shutil.copyfile(template, tmp)
+        _own_default_experiment(tmp, artifact_root)
+    os.replace(tmp, path)
+
+
+def empty_store() -> Path | None:
+    """This machine's empty sqlite store of the installed MLflow version, made once in
+    :func:`~processor.host.cache_dir` (atomically, as a run's own); None where that folder cannot
+    be written (each run then migrates its own store)."""
+    path = cache_dir() / f"mlflow-{version('mlflow')}-empty.db"
+    if path.exists():
+        return path
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _migrate(tmp, (path.parent / "mlartifacts").resolve().as_uri())
+        os.replace(tmp, path)
+    except Exception as exc:  # an unwritable folder fails in os or in sqlite: the run's own store will tell
+        log.info("no empty MLflow store kept in %s (%s): each run makes its own", path.parent, exc)
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return None
+    return path
+
+
+def _migrate(path: Path, artifact_root: str) -> None:
+    """An MLflow sqlite store made at ``path`` by MLflow's own migrations, its connections closed."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # deferred: mlflow (1.3 s)
 
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    store = SqlAlchemyStore(f"sqlite:///{tmp}", (path.parent / "mlartifacts").resolve().as_uri())
+    store = SqlAlchemyStore(f"sqlite:///{path}", artifact_root)
     store.engine.dispose()  # every connection closed: the file is complete, with no journal
-    os.replace(tmp, path)
+
+
+def _own_default_experiment(path: Path, artifact_root: str) -> None:
+    """The copied store's default experiment (id 0) as MLflow makes it for this store: its
+    artifacts under ``artifact_root``, created now."""
+    now = int(time.time() * 1000)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute(
+            "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+            "WHERE experiment_id = 0",
+            (f"{artifact_root}/0", now, now),
+        )
 
 
 def artifact_dir(uri: str, run_dir: Path) -> Path:

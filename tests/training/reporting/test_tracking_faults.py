@@ -184,19 +184,21 @@ _CREATE = (
 def test_a_store_creation_killed_midway_leaves_no_broken_store(tmp_path):
     """MLflow makes a new sqlite store in dozens of committed steps; rank 0 killed among them
     must not leave a half-made store (every later segment would fail to open it, as the soak
-    once saw). Killed at several points of the creation: no store, or a whole one."""
+    once saw). Killed at several points of the creation: no store, or a whole one. Each in a
+    machine of its own (a cache without the empty store), so that the migrations run."""
     killed_midway = 0
     for i, delay_s in enumerate((0.15, 0.4, 0.7)):
         directory = tmp_path / str(i)
         directory.mkdir()
         uri = f"sqlite:///{directory / 'mlflow.db'}"
-        proc = subprocess.Popen([sys.executable, "-c", _CREATE, uri], stdout=subprocess.PIPE, text=True)
+        env = {**os.environ, "GRIDSHARD_CACHE_DIR": str(directory / "cache")}
+        proc = subprocess.Popen([sys.executable, "-c", _CREATE, uri], stdout=subprocess.PIPE, text=True, env=env)
         assert proc.stdout.readline().strip() == "creating"
         time.sleep(delay_s)
         proc.send_signal(signal.SIGKILL)
         finished = "made" in proc.communicate()[0]
         store = directory / "mlflow.db"
-        killed_midway += not finished and list(directory.glob(".mlflow.db.partial-*")) != []
+        killed_midway += not finished and list(directory.glob("**/.mlflow*.partial-*")) != []
         assert store.exists() == finished  # nothing at mlflow.db until it is whole
         client = MlflowClient(uri)  # makes it anew if the kill left none
         assert client.get_experiment_by_name("Default") is not None
