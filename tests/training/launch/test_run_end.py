@@ -207,6 +207,11 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, small_dataset):
         pytest.param(
             "hydra.run.dir=a_file/run", "error: hydra.run.dir = a_file/run cannot be created: ", marks=pytest.mark.slow
         ),
+        pytest.param(  # the check itself is in the default tier (test_cli_check.py)
+            "logging.plots=maybe",
+            "error: config key logging.plots cannot be 'maybe': Value 'maybe' is not a valid bool (type str)",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(tmp_path, override, line):

@@ -1,0 +1,37 @@
+"""The command line checked before Hydra runs: each refusal one line that names the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.config.schema import ConfigValueError
+from training.launch.cli_check import check_overrides
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["logging.plots=maybe"], "config key logging.plots cannot be 'maybe': Value 'maybe' is not a valid bool"),
+        (["trainer.steps=ten"], "config key trainer.steps cannot be 'ten': Value 'ten' of type 'str' could not be"),
+        (["trainer.steps=1.5"], "config key trainer.steps cannot be 1.5: "),
+        (["--multirun", "trainer.lr=0.1,fast"], "config key trainer.lr cannot be 'fast': "),
+        (["trainer.stepz=3"], "config key trainer.stepz is not a setting of the schema: did you mean trainer.steps?"),
+    ],
+)
+def test_a_value_of_the_wrong_type_or_an_unknown_key_is_refused_naming_the_key(argv, message):
+    with pytest.raises(ConfigValueError) as caught:
+        check_overrides(argv)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trainer.steps=10", "logging.plots=false", "trainer.keep_best=yes"],
+        ["model.window_size=null", "trainer.steps=${trainer.warmup_steps}"],  # optional; interpolation
+        ["--multirun", "trainer.lr=0.1,0.01", "strategy=none,shard_heads"],
+        ["data.open_dataset.select=[2t]", "+trainer.steps=3", "model.hidden_grid=data"],
+    ],
+)
+def test_values_that_fit_their_settings_pass(argv):
+    check_overrides(argv)
