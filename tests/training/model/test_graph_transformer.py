@@ -45,16 +45,16 @@ def test_a_destination_hears_only_its_own_sources_weighted_by_a_softmax():
     again = mapper(changed, x_dst, edge_index, edge_attr)
     torch.testing.assert_close(again[0, 0], out[0, 0])
     assert not torch.allclose(again[0, 1], out[0, 1])
-    heads = mapper.propagate(
+    heads = mapper.propagate(  # points first: (points, batch, C)
         edge_index,
-        query=mapper.lin_query(mapper.norm_dst(x_dst)),
-        key=mapper.lin_key(mapper.norm_src(x_src)),
-        value=mapper.lin_value(mapper.norm_src(x_src)),
-        edge=mapper.lin_edge(edge_attr),
+        query=mapper.lin_query(mapper.norm_dst(x_dst)).transpose(0, 1),
+        key=mapper.lin_key(mapper.norm_src(x_src)).transpose(0, 1),
+        value=mapper.lin_value(mapper.norm_src(x_src)).transpose(0, 1),
+        edge=mapper.lin_edge(edge_attr).unsqueeze(1),
         size=(6, 2),
     )
     expected = mapper.lin_value(mapper.norm_src(x_src))[0, [3, 5]] + mapper.lin_edge(edge_attr)
-    torch.testing.assert_close(heads[0], expected)
+    torch.testing.assert_close(heads[:, 0], expected)
 
 
 def test_local_frame_features_point_east_and_north():
