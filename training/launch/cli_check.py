@@ -16,12 +16,16 @@ import tempfile
 from pathlib import Path
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, ValidationError
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from training.config.schema import ConfigValueError, RunConfig, schema_keys
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# The sweeps whose values are listed on the command line: each is checked.
+_LISTED_SWEEPS = (ValueType.CHOICE_SWEEP, ValueType.SIMPLE_CHOICE_SWEEP, ValueType.RANGE_SWEEP)
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -52,15 +56,21 @@ def _known_key(key: str, known: dict[str, bool]) -> bool:
 def _check_type(key: str, override, schema: DictConfig) -> None:  # noqa: ANN001 - hydra's Override
     """Raise :class:`ConfigValueError` when a value of ``override`` does not fit the type of the
     schema's ``key`` (``logging.plots=maybe``, ``trainer.steps=ten``): Hydra's own refusal is five
-    lines. Interpolations are left to the composition."""
-    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    lines. Interpolations, and the sweeps a sweeper draws from (``interval(...)``, ``glob(...)``),
+    are left to the composition."""
+    if override.value_type in _LISTED_SWEEPS:
+        values = list(override.sweep_iterator())
+    elif override.is_sweep_override():
+        return
+    else:
+        values = [override.value()]
     for value in values:
         if isinstance(value, str) and "${" in value:
             continue
         try:
             OmegaConf.update(schema, key, value, merge=True)
-        except ValidationError as exc:
-            reason = str(exc.msg).splitlines()[0]
+        except OmegaConfBaseException as exc:  # what Hydra's own merge of an override raises
+            reason = (getattr(exc, "msg", None) or str(exc)).splitlines()[0]
             raise ConfigValueError(f"config key {key} cannot be {value!r}: {reason}") from None
 
 

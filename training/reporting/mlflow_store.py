@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import tempfile
 import time
 from contextlib import closing, suppress
 from importlib.metadata import version
@@ -43,8 +44,9 @@ def create_local_store(uri: str) -> None:
     a temporary file left by a killed attempt is removed.
 
     The migrations take 1-1.5 s of one core, the same for every run of one MLflow version: the
-    first run on a machine keeps the empty store it made (:func:`empty_store`), and each later
-    one copies it and sets its default experiment's artifact location, as MLflow would have."""
+    first run on a machine keeps a copy of the store it made (:func:`empty_store_path`), and each
+    later one copies that and sets its default experiment's artifact location, as MLflow would
+    have. A copy that cannot be read is made again."""
     if not uri.startswith("sqlite:///"):
         return
     path = Path(uri.removeprefix("sqlite:///"))
@@ -54,33 +56,17 @@ def create_local_store(uri: str) -> None:
         stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     artifact_root = (path.parent / "mlartifacts").resolve().as_uri()
-    template = empty_store()
-    if template is None:
+    kept = empty_store_path()
+    if not (kept.exists() and _copy_store(kept, tmp, artifact_root)):
         _migrate(tmp, artifact_root)
-    else:
-        shutil.copyfile(template, tmp)
-        _own_default_experiment(tmp, artifact_root)
+        _keep_empty_store(tmp, kept)
     os.replace(tmp, path)
 
 
-def empty_store() -> Path | None:
-    """This machine's empty sqlite store of the installed MLflow version, made once in
-    :func:`~processor.host.cache_dir` (atomically, as a run's own); None where that folder cannot
-    be written (each run then migrates its own store)."""
-    path = cache_dir() / f"mlflow-{version('mlflow')}-empty.db"
-    if path.exists():
-        return path
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _migrate(tmp, (path.parent / "mlartifacts").resolve().as_uri())
-        os.replace(tmp, path)
-    except Exception as exc:  # an unwritable folder fails in os or in sqlite: the run's own store will tell
-        log.info("no empty MLflow store kept in %s (%s): each run makes its own", path.parent, exc)
-        with suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        return None
-    return path
+def empty_store_path() -> Path:
+    """Where this machine keeps an empty sqlite store of the installed MLflow version: in
+    :func:`~processor.host.cache_dir`."""
+    return cache_dir() / f"mlflow-{version('mlflow')}-empty.db"
 
 
 def _migrate(path: Path, artifact_root: str) -> None:
@@ -91,16 +77,46 @@ def _migrate(path: Path, artifact_root: str) -> None:
     store.engine.dispose()  # every connection closed: the file is complete, with no journal
 
 
-def _own_default_experiment(path: Path, artifact_root: str) -> None:
-    """The copied store's default experiment (id 0) as MLflow makes it for this store: its
-    artifacts under ``artifact_root``, created now."""
+def _copy_store(kept: Path, tmp: Path, artifact_root: str) -> bool:
+    """``tmp`` a copy of the empty store ``kept`` whose default experiment (id 0) is as MLflow
+    makes it for this store: its artifacts under ``artifact_root``, created now. False, with a
+    warning naming ``kept``, where the copy cannot be made or read."""
     now = int(time.time() * 1000)
-    with closing(sqlite3.connect(path)) as db, db:
-        db.execute(
-            "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
-            "WHERE experiment_id = 0",
-            (f"{artifact_root}/0", now, now),
-        )
+    try:
+        shutil.copyfile(kept, tmp)
+        with closing(sqlite3.connect(tmp)) as db, db:
+            updated = db.execute(
+                "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+                "WHERE experiment_id = 0",
+                (f"{artifact_root}/0", now, now),
+            ).rowcount
+        if updated != 1:
+            raise sqlite3.DatabaseError("it holds no default experiment")
+    except (OSError, sqlite3.Error) as exc:
+        log.warning("the empty MLflow store %s cannot be used (%s): making this run's anew", kept, exc)
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def _keep_empty_store(made: Path, kept: Path) -> None:
+    """Keep a copy of the store just ``made`` (empty, closed) at ``kept`` for the machine's later
+    runs, atomically: a partial copy of its own name, renamed into place. Where the folder cannot
+    be written, each run goes on making its own."""
+    partial = None
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=kept.parent, prefix=f".{kept.name}.partial-")
+        os.close(handle)
+        partial = Path(name)
+        shutil.copyfile(made, partial)
+        os.replace(partial, kept)
+    except OSError as exc:
+        log.info("no empty MLflow store kept in %s (%s): each run makes its own", kept.parent, exc)
+        if partial is not None:
+            with suppress(OSError):
+                partial.unlink(missing_ok=True)
 
 
 def artifact_dir(uri: str, run_dir: Path) -> Path:

@@ -15,6 +15,8 @@ from training.launch.cli_check import check_overrides
         (["trainer.steps=ten"], "config key trainer.steps cannot be 'ten': Value 'ten' of type 'str' could not be"),
         (["trainer.steps=1.5"], "config key trainer.steps cannot be 1.5: "),
         (["--multirun", "trainer.lr=0.1,fast"], "config key trainer.lr cannot be 'fast': "),
+        (["-m", "trainer.steps=range(1,4)", "trainer.lr=choice(0.1,x)"], "config key trainer.lr cannot be 'x': "),
+        (["data.forcing={a:1}"], "config key data.forcing cannot be {'a': 1}: Cannot merge DictConfig with ListConfig"),
         (["trainer.stepz=3"], "config key trainer.stepz is not a setting of the schema: did you mean trainer.steps?"),
     ],
 )
@@ -30,6 +32,7 @@ def test_a_value_of_the_wrong_type_or_an_unknown_key_is_refused_naming_the_key(a
         ["trainer.steps=10", "logging.plots=false", "trainer.keep_best=yes"],
         ["model.window_size=null", "trainer.steps=${trainer.warmup_steps}"],  # optional; interpolation
         ["--multirun", "trainer.lr=0.1,0.01", "strategy=none,shard_heads"],
+        ["--multirun", "trainer.lr=interval(1e-4,1e-2)", "trainer.steps=range(10,40,10)"],  # a sweeper draws the first
         ["data.open_dataset.select=[2t]", "+trainer.steps=3", "model.hidden_grid=data"],
     ],
 )

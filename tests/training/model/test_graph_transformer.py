@@ -30,6 +30,22 @@ def test_edge_order_does_not_matter_and_gradients_reach_every_parameter():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in mapper.parameters())
 
 
+def test_each_sample_of_a_batch_is_mapped_alone():
+    """The edge work runs points first, ``(points, batch, C)``: a batch of three gives each
+    sample what it gives alone, and each sample's gradient is its own."""
+    torch.manual_seed(0)
+    mapper = GraphTransformerMapper(16, 3, num_heads=4).double()
+    edge_index, edge_attr = _graph()
+    x_src = torch.randn(3, 30, 16, dtype=torch.float64, requires_grad=True)
+    x_dst = torch.randn(3, 12, 16, dtype=torch.float64)
+    together = mapper(x_src, x_dst, edge_index, edge_attr)
+    (grad,) = torch.autograd.grad(together[1].square().sum(), x_src)
+    assert grad[0].abs().max() == 0 and grad[2].abs().max() == 0 and grad[1].abs().max() > 0
+    for i in range(3):
+        alone = mapper(x_src[i : i + 1], x_dst[i : i + 1], edge_index, edge_attr)
+        torch.testing.assert_close(together[i], alone[0], rtol=1e-12, atol=1e-12)
+
+
 def test_a_destination_hears_only_its_own_sources_weighted_by_a_softmax():
     """Changing a source that feeds no edge of destination 0 leaves destination 0 alone; with one
     edge per destination the softmax weight is 1, so the heads' output is that source's value."""

@@ -10,11 +10,13 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -200,6 +202,9 @@ def test_a_store_creation_killed_midway_leaves_no_broken_store(tmp_path):
         store = directory / "mlflow.db"
         killed_midway += not finished and list(directory.glob("**/.mlflow*.partial-*")) != []
         assert store.exists() == finished  # nothing at mlflow.db until it is whole
+        for kept in (directory / "cache").glob("mlflow-*-empty.db"):  # the machine's copy: whole or absent
+            with closing(sqlite3.connect(kept)) as db:
+                assert len(list(db.execute("SELECT * FROM alembic_version"))) == 1
         client = MlflowClient(uri)  # makes it anew if the kill left none
         assert client.get_experiment_by_name("Default") is not None
     assert killed_midway >= 1  # at least one kill landed inside the creation
