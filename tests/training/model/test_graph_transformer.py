@@ -17,12 +17,18 @@ def _graph(n_src: int = 30, n_dst: int = 12, k: int = 4, seed: int = 0):
     return torch.stack([src, dst]), torch.randn(n_dst * k, 3, generator=g, dtype=torch.float64)
 
 
-def test_edge_order_does_not_matter_and_gradients_reach_every_parameter():
+def _mapper_and_batch(batch: int):
+    """A float64 mapper of 16 channels and 4 heads, its graph, and ``batch`` samples of 30 sources
+    (tracking gradients) and 12 destinations."""
     torch.manual_seed(0)
     mapper = GraphTransformerMapper(16, 3, num_heads=4).double()
-    edge_index, edge_attr = _graph()
-    x_src = torch.randn(2, 30, 16, dtype=torch.float64, requires_grad=True)
-    x_dst = torch.randn(2, 12, 16, dtype=torch.float64)
+    x_src = torch.randn(batch, 30, 16, dtype=torch.float64, requires_grad=True)
+    x_dst = torch.randn(batch, 12, 16, dtype=torch.float64)
+    return mapper, *_graph(), x_src, x_dst
+
+
+def test_edge_order_does_not_matter_and_gradients_reach_every_parameter():
+    mapper, edge_index, edge_attr, x_src, x_dst = _mapper_and_batch(2)
     out = mapper(x_src, x_dst, edge_index, edge_attr)
     order = torch.randperm(edge_index.shape[1], generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(mapper(x_src, x_dst, edge_index[:, order], edge_attr[order]), out)
@@ -33,11 +39,7 @@ def test_edge_order_does_not_matter_and_gradients_reach_every_parameter():
 def test_each_sample_of_a_batch_is_mapped_alone():
     """The edge work runs points first, ``(points, batch, C)``: a batch of three gives each
     sample what it gives alone, and each sample's gradient is its own."""
-    torch.manual_seed(0)
-    mapper = GraphTransformerMapper(16, 3, num_heads=4).double()
-    edge_index, edge_attr = _graph()
-    x_src = torch.randn(3, 30, 16, dtype=torch.float64, requires_grad=True)
-    x_dst = torch.randn(3, 12, 16, dtype=torch.float64)
+    mapper, edge_index, edge_attr, x_src, x_dst = _mapper_and_batch(3)
     together = mapper(x_src, x_dst, edge_index, edge_attr)
     (grad,) = torch.autograd.grad(together[1].square().sum(), x_src)
     assert grad[0].abs().max() == 0 and grad[2].abs().max() == 0 and grad[1].abs().max() > 0
