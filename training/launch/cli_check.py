@@ -88,7 +88,8 @@ def check_overrides(argv: list[str]) -> None:
         overrides = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as exc:
         raise ConfigValueError(f"cannot read the command line: {str(exc).splitlines()[0]}") from None
-    groups, known, schema = group_options(), schema_keys(), OmegaConf.structured(RunConfig)
+    schema = OmegaConf.structured(RunConfig)  # its keys listed before any value is tried on it
+    groups, known = group_options(), schema_keys(schema)
     for o in overrides:
         key = o.key_or_group
         if key == "hydra.run.dir" and not o.is_sweep_override():

@@ -65,10 +65,11 @@ class GraphTransformerMapper(MessagePassing):
         """``edge_index`` ``(2, E)`` (source row, destination row), ``edge_attr`` ``(E, edge_dim)``,
         shared across the batch. ``(b, n_dst, C)``.
 
-        The edge work runs points first, ``(points, b, C)`` and ``(E, b, C)``: gathering and
-        scattering along the first axis is 2-2.6x faster on a CPU than along the second, as
-        torch_geometric's ``node_dim=-2`` would (docs/benchmarks/training_step_xeon-amx_2026-11-27.md);
-        with one sample the layouts are the same memory."""
+        The edge work runs points first, ``(points, b, C)`` and ``(E, b, C)``: the scatters onto
+        the destinations (``index_add_``, ``scatter_reduce_``) run 2-2.6x faster on a CPU along the
+        first axis than along the second, where torch_geometric's ``node_dim=-2`` puts them
+        (docs/benchmarks/training_step_xeon-amx_2026-11-27.md); with one sample the layouts are
+        the same memory."""
         src, dst = self.norm_src(x_src), self.norm_dst(x_dst)
         size = (x_src.shape[-2], x_dst.shape[-2])
         heads = self.propagate(
