@@ -54,7 +54,8 @@ VAL_DATES = 64  # initial dates scored, where the store allows
 MIN_VAL_FRACTION, MAX_VAL_FRACTION = 0.1, 0.3
 MAX_EVAL_SAMPLES = 100
 # One rank on every core up to here (docs/real-data.md: at 404 hidden points one rank of 2 threads
-# ran 1.6x faster than 2 ranks of one; at the default run's 1,600 the two tie).
+# ran 1.6x faster than 2 ranks of one; at the default run's 1,600 one rank ran 1.0-1.3x faster,
+# by host and day, but the default run keeps 2 ranks to show the split: docs/training.md).
 ONE_RANK_HIDDEN = 1024
 # The recipe on a limited area (docs/real-data.md: on the four real regional stores each of the
 # three moved the first lead toward the regression's skill and past it; on the global built-in data
