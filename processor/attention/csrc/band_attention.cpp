@@ -77,21 +77,25 @@ inline void reach(const Geometry& g, int64_t p, int64_t* lo, int64_t* hi) {
 
 // scores (rows x cols, row stride ld) of queries q0.. against keys c0.., in base 2:
 // log2(e) scale Q K^T, -inf where not allowed. Returns, per row, the allowed column range in
-// `first`/`last` (empty: first == last).
+// `first`/`last` (empty: first == last), and hands it to `products` first (Products::band): a
+// tile's corners outside the band are then not computed.
 template <class Products>
 void masked_scores(const Geometry& g, Products& products, const Rows& q, const Rows& k, int64_t q0, int64_t rows,
                    int64_t c0, int64_t cols, int64_t ld, float* s, int64_t* first, int64_t* last) {
-  products.scores(rows, cols, g.scale * kLog2e, q.row(q0), q.stride, k, false, c0, s, ld);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t p = g.q_offset + q0 + r;
     int64_t lo, hi;
-    reach(g, p, &lo, &hi);
+    reach(g, g.q_offset + q0 + r, &lo, &hi);
     const int64_t a = std::clamp<int64_t>(lo - c0, 0, cols), z = std::clamp<int64_t>(hi - c0, 0, cols);
-    float* row = s + r * ld;
     first[r] = a;
     last[r] = std::max(a, z);
+  }
+  products.band(rows, cols, first, last);
+  products.scores(rows, cols, g.scale * kLog2e, q.row(q0), q.stride, k, false, c0, s, ld);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = g.q_offset + q0 + r, a = first[r], z = last[r];
+    float* row = s + r * ld;
     for (int64_t j = 0; j < a; ++j) row[j] = kNegInf;
-    for (int64_t j = std::max(a, z); j < cols; ++j) row[j] = kNegInf;
+    for (int64_t j = z; j < cols; ++j) row[j] = kNegInf;
     if (g.ids != nullptr && a < z) {
       const int64_t own = g.q_ids != nullptr ? g.q_ids[q0 + r] : g.ids[p];
       const int64_t* ids = g.ids + c0;

@@ -39,12 +39,15 @@ inline float exp2(float t) {
 #if GRIDSHARD_SIMD
 inline simd::Vec exp2(simd::Vec t) {
   using simd::Vec;
-  const Vec n = t.round();  // to nearest
-  const Vec f = t - n;
+  // t + 1.5 * 2^23 rounds t to the nearest integer n (ties to even, as nearbyint), held in the low
+  // bits of the sum's mantissa: one add for what took a round and a conversion.
+  const Vec shifter(12582912.0f);
+  const Vec y = t + shifter;
+  const Vec f = t - (y - shifter);
   Vec p(kExp2[0]);
 #pragma GCC unroll 6
   for (int i = 1; i < 7; ++i) p = at::vec::fmadd(p, f, Vec(kExp2[i]));
-  const simd::IntVec exponent = at::vec::convert_to_int_of_same_size(n) << simd::IntVec(23);
+  const simd::IntVec exponent = simd::shift_left<23>(at::vec::cast<int32_t>(y));  // n in the exponent field
   p = at::vec::cast<float>(at::vec::cast<int32_t>(p) + exponent);
   return Vec::blendv(p, Vec(0.0f), t < Vec(kLowest));  // 0 below; NaN (unordered) kept
 }

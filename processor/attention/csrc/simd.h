@@ -33,4 +33,17 @@ using Vec = at::vec::Vectorized<float>;
 using IntVec = at::vec::Vectorized<int32_t>;
 constexpr int kLanes = Vec::size();
 
+#if GRIDSHARD_SIMD
+// Each lane shifted left by the constant `bits` (Vectorized's own shift takes a vector of counts,
+// which GCC keeps as a variable shift with its counts in memory).
+template <int bits>
+inline IntVec shift_left(IntVec x) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_slli_epi32(x, bits);
+#else
+  return _mm256_slli_epi32(x, bits);
+#endif
+}
+#endif
+
 }  // namespace simd

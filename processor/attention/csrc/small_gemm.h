@@ -12,6 +12,7 @@
 // MR * NV FMAs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "simd.h"
@@ -27,6 +28,13 @@ struct Operand {
   const float* data;
   int64_t row;  // step between rows of the product's operand
   int64_t col;  // step between columns (1 for B and C)
+};
+
+// Where each row of a product's A may be nonzero: row r in columns [lo[r], hi[r]), both
+// nondecreasing in r (a sliding window's band).
+struct Reach {
+  const int64_t* lo;
+  const int64_t* hi;
 };
 
 #if GRIDSHARD_SIMD
@@ -65,6 +73,13 @@ inline void block(const Operand& a, const Operand& b, int64_t depth, float* c, i
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[m][v] = at::vec::fmadd(am, bv[v], acc[m][v]);
     }
+  }
+  if (!accumulate && alpha == 1.0f) {
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[m][v].store(c + m * c_row + kLanes * v);
+    return;
   }
   const Vec scale(alpha);
 #pragma GCC unroll 16
@@ -110,13 +125,59 @@ inline void narrow_product(int64_t m, int64_t n, const Operand& a, const Operand
   if (j < n) product<1>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
 }
 
+// C (m x n) += alpha A B where row r of A is zero outside columns [reach.lo[r], reach.hi[r]) (a
+// band: both nondecreasing in r): each block of rows runs only the depth its rows reach, so a
+// tile's corners outside the band cost nothing. The same sums as product() with accumulate: the
+// terms left out are exact zeros.
+template <int NV>
+void banded_product(int64_t m, const Operand& a, const Operand& b, const Reach& reach, float* c, int64_t c_row,
+                    float alpha) {
+  constexpr int MR = rows_for(NV);
+  for (int64_t r = 0; r < m; r += MR) {
+    const int rows = static_cast<int>(std::min<int64_t>(MR, m - r));
+    const int64_t k0 = reach.lo[r], k1 = reach.hi[r + rows - 1];
+    if (k0 >= k1) continue;
+    const Operand block_a{a.data + r * a.row + k0 * a.col, a.row, a.col}, block_b{b.data + k0 * b.row, b.row, 1};
+    if (rows == MR) {
+      block<MR, NV>(block_a, block_b, k1 - k0, c + r * c_row, c_row, alpha, true);
+    } else {
+      tail<NV, MR - 1>(rows, block_a, block_b, k1 - k0, c + r * c_row, c_row, alpha, true);
+    }
+  }
+}
+
+// banded_product for n (a multiple of L) columns: strips of 2L columns (one of L last).
+inline void narrow_banded_product(int64_t m, int64_t n, const Operand& a, const Operand& b, const Reach& reach,
+                                  float* c, int64_t c_row, float alpha) {
+  int64_t j = 0;
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    banded_product<2>(m, a, {b.data + j, b.row, 1}, reach, c + j, c_row, alpha);
+  }
+  if (j < n) banded_product<1>(m, a, {b.data + j, b.row, 1}, reach, c + j, c_row, alpha);
+}
+
 // C (m x n) = alpha A B, n a multiple of kPanel, B in panels of kPanel columns (`panel` floats
-// apart, each depth x kPanel, rows kPanel floats apart); A (a tile of queries, d wide) stays in
-// L1 across the panels.
-inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b, int64_t panel, int64_t depth, float* c,
-                         int64_t c_row, float alpha) {
-  for (int64_t j = 0; j < n; j += kPanel, b += panel) {
-    product<kPanel / kLanes>(m, a, {b, kPanel, 1}, depth, c + j, c_row, alpha, false);
+// apart, each depth x kPanel, rows kPanel floats apart). Only the panels that a block's rows reach
+// (row r: columns [lo[r], hi[r]), nondecreasing) are computed; the rest of C is left as it was.
+// A block of rows sweeps its panels left to right, so it writes C's rows in sequence (a tile of
+// scores is larger than L1: written panel by panel across all rows, every store met a new line).
+inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b, int64_t panel, int64_t depth,
+                         const Reach& reach, float* c, int64_t c_row, float alpha) {
+  constexpr int NV = kPanel / kLanes, MR = rows_for(NV);
+  for (int64_t r = 0; r < m; r += MR) {
+    const int rows = static_cast<int>(std::min<int64_t>(MR, m - r));
+    const int64_t j0 = reach.lo[r] / kPanel * kPanel;
+    const int64_t j1 = std::min(n, (reach.hi[r + rows - 1] + kPanel - 1) / kPanel * kPanel);
+    const Operand block_a{a.data + r * a.row, a.row, a.col};
+    for (int64_t j = j0; j < j1; j += kPanel) {
+      const Operand block_b{b + j / kPanel * panel, kPanel, 1};
+      float* out = c + r * c_row + j;
+      if (rows == MR) {
+        block<MR, NV>(block_a, block_b, depth, out, c_row, alpha, false);
+      } else {
+        tail<NV, MR - 1>(rows, block_a, block_b, depth, out, c_row, alpha, false);
+      }
+    }
   }
 }
 

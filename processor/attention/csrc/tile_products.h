@@ -63,6 +63,24 @@ class Products {
     }
   }
 
+  // The chunk's band: row r of the tile reaches the chunk's columns [first[r], last[r]) (both
+  // nondecreasing; the arrays live until the next call). The register-tiled products then skip
+  // what lies outside it: scores there are left unwritten (the caller masks them), and the
+  // row passes write exact zeros there, which the products after them leave out.
+  void band(int64_t rows, int64_t cols, const int64_t* first, const int64_t* last) {
+    rows_reach_ = {first, last};
+    if (grads_ == nullptr || !small_) return;
+    keys_lo_.resize(cols);  // key j is reached by the rows [keys_lo_[j], keys_hi_[j])
+    keys_hi_.resize(cols);
+    int64_t lo = 0, hi = 0;
+    for (int64_t j = 0; j < cols; ++j) {
+      while (lo < rows && last[lo] <= j) ++lo;
+      while (hi < rows && first[hi] <= j) ++hi;
+      keys_lo_[j] = lo;
+      keys_hi_[j] = std::max(lo, hi);
+    }
+  }
+
   // The first key column of a tile whose queries reach keys from `lo` on.
   int64_t first_column(int64_t lo) const { return small_ ? lo - lo % kPanel : lo; }
 
@@ -72,24 +90,33 @@ class Products {
   // s (rows x cols, row stride ld) = alpha A X(c0 .. c0 + cols)^T: A (rows x dim) against the
   // keys (X = k) or the values (X = v, `values`).
   void scores(int64_t rows, int64_t cols, float alpha, const float* a, int64_t a_stride, const Rows& x, bool values,
-              int64_t c0, float* s, int64_t ld) const {
+              int64_t c0, float* s, int64_t ld) {
 #if GRIDSHARD_SIMD
     if (small_) {
+      // A's rows, scaled, side by side: the products' broadcasts then read 64-byte lines in
+      // sequence, not rows a (points, heads, dim) stride apart, and store without a multiply.
+      a_tile_.resize(rows * dim_);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < dim_; ++d) a_tile_[r * dim_ + d] = alpha * a[r * a_stride + d];
       const float* panels = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % kPanel == 0
-      return small_gemm::wide_product(rows, ld, {a, a_stride, 1}, panels, kPanel * dim_, dim_, s, ld, alpha);
+      return small_gemm::wide_product(rows, ld, {a_tile_.data(), dim_, 1}, panels, kPanel * dim_, dim_, rows_reach_,
+                                      s, ld, 1.0f);
     }
 #endif
     gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
   }
 
-  // Forward: row r's probabilities 2^(s - top) in place (all 0 where top is -inf: nothing allowed
-  // yet); returns their sum.
-  float exponentiate(int64_t, float* row, int64_t cols, float top) const {
-    if (top == row_passes::kNegInf) {
+  // Forward: row r's probabilities 2^(s - top) in place, 0 outside its band (all 0 where top is
+  // -inf: nothing allowed yet); returns their sum.
+  float exponentiate(int64_t r, float* row, int64_t cols, float top) const {
+    const int64_t a = rows_reach_.lo[r], z = rows_reach_.hi[r];
+    if (top == row_passes::kNegInf || a >= z) {
       std::fill(row, row + cols, 0.0f);
       return 0.0f;
     }
-    return row_passes::exp2_and_sum(row, cols, top);
+    std::fill(row, row + a, 0.0f);
+    std::fill(row + z, row + cols, 0.0f);
+    return row_passes::exp2_and_sum(row + a, z - a, top);
   }
 
   // Backward: P = 2^(S - shift) in p and dS = P (dP - delta) in ds, row by row (row stride ld);
@@ -98,12 +125,13 @@ class Products {
                             const float* delta) const {
     for (int64_t r = 0; r < rows; ++r) {
       float *pr = p + r * ld, *dr = ds + r * ld;
-      if (shift[r] == row_passes::kNegInf) {
-        std::fill(pr, pr + cols, 0.0f);
-        std::fill(dr, dr + cols, 0.0f);
-        continue;
-      }
-      row_passes::probabilities_and_ds(pr, dr, cols, shift[r], delta[r]);
+      const int64_t a = shift[r] == row_passes::kNegInf ? cols : rows_reach_.lo[r];
+      const int64_t z = std::max(a, rows_reach_.hi[r]);
+      std::fill(pr, pr + a, 0.0f);  // dP is not computed outside the band: dS must not read it
+      std::fill(dr, dr + a, 0.0f);
+      std::fill(pr + z, pr + cols, 0.0f);
+      std::fill(dr + z, dr + cols, 0.0f);
+      row_passes::probabilities_and_ds(pr + a, dr + a, z - a, shift[r], delta[r]);
     }
   }
 
@@ -114,7 +142,7 @@ class Products {
 #if GRIDSHARD_SIMD
     if (small_) {
       const float* b = (values ? v_rows_ : k_rows_).data() + c0 * dim_;
-      return small_gemm::narrow_product(rows, dim_, {p, ld, 1}, {b, dim_, 1}, cols, c, c_stride, alpha, true);
+      return small_gemm::narrow_banded_product(rows, dim_, {p, ld, 1}, {b, dim_, 1}, rows_reach_, c, c_stride, alpha);
     }
 #endif
     gemm(false, false, rows, dim_, cols, alpha, p, ld, x.row(c0), x.stride, 1.0f, c, c_stride);
@@ -131,8 +159,8 @@ class Products {
     if (small_) {
       scratch_.resize(rows * dim_);
       for (int64_t r = 0; r < rows; ++r) std::memcpy(&scratch_[r * dim_], b + r * b_stride, dim_ * sizeof(float));
-      return small_gemm::narrow_product(cols, dim_, {p, 1, ld}, {scratch_.data(), dim_, 1}, rows, c, c_stride, alpha,
-                                        true);
+      return small_gemm::narrow_banded_product(cols, dim_, {p, 1, ld}, {scratch_.data(), dim_, 1},
+                                               {keys_lo_.data(), keys_hi_.data()}, c, c_stride, alpha);
     }
 #endif
     gemm(true, false, cols, dim_, rows, alpha, p, ld, b, b_stride, 1.0f, c, c_stride);
@@ -158,7 +186,9 @@ class Products {
   int64_t dim_;
   bool small_;
   const KeyGrads* grads_;
-  std::vector<float> k_panels_, v_panels_, k_rows_, v_rows_, scratch_;
+  small_gemm::Reach rows_reach_{nullptr, nullptr};  // the chunk's band (band())
+  std::vector<int64_t> keys_lo_, keys_hi_;           // and the rows that reach each of its keys
+  std::vector<float> k_panels_, v_panels_, k_rows_, v_rows_, scratch_, a_tile_;
 };
 
 }  // namespace tile_products
