@@ -3,7 +3,7 @@
 // Query i sits at key position p = q_offset + i and attends to keys j with |p - j| <= window
 // (and, with segment ids, ids[j] == ids[p], or == q_ids[i] when the queries' ids are given: the
 // ring's blocks, whose queries lie outside the keys). Each (batch, head) is one task of at::parallel_for
-// (PyTorch's thread budget); inside it, tiles of kTileRows queries go against exactly the keys
+// (PyTorch's thread budget); inside it, tiles of queries (tile_rows) go against exactly the keys
 // their band reaches, in chunks of at most kChunkCols keys with an online softmax, their
 // products through tile_products.h (float32: register-tiled for thin heads, else BLAS) or, when
 // the call asks (`bf16`), bf16_products.h (bfloat16 operands, float32 accumulation, oneDNN's
@@ -44,16 +44,21 @@ using tile_products::KeyGrads;
 using tile_products::Rows;
 
 // Tile sizes (-D overrides them for tuning runs; measured: 32, 48 and 64 rows alike, 96 and 128
-// slower; chunks of 256 to 2048 keys alike). Once the products skipped the band's corners, 48
-// rows (whole blocks of 6 and of 8 rows, the micro-kernels') ran 1.04x / 1.07x 64 rows' speed at
-// head dims 16 / 32 on AMD Zen 3 (fwd+bwd, N = 40320, W = 512, one thread).
+// slower; chunks of 256 to 2048 keys alike). Once the register-tiled products skipped the band's
+// corners, their tiles of 48 rows (whole blocks of their 6 and 8 rows) ran 1.04x / 1.07x tiles of
+// 64 at head dims 16 / 32 on AMD Zen 3 (fwd+bwd, N = 40320, W = 512, one thread); BLAS's (head
+// dim 64 there) ran 0.94x, so tiles through BLAS and the bf16 products keep 64.
 #ifndef GRIDSHARD_TILE_ROWS
-#define GRIDSHARD_TILE_ROWS 48
+#define GRIDSHARD_TILE_ROWS 64
+#endif
+#ifndef GRIDSHARD_TILED_ROWS
+#define GRIDSHARD_TILED_ROWS 48
 #endif
 #ifndef GRIDSHARD_CHUNK_COLS
 #define GRIDSHARD_CHUNK_COLS 2048
 #endif
 constexpr int64_t kTileRows = GRIDSHARD_TILE_ROWS;
+constexpr int64_t kTiledRows = GRIDSHARD_TILED_ROWS;
 constexpr int64_t kChunkCols = GRIDSHARD_CHUNK_COLS;
 static_assert(kChunkCols % bf16_products::kBlock == 0, "chunks start at a block of the bf16 products' (and a panel)");
 using row_passes::kNegInf;
@@ -116,13 +121,20 @@ void tile_reach(const Geometry& g, const Products& products, int64_t q0, int64_t
   *k_lo = std::min(products.first_column(lo), *k_hi);
 }
 
+// Query rows a tile: fewer where the register-tiled products serve the head dim (see above).
+template <class Products>
+int64_t tile_rows(const Products& products) {
+  return products.register_tiled() ? kTiledRows : kTileRows;
+}
+
 template <class Products>
 void forward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, float* lse) {
   Products products(g.dim, g.n_k, k, v, nullptr);
-  std::vector<float> s(kTileRows * products.stride(kChunkCols)), acc(kTileRows * g.dim), m(kTileRows), l(kTileRows);
-  std::vector<int64_t> first(kTileRows), last(kTileRows);
-  for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
-    const int64_t rows = std::min(kTileRows, g.n_q - q0);
+  const int64_t tile = tile_rows(products);
+  std::vector<float> s(tile * products.stride(kChunkCols)), acc(tile * g.dim), m(tile), l(tile);
+  std::vector<int64_t> first(tile), last(tile);
+  for (int64_t q0 = 0; q0 < g.n_q; q0 += tile) {
+    const int64_t rows = std::min(tile, g.n_q - q0);
     int64_t k_lo, k_hi;
     tile_reach(g, products, q0, rows, &k_lo, &k_hi);
     std::fill(m.begin(), m.end(), kNegInf);
@@ -158,11 +170,11 @@ template <class Products>
 void backward_head(const Geometry& g, const Rows& q, const Rows& k, const Rows& v, const Rows& out, const Rows& dout,
                    const float* lse, const Rows& dq, const KeyGrads& key_grads) {
   Products products(g.dim, g.n_k, k, v, &key_grads);
-  const int64_t size = kTileRows * products.stride(kChunkCols);
-  std::vector<float> p(size), dp(size), delta(kTileRows), shift(kTileRows);
-  std::vector<int64_t> first(kTileRows), last(kTileRows);
-  for (int64_t q0 = 0; q0 < g.n_q; q0 += kTileRows) {
-    const int64_t rows = std::min(kTileRows, g.n_q - q0);
+  const int64_t tile = tile_rows(products), size = tile * products.stride(kChunkCols);
+  std::vector<float> p(size), dp(size), delta(tile), shift(tile);
+  std::vector<int64_t> first(tile), last(tile);
+  for (int64_t q0 = 0; q0 < g.n_q; q0 += tile) {
+    const int64_t rows = std::min(tile, g.n_q - q0);
     for (int64_t r = 0; r < rows; ++r) {  // D = rowsum(dO * O)
       const float *o = out.row(q0 + r), *d_o = dout.row(q0 + r);
       float sum = 0.0f;

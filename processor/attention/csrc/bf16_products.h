@@ -88,6 +88,7 @@ class Products {
   Products& operator=(const Products&) = delete;
 
   void band(int64_t, int64_t, const int64_t*, const int64_t*) {}  // every product runs the whole tile
+  bool register_tiled() const { return false; }                    // oneDNN's BRGeMM
 
   int64_t first_column(int64_t lo) const { return lo - lo % kBlock; }
   int64_t stride(int64_t cols) const { return round_up(cols, kBlock); }

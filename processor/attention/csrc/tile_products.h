@@ -81,6 +81,9 @@ class Products {
     }
   }
 
+  // Whether the register-tiled products (small_gemm.h) serve this head dim, or BLAS.
+  bool register_tiled() const { return small_; }
+
   // The first key column of a tile whose queries reach keys from `lo` on.
   int64_t first_column(int64_t lo) const { return small_ ? lo - lo % kPanel : lo; }
 
