@@ -102,33 +102,19 @@ inline void tail(int rows, const Operand& a, const Operand& b, int64_t depth, fl
   }
 }
 
-// C (m x L*NV) = alpha A B (+ C): every row, MR at a time.
+// A block of `rows` rows (MR of product NV's blocks, or fewer: the last rows).
 template <int NV>
-void product(int64_t m, const Operand& a, const Operand& b, int64_t depth, float* c, int64_t c_row, float alpha,
-             bool accumulate) {
+inline void rows_block(int rows, const Operand& a, const Operand& b, int64_t depth, float* c, int64_t c_row,
+                       float alpha, bool accumulate) {
   constexpr int MR = rows_for(NV);
-  int64_t r = 0;
-  for (; r + MR <= m; r += MR) {
-    block<MR, NV>({a.data + r * a.row, a.row, a.col}, b, depth, c + r * c_row, c_row, alpha, accumulate);
-  }
-  tail<NV, MR - 1>(static_cast<int>(m - r), {a.data + r * a.row, a.row, a.col}, b, depth, c + r * c_row, c_row, alpha,
-                   accumulate);
-}
-
-// C (m x n) = alpha A B (+ C) for n a multiple of L: strips of 2L columns (one of L last).
-inline void narrow_product(int64_t m, int64_t n, const Operand& a, const Operand& b, int64_t depth, float* c,
-                           int64_t c_row, float alpha, bool accumulate) {
-  int64_t j = 0;
-  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
-    product<2>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
-  }
-  if (j < n) product<1>(m, a, {b.data + j, b.row, 1}, depth, c + j, c_row, alpha, accumulate);
+  if (rows == MR) return block<MR, NV>(a, b, depth, c, c_row, alpha, accumulate);
+  tail<NV, MR - 1>(rows, a, b, depth, c, c_row, alpha, accumulate);
 }
 
 // C (m x n) += alpha A B where row r of A is zero outside columns [reach.lo[r], reach.hi[r]) (a
 // band: both nondecreasing in r): each block of rows runs only the depth its rows reach, so a
-// tile's corners outside the band cost nothing. The same sums as product() with accumulate: the
-// terms left out are exact zeros.
+// tile's corners outside the band cost nothing. The same sums as over the whole depth: the terms
+// left out are exact zeros.
 template <int NV>
 void banded_product(int64_t m, const Operand& a, const Operand& b, const Reach& reach, float* c, int64_t c_row,
                     float alpha) {
@@ -137,12 +123,8 @@ void banded_product(int64_t m, const Operand& a, const Operand& b, const Reach& 
     const int rows = static_cast<int>(std::min<int64_t>(MR, m - r));
     const int64_t k0 = reach.lo[r], k1 = reach.hi[r + rows - 1];
     if (k0 >= k1) continue;
-    const Operand block_a{a.data + r * a.row + k0 * a.col, a.row, a.col}, block_b{b.data + k0 * b.row, b.row, 1};
-    if (rows == MR) {
-      block<MR, NV>(block_a, block_b, k1 - k0, c + r * c_row, c_row, alpha, true);
-    } else {
-      tail<NV, MR - 1>(rows, block_a, block_b, k1 - k0, c + r * c_row, c_row, alpha, true);
-    }
+    rows_block<NV>(rows, {a.data + r * a.row + k0 * a.col, a.row, a.col}, {b.data + k0 * b.row, b.row, 1}, k1 - k0,
+                   c + r * c_row, c_row, alpha, true);
   }
 }
 
@@ -168,15 +150,9 @@ inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b,
     const int rows = static_cast<int>(std::min<int64_t>(MR, m - r));
     const int64_t j0 = reach.lo[r] / kPanel * kPanel;
     const int64_t j1 = std::min(n, (reach.hi[r + rows - 1] + kPanel - 1) / kPanel * kPanel);
-    const Operand block_a{a.data + r * a.row, a.row, a.col};
     for (int64_t j = j0; j < j1; j += kPanel) {
-      const Operand block_b{b + j / kPanel * panel, kPanel, 1};
-      float* out = c + r * c_row + j;
-      if (rows == MR) {
-        block<MR, NV>(block_a, block_b, depth, out, c_row, alpha, false);
-      } else {
-        tail<NV, MR - 1>(rows, block_a, block_b, depth, out, c_row, alpha, false);
-      }
+      rows_block<NV>(rows, {a.data + r * a.row, a.row, a.col}, {b + j / kPanel * panel, kPanel, 1}, depth,
+                     c + r * c_row + j, c_row, alpha, false);
     }
   }
 }
