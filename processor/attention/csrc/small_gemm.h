@@ -138,13 +138,13 @@ inline void narrow_banded_product(int64_t m, int64_t n, const Operand& a, const 
   if (j < n) banded_product<1>(m, a, {b.data + j, b.row, 1}, reach, c + j, c_row, alpha);
 }
 
-// C (m x n) = alpha A B, n a multiple of kPanel, B in panels of kPanel columns (`panel` floats
+// C (m x n) = A B, n a multiple of kPanel, B in panels of kPanel columns (`panel` floats
 // apart, each depth x kPanel, rows kPanel floats apart). Only the panels that a block's rows reach
 // (row r: columns [lo[r], hi[r]), nondecreasing) are computed; the rest of C is left as it was.
 // A block of rows sweeps its panels left to right, so it writes C's rows in sequence (a tile of
 // scores is larger than L1: written panel by panel across all rows, every store met a new line).
 inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b, int64_t panel, int64_t depth,
-                         const Reach& reach, float* c, int64_t c_row, float alpha) {
+                         const Reach& reach, float* c, int64_t c_row) {
   constexpr int NV = kPanel / kLanes, MR = rows_for(NV);
   for (int64_t r = 0; r < m; r += MR) {
     const int rows = static_cast<int>(std::min<int64_t>(MR, m - r));
@@ -152,7 +152,7 @@ inline void wide_product(int64_t m, int64_t n, const Operand& a, const float* b,
     const int64_t j1 = std::min(n, (reach.hi[r + rows - 1] + kPanel - 1) / kPanel * kPanel);
     for (int64_t j = j0; j < j1; j += kPanel) {
       rows_block<NV>(rows, {a.data + r * a.row, a.row, a.col}, {b + j / kPanel * panel, kPanel, 1}, depth,
-                     c + r * c_row + j, c_row, alpha, false);
+                     c + r * c_row + j, c_row, 1.0f, false);
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "row_passes.h"
@@ -103,7 +104,7 @@ class Products {
         for (int64_t d = 0; d < dim_; ++d) a_tile_[r * dim_ + d] = alpha * a[r * a_stride + d];
       const float* panels = (values ? v_panels_ : k_panels_).data() + c0 * dim_;  // c0 % kPanel == 0
       return small_gemm::wide_product(rows, ld, {a_tile_.data(), dim_, 1}, panels, kPanel * dim_, dim_, rows_reach_,
-                                      s, ld, 1.0f);
+                                      s, ld);
     }
 #endif
     gemm(false, true, rows, cols, dim_, alpha, a, a_stride, x.row(c0), x.stride, 0.0f, s, ld);
@@ -112,14 +113,9 @@ class Products {
   // Forward: row r's probabilities 2^(s - top) in place, 0 outside its band (all 0 where top is
   // -inf: nothing allowed yet); returns their sum.
   float exponentiate(int64_t r, float* row, int64_t cols, float top) const {
-    const int64_t a = rows_reach_.lo[r], z = rows_reach_.hi[r];
-    if (top == row_passes::kNegInf || a >= z) {
-      std::fill(row, row + cols, 0.0f);
-      return 0.0f;
-    }
-    std::fill(row, row + a, 0.0f);
-    std::fill(row + z, row + cols, 0.0f);
-    return row_passes::exp2_and_sum(row + a, z - a, top);
+    const auto [a, z] = live_band(r, cols, top == row_passes::kNegInf);
+    zero_outside(row, cols, a, z);
+    return a < z ? row_passes::exp2_and_sum(row + a, z - a, top) : 0.0f;
   }
 
   // Backward: P = 2^(S - shift) in p and dS = P (dP - delta) in ds, row by row (row stride ld);
@@ -128,12 +124,9 @@ class Products {
                             const float* delta) const {
     for (int64_t r = 0; r < rows; ++r) {
       float *pr = p + r * ld, *dr = ds + r * ld;
-      const int64_t a = shift[r] == row_passes::kNegInf ? cols : rows_reach_.lo[r];
-      const int64_t z = std::max(a, rows_reach_.hi[r]);
-      std::fill(pr, pr + a, 0.0f);  // dP is not computed outside the band: dS must not read it
-      std::fill(dr, dr + a, 0.0f);
-      std::fill(pr + z, pr + cols, 0.0f);
-      std::fill(dr + z, dr + cols, 0.0f);
+      const auto [a, z] = live_band(r, cols, shift[r] == row_passes::kNegInf);
+      zero_outside(pr, cols, a, z);
+      zero_outside(dr, cols, a, z);  // dP is not computed outside the band: dS must not read it
       row_passes::probabilities_and_ds(pr + a, dr + a, z - a, shift[r], delta[r]);
     }
   }
@@ -172,6 +165,18 @@ class Products {
   void finish(int64_t) const {}  // the key gradients are written in place
 
  private:
+  // Row r's band in the chunk, [a, z); empty (at cols) for a row that reached no key (`dead`).
+  std::pair<int64_t, int64_t> live_band(int64_t r, int64_t cols, bool dead) const {
+    const int64_t a = dead ? cols : rows_reach_.lo[r];
+    return {a, std::max(a, rows_reach_.hi[r])};
+  }
+
+  // The row's columns outside [a, z) set to 0.
+  static void zero_outside(float* row, int64_t cols, int64_t a, int64_t z) {
+    std::fill(row, row + a, 0.0f);
+    std::fill(row + z, row + cols, 0.0f);
+  }
+
   void panels(const Rows& t, int64_t n, std::vector<float>* out) const {
     const int64_t strips = n / kPanel + 2;  // a tile's padded columns may run up to 2 kPanel - 1 past the last key
     out->assign(strips * kPanel * dim_, 0.0f);
