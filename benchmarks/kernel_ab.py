@@ -36,8 +36,9 @@ ROOT = CSRC.parents[2]  # the repository
 CPU = torch.device("cpu")
 
 
-def checkout(revision: str, into: Path) -> Path:
-    """``processor/attention/csrc`` at ``revision``, written into ``into``; its main source."""
+def checkout(revision: str, into: Path) -> tuple[Path, ...]:
+    """``processor/attention/csrc`` at ``revision``, written into ``into``; its C++ sources (the
+    ones :data:`native_build.SOURCES` names that the revision has: older ones have only the first)."""
     listing = subprocess.run(
         ["git", "ls-tree", "--name-only", revision, "processor/attention/csrc/"],
         capture_output=True,
@@ -48,14 +49,14 @@ def checkout(revision: str, into: Path) -> Path:
     for path in listing:
         text = subprocess.run(["git", "show", f"{revision}:{path}"], capture_output=True, check=True, cwd=ROOT).stdout
         (into / Path(path).name).write_bytes(text)
-    return into / native_build.SOURCE.name
+    return tuple(into / source.name for source in native_build.SOURCES if (into / source.name).exists())
 
 
-def compile_kernel(source: Path, name: str, build: Path, variant: str) -> ModuleType:
-    """``source`` built as the module ``name`` into ``build`` (the set-up's command for
+def compile_kernel(sources: tuple[Path, ...], name: str, build: Path, variant: str) -> ModuleType:
+    """``sources`` built as the module ``name`` into ``build`` (the set-up's command for
     ``variant``), and loaded."""
     library = build / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    subprocess.run(native_build.compile_command(source, name, library, variant), check=True, capture_output=True)
+    subprocess.run(native_build.compile_command(sources, name, library, variant), check=True, capture_output=True)
     spec = importlib.util.spec_from_file_location(name, library)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(folder)
         kernels = {
             args.baseline: compile_kernel(checkout(args.baseline, work), "kernel_baseline", work, args.variant),
-            "working tree": compile_kernel(native_build.SOURCE, "kernel_working_tree", work, args.variant),
+            "working tree": compile_kernel(native_build.SOURCES, "kernel_working_tree", work, args.variant),
         }
     print(
         f"{cpu_name()}, {args.variant} build, working tree's products {args.products}, fwd+bwd, N = {args.n}, "

@@ -65,8 +65,9 @@ def _marked(obj: Any, attribute: str, label: str) -> Iterator[None]:
 
 
 @contextmanager
-def _parts_marked(trainer) -> Iterator[None]:
-    """The trainer's model parts, batch reading, loss and clipping under profiler ranges."""
+def _parts_marked(trainer, compiled: bool) -> Iterator[None]:
+    """The trainer's model parts, batch reading, loss and clipping under profiler ranges (a
+    compiled model has no module ranges: its work is the loss and rollout's)."""
     marks = [
         (trainer.session, "batches", "part/data"),
         (trainer, "step_fn", "part/loss+rollout"),
@@ -75,7 +76,8 @@ def _parts_marked(trainer) -> Iterator[None]:
     with ExitStack() as stack:
         for obj, attr, label in marks:
             stack.enter_context(_marked(obj, attr, label))
-        stack.enter_context(model_parts_marked(trainer.session.model))
+        if not compiled:
+            stack.enter_context(model_parts_marked(trainer.session.model))
         yield
 
 
@@ -100,7 +102,7 @@ def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_
             trainer.one_step(step)
             times.append(time.perf_counter() - start)
             step += 1
-        with _parts_marked(trainer), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with _parts_marked(trainer, cfg.trainer.compile), profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             for _ in range(profiled):
                 trainer.one_step(step)

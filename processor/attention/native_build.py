@@ -1,4 +1,5 @@
-"""Building and loading the fused CPU kernel (``csrc/band_attention.cpp``) and its ISA variants.
+"""Building and loading the fused CPU kernels (``csrc/band_attention.cpp``, and beside it in the
+same module the mappers' edge attention, ``csrc/edge_attention.cpp``) and their ISA variants.
 
 ``python -m processor.attention.build_kernel`` (run by ``scripts/setup.sh``) compiles it with the
 machine's g++ against the installed torch into ``csrc/build/``, beside a stamp of the sources,
@@ -26,10 +27,20 @@ import torch
 from processor.host import cpu_name
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCE = CSRC / "band_attention.cpp"
+# One module: the band attention and, beside it, the mappers' edge attention (its bindings added
+# by band_attention.cpp's module).
+SOURCES = (CSRC / "band_attention.cpp", CSRC / "edge_attention.cpp")
 HEADERS = tuple(
     CSRC / name
-    for name in ("simd.h", "small_gemm.h", "tile_products.h", "bf16_rows.h", "bf16_products.h", "row_passes.h")
+    for name in (
+        "simd.h",
+        "small_gemm.h",
+        "tile_products.h",
+        "bf16_rows.h",
+        "bf16_products.h",
+        "row_passes.h",
+        "edge_attention.h",
+    )
 )
 BUILD = CSRC / "build"
 NAME = "gridshard_band_attention"
@@ -71,7 +82,7 @@ def _stamp(variant: str = "native") -> str:
     and this CPU (a ``-march=native`` build from a node of another kind, on a shared file
     system, would stop the process on an illegal instruction rather than fail to load)."""
     digest = hashlib.sha256()
-    for path in (SOURCE, *HEADERS):
+    for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
     digest.update(" ".join((*FLAGS, *VARIANT_FLAGS[variant])).encode())
     digest.update(torch.__version__.encode())
@@ -79,8 +90,8 @@ def _stamp(variant: str = "native") -> str:
     return digest.hexdigest()
 
 
-def compile_command(source: Path, name: str, output: Path, variant: str = "native") -> list[str]:
-    """The g++ command that builds ``source`` as the Python module ``name`` into ``output``
+def compile_command(sources: tuple[Path, ...], name: str, output: Path, variant: str = "native") -> list[str]:
+    """The g++ command that builds ``sources`` as the Python module ``name`` into ``output``
     (against this torch, with :data:`FLAGS` and the variant's own)."""
     from torch.utils import cpp_extension
 
@@ -95,7 +106,7 @@ def compile_command(source: Path, name: str, output: Path, variant: str = "nativ
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         *(f"-I{path}" for path in includes),
-        str(source),
+        *(str(source) for source in sources),
         f"-L{torch_lib}",
         f"-Wl,-rpath,{torch_lib}",
         "-lc10",
@@ -118,7 +129,7 @@ def build(variants: list[str] | None = None) -> list[Path]:
         running = {}
         for variant in variants[start : start + 2]:
             partial = library_path(variant).with_suffix(".partial")
-            command = compile_command(SOURCE, module_name(variant), partial, variant)
+            command = compile_command(SOURCES, module_name(variant), partial, variant)
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             running[variant] = (partial, process)
         for variant, (partial, process) in running.items():

@@ -191,11 +191,11 @@ class Forecaster(nn.Module):
         data = self.data_embed(torch.cat([given, data_nodes.expand(b, -1, -1)], dim=-1))
         hidden = self.hidden_embed(hidden_nodes).expand(b, -1, -1)
         src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
-        hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr)
+        hidden = self.encoder(src, hidden, grids.encoder.edge_index, grids.encoder.edge_attr, grids.encoder.lists)
         # The hidden split is known here: passing it keeps the ranks agreeing once per layout.
         hidden = self.processor(hidden, group=model_group, shard_sizes=grids.hidden_layout.sizes, transport=transport)
         src = _with_halo(hidden, grids.decoder.halo, grids.hidden_layout, group, transport)
-        data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr)
+        data = self.decoder(src, data, grids.decoder.edge_index, grids.decoder.edge_attr, grids.decoder.lists)
         out = self.head(data)
         n, latest = self.num_prognostic, (self.multistep - 1) * self.num_prognostic
         increment = out[..., :n]

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
+from processor.attention.edge import EdgeLists
 from processor.distributed import ShardLayout, halo_extent, shard_offsets
 
 
@@ -73,10 +74,11 @@ class LocalGraph:
     edge_index: torch.Tensor  # (2, local edges)
     edge_attr: torch.Tensor  # (local edges, 4)
     halo: int  # rows of source halo each side (same on every rank)
+    lists: EdgeLists  # the edges as the fused edge-attention kernel reads them
 
     def to(self, device: torch.device | str) -> LocalGraph:
         """This graph with its edges on ``device``."""
-        return LocalGraph(self.edge_index.to(device), self.edge_attr.to(device), self.halo)
+        return LocalGraph(self.edge_index.to(device), self.edge_attr.to(device), self.halo, self.lists.to(device))
 
 
 def shard_graph(
@@ -91,12 +93,14 @@ def shard_graph(
         if keep.any():
             lo, hi = edge_index[0, keep].min(), edge_index[0, keep].max() + 1
             halo = max(halo, src_starts[r] - lo, hi - src_starts[r] - src_sizes[r])
-    left, _ = halo_extent(ShardLayout(tuple(src_sizes), rank), min(halo, n_src))
+    left, right = halo_extent(ShardLayout(tuple(src_sizes), rank), min(halo, n_src))
     keep = (edge_index[1] >= dst_starts[rank]) & (edge_index[1] < dst_starts[rank] + dst_sizes[rank])
     src = edge_index[0, keep] - (src_starts[rank] - left)
     dst = edge_index[1, keep] - dst_starts[rank]
+    local_index = torch.from_numpy(np.stack([src, dst]).astype(np.int64))
     return LocalGraph(
-        edge_index=torch.from_numpy(np.stack([src, dst]).astype(np.int64)),
+        edge_index=local_index,
         edge_attr=torch.from_numpy(edge_attr[keep]),
         halo=int(halo),
+        lists=EdgeLists.from_index(local_index, left + src_sizes[rank] + right, dst_sizes[rank]),
     )

@@ -6,6 +6,8 @@ import torch
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
+from processor.attention.edge import EdgeLists
+
 
 def mlp(c_in: int, c_hidden: int, c_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(c_in, c_hidden), nn.SiLU(), nn.Linear(c_hidden, c_out), nn.LayerNorm(c_out))
@@ -23,8 +25,12 @@ class GraphMapper(MessagePassing):
         self.edge_mlp = mlp(2 * channels + edge_channels, channels, channels)
         self.node_mlp = mlp(2 * channels, channels, channels)
 
-    def forward(self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
-        """``x_src`` ``(b, n_src, c)``, ``x_dst`` ``(b, n_dst, c)`` -> ``(b, n_dst, c)``."""
+    def forward(
+        self, x_src: Tensor, x_dst: Tensor, edge_index: Tensor, edge_attr: Tensor, lists: EdgeLists | None = None
+    ) -> Tensor:
+        """``x_src`` ``(b, n_src, c)``, ``x_dst`` ``(b, n_dst, c)`` -> ``(b, n_dst, c)``. ``lists``
+        (the graph's edges as the fused edge attention reads them) is taken for the mappers' one
+        signature and not needed here."""
         size = (x_src.shape[-2], x_dst.shape[-2])
         agg = self.propagate(edge_index, x=(x_src, x_dst), edge_attr=edge_attr, size=size)
         return x_dst + self.node_mlp(torch.cat([x_dst, agg], dim=-1))

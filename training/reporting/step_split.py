@@ -39,7 +39,7 @@ KINDS = ("matmul", "attention", "gather/scatter", "norm", "elementwise", "copy",
 # The work the step is for: the model's matmuls, attention and message passing.
 MODEL_COMPUTE = (("encoder", "processor", "decoder"), ("matmul", "attention", "gather/scatter"))
 _KIND_WORDS = {
-    "attention": ("scaled_dot_product", "flash_attention", "band_attention", "unfold"),
+    "attention": ("scaled_dot_product", "flash_attention", "band_attention", "edge_attention", "unfold"),
     "communication": ("c10d", "gloo", "nccl", "all_to_all", "send", "recv", "barrier", "allreduce"),
     "gather/scatter": ("scatter", "gather", "index_select", "index_add", "index", "segment", "softmax"),
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"),

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bf16_products.h"
+#include "edge_attention.h"
 #include "row_passes.h"
 #include "tile_products.h"
 
@@ -344,4 +345,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return bf16_refusal().reason;
       },
       "why oneDNN refused the bfloat16 products in this process (empty while it has not)");
+  bind_edge_attention(m);
 }

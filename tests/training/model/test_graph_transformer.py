@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
+from processor.attention.edge import fused_edge_attention_serves
+from processor.attention.native_build import load
 from processor.geometry import unit_vectors
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import knn_graph, local_frame
@@ -86,3 +89,25 @@ def test_local_frame_features_point_east_and_north():
     east, north = local_frame(xyz[3:])
     dots = [(east * xyz[3:]).sum(), (north * xyz[3:]).sum(), (east * north).sum()]
     np.testing.assert_allclose(dots, 0, atol=1e-12)  # both tangent, and at right angles
+
+
+@pytest.mark.skipif(load("native") is None, reason="the fused CPU kernel is not built")
+def test_the_fused_edge_attention_gives_torch_geometrics_numbers():
+    """In float32 on the CPU the mapper's edge attention runs in the fused kernel; its output and
+    every gradient (inputs and parameters) equal torch_geometric's message passing."""
+    mapper, edge_index, edge_attr, x_src, x_dst = _mapper_and_batch(2)
+    mapper = mapper.float()
+    inputs = [x_src.detach().float().requires_grad_(), x_dst.float().requires_grad_()]
+    assert fused_edge_attention_serves(*inputs)  # fused_edges=True takes the kernel
+    results = []
+    for fused in (True, False):
+        mapper.fused_edges = fused
+        mapper.zero_grad()
+        out = mapper(*inputs, edge_index, edge_attr.float())
+        grads = torch.autograd.grad(out.square().sum(), [*inputs, *mapper.parameters()])
+        results.append((out, grads))
+    (fused_out, fused_grads), (pyg_out, pyg_grads) = results
+    torch.testing.assert_close(fused_out, pyg_out, rtol=1e-5, atol=1e-5)
+    scale = max(float(g.abs().max()) for g in pyg_grads)  # the key's bias has none: a softmax ignores it
+    for got, want in zip(fused_grads, pyg_grads):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale)
