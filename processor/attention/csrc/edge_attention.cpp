@@ -123,8 +123,8 @@ std::vector<torch::Tensor> edge_forward(const torch::Tensor& q, const torch::Ten
   TORCH_CHECK(heads >= 1 && heads <= 64, "edge attention: 1 to 64 heads, got ", heads);
   const Rows r = rows_of(q, k, heads);
   TORCH_CHECK(dst_ptr.size(0) == r.n_dst + 1, "edge attention: dst_ptr must hold n_dst + 1 offsets");
-  auto out = torch::zeros_like(q);
-  auto lse = torch::full({r.n_dst, r.batch, heads}, -std::numeric_limits<float>::infinity(), q.options());
+  auto out = torch::empty_like(q);  // every row written below (zeros without edges)
+  auto lse = torch::empty({r.n_dst, r.batch, heads}, q.options());
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float* ep = edge.data_ptr<float>();
   const int64_t *sp = src.data_ptr<int64_t>(), *ptr = dst_ptr.data_ptr<int64_t>();
@@ -133,10 +133,16 @@ std::vector<torch::Tensor> edge_forward(const torch::Tensor& q, const torch::Ten
     std::vector<float> scores, work;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t degree = ptr[i + 1] - ptr[i];
-      if (degree == 0) continue;
-      for (int64_t b = 0; b < r.batch; ++b)
+      for (int64_t b = 0; b < r.batch; ++b) {
+        std::fill(op + r.dst(i, b), op + r.dst(i, b) + r.channels, 0.f);
+        if (degree == 0) {
+          std::fill(lp + (i * r.batch + b) * heads, lp + (i * r.batch + b + 1) * heads,
+                    -std::numeric_limits<float>::infinity());
+          continue;
+        }
         forward_row(r, qp + r.dst(i, b), kp, vp, ep, sp, ptr[i], degree, b, static_cast<float>(scale),
                     op + r.dst(i, b), lp + (i * r.batch + b) * heads, scores, work);
+      }
     }
   });
   return {out, lse};
@@ -158,10 +164,11 @@ std::vector<torch::Tensor> edge_backward(const torch::Tensor& dout, const torch:
   const Rows r = rows_of(q, k, heads);
   const int64_t n_edges = edge.size(0), C = r.channels;
   TORCH_CHECK(src_ptr.size(0) == r.n_src + 1, "edge attention: src_ptr must hold n_src + 1 offsets");
-  auto dq = torch::zeros_like(q);
-  auto dk = torch::zeros_like(k);
-  auto dv = torch::zeros_like(v);
-  auto dedge = torch::zeros_like(edge);
+  // Every row of these is written whole below: zeroed where its sum starts.
+  auto dq = torch::empty_like(q);
+  auto dk = torch::empty_like(k);
+  auto dv = torch::empty_like(v);
+  auto dedge = torch::empty_like(edge);
   // Per edge, batch and head: p, and ds x scale; the second pass sums them onto the sources.
   auto probs = torch::empty({n_edges, r.batch, heads}, q.options());
   auto dscores = torch::empty({n_edges, r.batch, heads}, q.options());
@@ -181,8 +188,10 @@ std::vector<torch::Tensor> edge_backward(const torch::Tensor& dout, const torch:
       for (int64_t b = 0; b < r.batch; ++b) {
         const float *gi = gp + r.dst(i, b), *qi = qp + r.dst(i, b), *lse_i = lp + (i * r.batch + b) * heads;
         head_dots(r, gi, outp + r.dst(i, b), zeros, 1.f, delta, product);  // D = dout . out
+        std::fill(dqp + r.dst(i, b), dqp + r.dst(i, b) + C, 0.f);
         for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
           const float *ke = kp + r.src(sp[e], b), *ve = vp + r.src(sp[e], b), *ee = ep + e * C;
+          if (b == 0) std::fill(dep + e * C, dep + (e + 1) * C, 0.f);
           float *pe = pp + (e * r.batch + b) * heads, *dse = dsp + (e * r.batch + b) * heads;
           head_dots(r, qi, ke, ee, fscale, s, product);
           head_dots(r, gi, ve, ee, 1.f, dp, product);
@@ -206,6 +215,10 @@ std::vector<torch::Tensor> edge_backward(const torch::Tensor& dout, const torch:
     std::vector<float> work(2 * C);
     float *wide_ds = work.data(), *wide_p = wide_ds + C;
     for (int64_t j = begin; j < end; ++j) {
+      for (int64_t b = 0; b < r.batch; ++b) {
+        std::fill(dkp + r.src(j, b), dkp + r.src(j, b) + C, 0.f);
+        std::fill(dvp + r.src(j, b), dvp + r.src(j, b) + C, 0.f);
+      }
       for (int64_t at = sptr[j]; at < sptr[j + 1]; ++at) {
         const int64_t e = bs[at], i = dp[e];
         for (int64_t b = 0; b < r.batch; ++b) {
