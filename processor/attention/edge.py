@@ -53,8 +53,10 @@ class EdgeLists:
         if edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError(f"edge_index must be (2, edges), got {tuple(edge_index.shape)}")
         src, dst = edge_index.to(torch.int64)
-        outside = len(src) and (int(src.min()) < 0 or int(src.max()) >= n_src or int(dst.min()) < 0)
-        if outside or (len(dst) and int(dst.max()) >= n_dst):
+        inside = len(src) == 0 or (
+            0 <= int(src.min()) and int(src.max()) < n_src and 0 <= int(dst.min()) and int(dst.max()) < n_dst
+        )
+        if not inside:
             raise ValueError(f"edge_index points outside {n_src} sources and {n_dst} destinations")
         order = None
         if len(dst) > 1 and bool((dst[1:] < dst[:-1]).any()):

@@ -51,6 +51,7 @@ CASES = [  # n_src, n_dst, edges, batch, heads, head_dim
     (50, 40, 100, 3, 2, 8),  # destinations without edges, sources feeding none
     (10, 25, 60, 2, 1, 32),
     (7, 5, 40, 1, 8, 4),  # many edges per destination
+    (12, 9, 40, 2, 72, 2),  # more heads than one vector register's lanes, and than 64
 ]
 
 
