@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from processor.distributed import shard_sizes
 from processor.geometry import unit_vectors
 from processor.grids import get_grid
 from processor.host import cpu_name
@@ -36,13 +37,13 @@ def _xyz(name: str) -> np.ndarray:
 def time_mapper(src: str, dst: str, k: int, ranks: int, batch: int, channels: int, heads: int, rounds: int):
     """Median seconds of forward+backward of each path, rank 0's share of the graph."""
     src_xyz, dst_xyz = _xyz(src), _xyz(dst)
-    sizes = lambda n: [n // ranks + (r < n % ranks) for r in range(ranks)]  # noqa: E731
-    graph = shard_graph(*knn_graph(src_xyz, dst_xyz, k), sizes(len(src_xyz)), sizes(len(dst_xyz)), 0)
+    dst_sizes = shard_sizes(len(dst_xyz), ranks)
+    graph = shard_graph(*knn_graph(src_xyz, dst_xyz, k), shard_sizes(len(src_xyz), ranks), dst_sizes, 0)
     n_src = len(graph.lists.src_ptr) - 1
     torch.manual_seed(0)
     mapper = GraphTransformerMapper(channels, graph.edge_attr.shape[1], heads)
     x_src = torch.randn(batch, n_src, channels, requires_grad=True)
-    x_dst = torch.randn(batch, sizes(len(dst_xyz))[0], channels, requires_grad=True)
+    x_dst = torch.randn(batch, dst_sizes[0], channels, requires_grad=True)
     edge_attr = graph.edge_attr.float()
 
     def call(fused: bool) -> torch.Tensor:

@@ -18,12 +18,12 @@ graph.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from processor.attention.native import _profiled
 from processor.attention.native_build import load
 
 PROFILE_NAME = "gridshard_edge_attention"  # what the profiler calls its calls
@@ -176,11 +176,6 @@ def _backward_op(grad, q, k, v, edge, out, lse, src, dst_ptr, dst, by_src, src_p
 
 def _backward_shapes(grad, q, k, v, edge, out, lse, src, dst_ptr, dst, by_src, src_ptr, heads):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v, edge))
-
-
-def _profiled(name: str) -> AbstractContextManager:
-    """A profiler range while a profiler records; else nothing."""
-    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else nullcontext()
 
 
 _OPERATORS.impl("edge_attention", _forward_op, "CPU")

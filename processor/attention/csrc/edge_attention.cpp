@@ -37,16 +37,21 @@ struct Rows {
 // Whole rows of C channels at a time (the loops the compiler vectorises); a head's value is
 // spread over its head_dim channels where a row is scaled per head.
 
-// out[h] = scale * sum over head h's channels of a (b + c)
-void head_dots(const Rows& r, const float* a, const float* b, const float* c, float scale, float* out, float* work) {
-#pragma omp simd
-  for (int64_t d = 0; d < r.channels; ++d) work[d] = a[d] * (b[d] + c[d]);
+// out[h] = scale * sum over head h's channels of product
+void head_sums(const Rows& r, const float* product, float scale, float* out) {
   for (int64_t h = 0; h < r.heads; ++h) {
     float s = 0.f;  // a vector of partial sums (reassociated), not head_dim dependent adds
 #pragma omp simd reduction(+ : s)
-    for (int64_t d = h * r.head_dim; d < (h + 1) * r.head_dim; ++d) s += work[d];
+    for (int64_t d = h * r.head_dim; d < (h + 1) * r.head_dim; ++d) s += product[d];
     out[h] = scale * s;
   }
+}
+
+// out[h] = scale * sum over head h's channels of a (b + c); work: C floats
+void head_dots(const Rows& r, const float* a, const float* b, const float* c, float scale, float* out, float* work) {
+#pragma omp simd
+  for (int64_t d = 0; d < r.channels; ++d) work[d] = a[d] * (b[d] + c[d]);
+  head_sums(r, work, scale, out);
 }
 
 // wide[d] = per_head[d / head_dim]
@@ -180,13 +185,16 @@ std::vector<torch::Tensor> edge_backward(const torch::Tensor& dout, const torch:
   const float fscale = static_cast<float>(scale);
   // Pass 1, by destination: p and ds of each edge, dq, and the edge features' gradient.
   at::parallel_for(0, r.n_dst, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> work(4 * C + 3 * heads);  // zero-initialised: `zeros` stays so
-    float *product = work.data(), *wide_ds = product + C, *wide_p = wide_ds + C, *zeros = wide_p + C;
-    float *delta = zeros + C, *s = delta + heads, *dp = s + heads;  // per head
+    std::vector<float> work(3 * C + 3 * heads);
+    float *product = work.data(), *wide_ds = product + C, *wide_p = wide_ds + C;
+    float *delta = wide_p + C, *s = delta + heads, *dp = s + heads;  // per head
     for (int64_t i = begin; i < end; ++i) {
       for (int64_t b = 0; b < r.batch; ++b) {
         const float *gi = gp + r.dst(i, b), *qi = qp + r.dst(i, b), *lse_i = lp + (i * r.batch + b) * heads;
-        head_dots(r, gi, outp + r.dst(i, b), zeros, 1.f, delta, product);  // D = dout . out
+        const float* oi = outp + r.dst(i, b);
+#pragma omp simd
+        for (int64_t d = 0; d < C; ++d) product[d] = gi[d] * oi[d];
+        head_sums(r, product, 1.f, delta);  // D = dout . out
         std::fill(dqp + r.dst(i, b), dqp + r.dst(i, b) + C, 0.f);
         for (int64_t e = ptr[i]; e < ptr[i + 1]; ++e) {
           const float *ke = kp + r.src(sp[e], b), *ve = vp + r.src(sp[e], b), *ee = ep + e * C;
