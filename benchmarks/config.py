@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from processor import ConfigError
 from processor.grids import grid_points
+from processor.matmul import BACKENDS as MATMUL_BACKENDS
 from processor.runtime.placement import PLACEMENTS
 from processor.runtime.torchrun import under_torchrun
 from processor.strategies import BUILT_IN
@@ -68,6 +69,7 @@ class BenchmarkConfig(StrategyOptions):  # type: ignore[misc, valid-type]
     placement: str = setting("within_nodes", one_of(*PLACEMENTS))
     device: str = setting("cpu", one_of("cpu", "cuda"))  # cpu (gloo) | cuda (NCCL, one GPU per rank)
     threads_per_rank: int = setting(1, at_least(1))
+    matmul: str = setting("aten", one_of(*MATMUL_BACKENDS))  # the linears' float32 GEMM on a CPU (processor/matmul)
     batch_size: int = setting(1, at_least(1))
     precision: str = setting("fp32", one_of("fp32", "bf16"))  # bf16: autocast
     # processor only: pack this many equal segments into the points (segment ids); 0: none

@@ -23,6 +23,7 @@ from benchmarks.local_copy import LocalCopyTransport
 from processor import TransformerProcessor
 from processor.distributed import CommCounter, Transport, parallelize_gradients, shard_sizes
 from processor.grids import get_grid, grid_points
+from processor.matmul import set_matmul_backend
 from processor.runtime import current_rss, peak_rss, set_freed_memory_policy
 from processor.runtime.placement import this_node
 from training.config.schema import processor_config
@@ -214,6 +215,7 @@ def measure(group: dist.ProcessGroup | None, cfg: BenchmarkConfig) -> dict[str, 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
     if device.type == "cpu":
         set_freed_memory_policy(cfg.retain_freed_memory)
+        set_matmul_backend(cfg.matmul)
     memory = _Memory(device)
     torch.manual_seed(cfg.seed)
     build = _processor_step if cfg.target == "processor" else _train_step

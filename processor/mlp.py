@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from processor.matmul.linear import Linear, add_weight_grad_, input_grad, input_grad_into, linear, product_into
+
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")
 MLP_IMPLEMENTATIONS = ("mlp", "glu", "swiglu", "geglu", "reglu")
 _GATINGS = MappingProxyType({"glu": nn.Sigmoid, "swiglu": nn.SiLU, "geglu": nn.GELU, "reglu": nn.ReLU})  # anemoi's
@@ -42,7 +44,7 @@ class MLP(nn.Sequential):
     """``(..., C)`` -> ``(..., C)`` through a hidden layer of ``hidden`` channels."""
 
     def __init__(self, num_channels: int, hidden: int, activation: str) -> None:
-        super().__init__(nn.Linear(num_channels, hidden), make_activation(activation), nn.Linear(hidden, num_channels))
+        super().__init__(Linear(num_channels, hidden), make_activation(activation), Linear(hidden, num_channels))
 
     @property
     def widening(self) -> tuple[nn.Linear, ...]:
@@ -61,7 +63,7 @@ class MLP(nn.Sequential):
         out_bias = second.bias if add_output_bias else torch.zeros_like(second.bias)
         if isinstance(act, nn.GELU) and torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type):
             return _GeluMLP.apply(x, first.weight, first.bias, second.weight, out_bias, act.approximate)
-        return F.linear(act(first(x)), second.weight, out_bias)
+        return linear(act(first(x)), second.weight, out_bias)
 
 
 class _GeluMLP(torch.autograd.Function):
@@ -76,7 +78,7 @@ class _GeluMLP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, approximate: str) -> Tensor:  # type: ignore[override]
-        pre = F.linear(x, w1, b1)
+        pre = linear(x, w1, b1)
         ctx.save_for_backward(x, w1, w2, pre)
         ctx.approximate = approximate
         pre_rows = pre.reshape(-1, pre.shape[-1])
@@ -84,7 +86,7 @@ class _GeluMLP(torch.autograd.Function):
         chunk = _chunk_rows(pre_rows)
         for lo in range(0, pre_rows.shape[0], chunk):
             rows = slice(lo, lo + chunk)
-            torch.addmm(b2, F.gelu(pre_rows[rows], approximate=approximate), w2.t(), out=out[rows])
+            product_into(out[rows], F.gelu(pre_rows[rows], approximate=approximate), w2, b2)
         return out.view(*x.shape[:-1], w2.shape[0])
 
     @staticmethod
@@ -99,14 +101,14 @@ class _GeluMLP(torch.autograd.Function):
         for lo in range(0, x_rows.shape[0], chunk):
             rows = slice(lo, lo + chunk)
             g = grad_rows[rows]
-            grad_w2.addmm_(g.t(), F.gelu(pre_rows[rows], approximate=ctx.approximate))
-            hidden = g @ w2
+            add_weight_grad_(grad_w2, F.gelu(pre_rows[rows], approximate=ctx.approximate), g)
+            hidden = input_grad(g, w2)
             torch.ops.aten.gelu_backward.grad_input(
                 hidden, pre_rows[rows], approximate=ctx.approximate, grad_input=hidden
             )
-            grad_w1.addmm_(hidden.t(), x_rows[rows])
+            add_weight_grad_(grad_w1, x_rows[rows], hidden)
             grad_b1 += hidden.sum(0)
-            torch.mm(hidden, w1, out=grad_x[rows])
+            input_grad_into(grad_x[rows], hidden, w1)
         grad_b2 = grad_rows.sum(0) if ctx.needs_input_grad[4] else None  # shard_channels passes zeros
         return grad_x.view_as(x), grad_w1, grad_b1, grad_w2, grad_b2, None
 
@@ -128,8 +130,8 @@ class GatedLayer(nn.Module):
 
     def __init__(self, num_channels: int, hidden: int, implementation: str) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(num_channels, hidden)
-        self.value_proj = nn.Linear(num_channels, hidden)
+        self.gate_proj = Linear(num_channels, hidden)
+        self.value_proj = Linear(num_channels, hidden)
         self.gating = _GATINGS[implementation]()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -141,7 +143,7 @@ class GatedMLP(nn.Sequential):
     back (anemoi's ``MLP`` with ``mlp_implementation`` glu, swiglu, geglu or reglu)."""
 
     def __init__(self, num_channels: int, hidden: int, implementation: str) -> None:
-        super().__init__(GatedLayer(num_channels, hidden, implementation), nn.Linear(hidden, num_channels))
+        super().__init__(GatedLayer(num_channels, hidden, implementation), Linear(hidden, num_channels))
 
     @property
     def widening(self) -> tuple[nn.Linear, ...]:
@@ -156,4 +158,4 @@ class GatedMLP(nn.Sequential):
     def forward(self, x: Tensor, add_output_bias: bool = True) -> Tensor:
         """As :meth:`MLP.forward`."""
         gated, second = self
-        return F.linear(gated(x), second.weight, second.bias if add_output_bias else None)
+        return linear(gated(x), second.weight, second.bias if add_output_bias else None)

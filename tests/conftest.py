@@ -4,10 +4,11 @@ from pathlib import Path
 import pytest
 import torch
 
-# attention_path=auto keeps its static rule in every run a test makes (and in the processes they
-# spawn): which path a loaded machine times fastest must not change a test's numbers. The
-# probe's own tests turn it back on.
+# attention_path=auto and trainer.matmul=auto keep their static rules in every run a test makes
+# (and in the processes they spawn): what a loaded machine times fastest must not change a
+# test's numbers. The probes' own tests turn them back on.
 os.environ["GRIDSHARD_ATTENTION_PROBE"] = "0"
+os.environ["GRIDSHARD_MATMUL_PROBE"] = "0"
 # The commands the tests start (python -m training, torchrun) import the tests' step hooks
 # (debug.hooks=[tests.training.hooks.faults:FaultInjector]) from the repository, whatever their
 # working directory, as a user's run from the repository's root does.

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from processor.distributed import CommCounter, GroupLike, HostStagedTransport, Transport
+from processor.matmul import set_matmul_backend
 from processor.runtime import set_freed_memory_policy
 from training.config.schema import RunConfig
 from training.data import ZarrDataset
@@ -58,6 +59,7 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     trainer_cfg = cfg.trainer
     device = rank_device(trainer_cfg.device)
     torch.set_num_threads(trainer_cfg.threads_per_rank)
+    set_matmul_backend("aten" if trainer_cfg.matmul == "auto" else trainer_cfg.matmul)  # auto: the launcher's pick
     set_freed_memory_policy(trainer_cfg.retain_freed_memory)
     dataset, hidden = open_data(cfg)
     check_ranks_agree(cfg, dataset, dims)

@@ -180,7 +180,7 @@ def fastest_path(shape: ProbeShape, device: torch.device, cache_file: Path | Non
     if len(paths) == 1:
         return PathChoice(paths[0], host=host)
     key = cache_key(shape, device)
-    entry = _read(cache_file).get(key)
+    entry = read_choices(cache_file).get(key)
     if isinstance(entry, dict) and entry.get("path") in paths:
         return PathChoice(entry["path"], dict(entry.get("seconds", {})), cached=True, host=host)
     seconds = time_paths(shape, paths, device)
@@ -188,11 +188,12 @@ def fastest_path(shape: ProbeShape, device: torch.device, cache_file: Path | Non
         raise RuntimeError(f"attention_path=auto: every path failed on a call of shape {shape} ({', '.join(paths)})")
     choice = PathChoice(min(seconds, key=seconds.__getitem__), seconds, host=host)
     entry = {"path": choice.path, "seconds": seconds, "host": host, "torch": torch.__version__, **asdict(shape)}
-    _add(cache_file, key, entry)
+    add_choice(cache_file, key, entry)
     return choice
 
 
-def _read(cache_file: Path) -> dict:
+def read_choices(cache_file: Path) -> dict:
+    """The choices saved in ``cache_file`` by key ({} when there is none or it is unreadable)."""
     try:
         data = json.loads(cache_file.read_text())
     except (OSError, ValueError):
@@ -200,7 +201,7 @@ def _read(cache_file: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _add(cache_file: Path, key: str, entry: dict) -> None:
+def add_choice(cache_file: Path, key: str, entry: dict) -> None:
     """Add ``entry`` under ``key``: under a lock, the file read again and replaced atomically,
     so that runs probing at once (a sweep's members, jobs sharing a home) keep each other's
     entries and a reader sees the old file or the new, never half."""
@@ -208,7 +209,7 @@ def _add(cache_file: Path, key: str, entry: dict) -> None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         with open(cache_file.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            cache = _read(cache_file)
+            cache = read_choices(cache_file)
             cache[key] = entry
             partial = cache_file.with_suffix(f".{os.getpid()}.partial")
             partial.write_text(json.dumps(cache, indent=1, sort_keys=True))

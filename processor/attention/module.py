@@ -7,13 +7,13 @@ methods, as its :class:`~processor.strategies.HeadAttention`, on the points and 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
 from processor.attention.banded import cat_points
 from processor.attention.kernel import sliding_window_attention
 from processor.attention.score_mods import ScoreMods, alibi_slopes, rotate
+from processor.matmul.linear import Linear, linear
 from processor.precision import in_compute_dtype
 
 
@@ -53,8 +53,8 @@ class SelfAttention(nn.Module):
         self.head_dim = inner // num_heads
         self.window_size, self.dropout_p, self.block_size = window_size, dropout_p, block_size
         self.softcap, self.alibi, self.rotary = softcap, alibi, rotary
-        self.qkv = nn.Linear(num_channels, 3 * inner, bias=False)
-        self.proj = nn.Linear(inner, num_channels)
+        self.qkv = Linear(num_channels, 3 * inner, bias=False)
+        self.proj = Linear(inner, num_channels)
         self.q_norm = nn.LayerNorm(self.head_dim, bias=qk_norm_bias) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim, bias=qk_norm_bias) if qk_norm else nn.Identity()
 
@@ -85,12 +85,12 @@ class SelfAttention(nn.Module):
 
     def queries(self, h: Tensor, first_point: int = 0) -> Tensor:
         """Queries only: ``(b, n, C)`` -> ``(b, heads, n, head_dim)``."""
-        q = F.linear(h, self.qkv.weight[: self.inner_channels])
+        q = linear(h, self.qkv.weight[: self.inner_channels])
         return self._position(self.q_norm(rearrange(q, "b n (h d) -> b h n d", h=self.num_heads)), first_point)
 
     def keys_values(self, h: Tensor, first_point: int = 0) -> tuple[Tensor, Tensor]:
         """Keys and values only: ``(b, m, C)`` -> k, v, each ``(b, heads, m, head_dim)``."""
-        kv = F.linear(h, self.qkv.weight[self.inner_channels :])
+        kv = linear(h, self.qkv.weight[self.inner_channels :])
         k, v = rearrange(kv, "b m (t h d) -> t b h m d", t=2, h=self.num_heads)
         return self._position(self.k_norm(k), first_point), v
 

@@ -20,13 +20,13 @@ the optimiser is built.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from processor.distributed.mesh import ModelDims
 from processor.distributed.parameter_split import ChannelSplit, split_parameter
 from processor.distributed.region import gather_points, reduce_scatter_points
 from processor.distributed.shards import shard_sizes
+from processor.matmul.linear import linear
 from processor.precision import in_compute_dtype
 from processor.strategies.base import BlockParts, ShardContext, Strategy, require_a_head_per_rank
 from processor.strategies.cost import CommPart, Workload
@@ -84,7 +84,7 @@ class ShardChannels(Strategy):
             h = gather(in_compute_dtype(parts.attn_norm(x)))
             q, k, v = attn.qkv_heads(h)  # this rank's heads, every point
             heads_out = attn.merge_heads([attn.attend(q, k, v, segment_ids=ctx.key_segment_ids)])
-            x = x + reduce_scatter(F.linear(heads_out, attn.proj.weight)) + attn.proj.bias
+            x = x + reduce_scatter(linear(heads_out, attn.proj.weight)) + attn.proj.bias
         with self.phase("mlp"):
             h = gather(in_compute_dtype(parts.mlp_norm(x)))
             return x + reduce_scatter(mlp(h, add_output_bias=False)) + mlp.narrow.bias

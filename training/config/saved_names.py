@@ -20,6 +20,7 @@ EARLIER_VALUES = {
     "model.baseline": "persistence",
     "trainer.batch_size": 1,
     "trainer.keep_best": False,  # runs before best.pt scored their last model
+    "trainer.matmul": "aten",  # runs before processor/matmul ran torch's GEMM: they resume on it
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from processor.matmul import BACKENDS as MATMUL_BACKENDS
 from processor.runtime.placement import PLACEMENTS
 from training.config.settings import above, at_least, one_of, or_null, setting, within
 
@@ -143,6 +144,10 @@ class TrainerConfig:
     (processor/runtime/placement.py)."""
     threads_per_rank: int = setting(0, at_least(0, " (0: the node's cores shared among its local ranks)"))
     """CPU threads of each rank."""
+    matmul: str = setting("auto", one_of("auto", *MATMUL_BACKENDS))
+    """The float32 GEMM of the model's linear layers on a CPU (processor/matmul): ``aten``
+    (torch's: MKL), ``onednn``, or ``auto``: the one measured faster on this host at the
+    rank's thread count (cached per host; MKL runs its AVX2 code on AMD processors)."""
     timeout_s: float = setting(300.0, above(0))
     """Bounds every collective: a lost or stuck rank fails the run by then."""
     heartbeat_s: float = setting(1.0, above(0))

@@ -49,6 +49,7 @@ from processor.runtime.torchrun import (
 )
 from training.checkpoint.resume import check_resumable
 from training.config.auto_attention import resolve_run_attention
+from training.config.auto_matmul import resolve_run_matmul
 from training.config.auto_strategy import resolve_auto
 from training.config.checks import check_config
 from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
@@ -121,6 +122,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
         check_config(cfg, world)
     # auto: measured (or cached) here
     resolve_run_attention(cfg, hidden.n_points, training=command.trains)
+    resolve_run_matmul(cfg)
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)

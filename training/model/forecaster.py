@@ -30,6 +30,7 @@ from processor.distributed import (
 )
 from processor.geometry import unit_vectors
 from processor.grids import Grid
+from processor.matmul import Linear
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
 from training.model.hidden_grid import HiddenGrid
@@ -147,12 +148,12 @@ class Forecaster(nn.Module):
         self.hidden_nodes = NodeParameters(hidden_points, size) if size else None
         self.baseline_inputs = num_variables + diagnostics if baseline_inputs else 0
         inputs = num_variables * multistep + forcings + self.baseline_inputs
-        self.data_embed = nn.Linear(inputs + 4 + size, num_channels)
-        self.hidden_embed = nn.Linear(4 + size, num_channels)
+        self.data_embed = Linear(inputs + 4 + size, num_channels)
+        self.hidden_embed = Linear(4 + size, num_channels)
         self.encoder = make_mapper(mapper, num_channels, mapper_heads)
         self.processor = processor
         self.decoder = make_mapper(mapper, num_channels, mapper_heads)
-        self.head = nn.Sequential(nn.LayerNorm(num_channels), nn.Linear(num_channels, num_variables + diagnostics))
+        self.head = nn.Sequential(nn.LayerNorm(num_channels), Linear(num_channels, num_variables + diagnostics))
         if normalise_increments:  # buffers: checkpoints keep the statistics a model was trained with
             self.register_buffer("increment_mean", torch.zeros(num_variables))
             self.register_buffer("increment_stdev", torch.ones(num_variables))

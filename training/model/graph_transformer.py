@@ -27,6 +27,7 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.utils import softmax
 
 from processor.attention.edge import EdgeLists, fused_edge_attention, fused_edge_attention_serves
+from processor.matmul import Linear
 
 
 class GraphTransformerMapper(MessagePassing):
@@ -50,15 +51,15 @@ class GraphTransformerMapper(MessagePassing):
         self.num_heads, self.head_dim = num_heads, channels // num_heads
         self.fused_edges = fused_edges
         self.norm_src, self.norm_dst = nn.LayerNorm(channels), nn.LayerNorm(channels)
-        self.lin_query = nn.Linear(channels, channels)
-        self.lin_key = nn.Linear(channels, channels)
-        self.lin_value = nn.Linear(channels, channels)
-        self.lin_edge = nn.Linear(edge_dim, channels)
-        self.lin_self = nn.Linear(channels, channels)
-        self.projection = nn.Linear(channels, channels)
+        self.lin_query = Linear(channels, channels)
+        self.lin_key = Linear(channels, channels)
+        self.lin_value = Linear(channels, channels)
+        self.lin_edge = Linear(edge_dim, channels)
+        self.lin_self = Linear(channels, channels)
+        self.projection = Linear(channels, channels)
         hidden = int(channels * mlp_ratio + 0.5)
         self.norm_mlp = nn.LayerNorm(channels)
-        self.mlp = nn.Sequential(nn.Linear(channels, hidden), nn.GELU(), nn.Linear(hidden, channels))
+        self.mlp = nn.Sequential(Linear(channels, hidden), nn.GELU(), Linear(hidden, channels))
         self.carry_signal()
 
     @torch.no_grad()

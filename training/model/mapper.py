@@ -7,10 +7,11 @@ from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
 
 from processor.attention.edge import EdgeLists
+from processor.matmul import Linear
 
 
 def mlp(c_in: int, c_hidden: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(c_in, c_hidden), nn.SiLU(), nn.Linear(c_hidden, c_out), nn.LayerNorm(c_out))
+    return nn.Sequential(Linear(c_in, c_hidden), nn.SiLU(), Linear(c_hidden, c_out), nn.LayerNorm(c_out))
 
 
 class GraphMapper(MessagePassing):

@@ -153,7 +153,8 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
         "multistep_input": 1,
         "baseline": "persistence",
     }
-    trainer = {"steps": 60, "batch_size": 1, "keep_best": False}  # and it scored its last model
+    # it scored its last model, and ran torch's GEMM
+    trainer = {"steps": 60, "batch_size": 1, "keep_best": False, "matmul": "aten"}
     assert saved == {"trainer": trainer, "debug": {"share_gpu": True}, "model": model}
     cfg = continue_from(_typed(), SavedRun(saved, 30, Path("x")), given=[])
     assert (cfg.trainer.steps, cfg.model.num_layers) == (60, 3)

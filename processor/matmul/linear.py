@@ -1,0 +1,138 @@
+"""The model's linear layers, on the GEMM that runs fastest on this host.
+
+torch's float32 ``F.linear`` on the CPU runs MKL's SGEMM, which takes its AVX2 code on AMD
+processors; oneDNN (torch's ``mkldnn`` operators) runs AVX-512 there. On a 2-core AMD EPYC Zen 5
+(family 26) oneDNN's float32 linear ran 1.5-2.2x MKL's at this project's sizes (a 2048³ product
+106 against 216-243 GFLOP/s, one thread; docs/benchmarks/zen5_2026-11-29.md). Where MKL runs its
+best code (Intel), the two are alike. So the backend is a process-wide choice, like
+``torch.backends`` flags, made once per host by measurement (:mod:`.probe`):
+
+- ``aten``: ``F.linear`` (torch's own choice of GEMM), the default;
+- ``onednn``: :class:`OneDnnLinear`, oneDNN's float32 product forward and for the input's
+  gradient, and for the weight's the better of oneDNN's two orientations.
+
+Only float32 CPU tensors outside autocast take oneDNN; anything else (CUDA, bfloat16 under
+autocast, float64) goes to ``F.linear`` whatever the backend. The two backends agree to float32
+rounding (a different summation order), not bitwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+BACKENDS = ("aten", "onednn")
+_backend = "aten"
+
+
+def set_matmul_backend(name: str) -> None:
+    """Make ``name`` (one of :data:`BACKENDS`) this process's backend for :func:`linear`."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"matmul backend {name!r} is not one of {list(BACKENDS)}")
+    if name == "onednn" and not torch.backends.mkldnn.is_available():
+        raise ValueError("matmul backend 'onednn': this torch build has no oneDNN (mkldnn); use 'aten'")
+    _backend = name
+
+
+def matmul_backend() -> str:
+    """This process's backend for :func:`linear` (:data:`BACKENDS`)."""
+    return _backend
+
+
+def onednn_serves(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`linear` sends ``x @ weight^T`` to oneDNN: the ``onednn`` backend, both
+    float32 on the CPU, and no CPU autocast (which casts to bfloat16 inside ``F.linear``)."""
+    return (
+        _backend == "onednn"
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight^T + bias`` by oneDNN: x ``(..., in)``, weight ``(out, in)`` (either may be a
+    strided view), bias ``(out,)`` or None -> ``(..., out)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _onednn_weight_grad(x_rows: Tensor, grad_rows: Tensor) -> Tensor:
+    """``grad_rows^T @ x_rows`` by oneDNN: x_rows ``(rows, in)``, grad_rows ``(rows, out)`` ->
+    ``(out, in)``. A reduction over the rows, fastest with the wider operand as oneDNN's
+    "weight" (measured on Zen 5: up to 1.6x between the two orientations)."""
+    if grad_rows.shape[1] >= x_rows.shape[1]:
+        return _onednn(x_rows.t(), grad_rows.t()).t()
+    return _onednn(grad_rows.t(), x_rows.t())
+
+
+def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor) -> None:
+    """``out = x @ weight^T + bias`` (2-D, no autograd) on this process's backend."""
+    if onednn_serves(x, weight):
+        out.copy_(_onednn(x, weight, bias))
+    else:
+        torch.addmm(bias, x, weight.t(), out=out)
+
+
+def input_grad_into(out: Tensor, grad: Tensor, weight: Tensor) -> None:
+    """``out = grad @ weight`` (2-D, no autograd): a linear's input gradient."""
+    if onednn_serves(grad, weight):
+        out.copy_(_onednn(grad, weight.t()))
+    else:
+        torch.mm(grad, weight, out=out)
+
+
+def input_grad(grad: Tensor, weight: Tensor) -> Tensor:
+    """``grad @ weight`` (no autograd): grad ``(..., out)``, weight ``(out, in)`` -> ``(..., in)``."""
+    return _onednn(grad, weight.t()) if onednn_serves(grad, weight) else grad @ weight
+
+
+def add_weight_grad_(acc: Tensor, x_rows: Tensor, grad_rows: Tensor) -> None:
+    """``acc += grad_rows^T @ x_rows`` (no autograd): acc ``(out, in)``, x_rows ``(rows, in)``,
+    grad_rows ``(rows, out)``: a linear's weight gradient, summed over chunks of rows."""
+    if onednn_serves(x_rows, acc):
+        acc.add_(_onednn_weight_grad(x_rows, grad_rows))
+    else:
+        acc.addmm_(grad_rows.t(), x_rows)
+
+
+class OneDnnLinear(torch.autograd.Function):
+    """``F.linear`` on oneDNN, with its own backward on oneDNN (autograd would differentiate into
+    ``aten.mm``, MKL's again)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        out_features, in_features = weight.shape
+        rows_g = grad.reshape(-1, out_features)
+        grad_x = _onednn(grad, weight.t()) if ctx.needs_input_grad[0] else None  # (..., out) @ (out, in)
+        grad_w = None
+        if ctx.needs_input_grad[1]:
+            grad_w = _onednn_weight_grad(x.reshape(-1, in_features), rows_g).contiguous()
+        grad_b = rows_g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` on this process's backend (:func:`set_matmul_backend`):
+    x ``(..., in)``, weight ``(out, in)``, bias ``(out,)`` or None -> ``(..., out)``."""
+    if onednn_serves(x, weight):
+        return OneDnnLinear.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same state dict) whose product runs on this process's
+    backend (:func:`linear`)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return linear(input, self.weight, self.bias)
