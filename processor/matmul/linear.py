@@ -43,9 +43,12 @@ def matmul_backend() -> str:
 
 def onednn_serves(x: Tensor, weight: Tensor) -> bool:
     """Whether :func:`linear` sends ``x @ weight^T`` to oneDNN: the ``onednn`` backend, both
-    float32 on the CPU, and no CPU autocast (which casts to bfloat16 inside ``F.linear``)."""
+    float32 on the CPU, no CPU autocast (which casts to bfloat16 inside ``F.linear``), and not
+    under ``torch.compile`` (inductor cannot lower the operator with a gradient; it picks its own
+    GEMM)."""
     return (
         _backend == "onednn"
+        and not torch.compiler.is_compiling()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32

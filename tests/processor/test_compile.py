@@ -4,11 +4,23 @@ import pytest
 import torch
 
 from processor import ProcessorConfig, TransformerProcessor
+from processor.matmul import set_matmul_backend
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
 
-def test_compiled_processor_matches_eager():
+@pytest.mark.parametrize("matmul", ["aten", "onednn"])
+def test_compiled_processor_matches_eager(matmul):
+    """Under ``onednn`` eager runs oneDNN's linears, compiled code inductor's own GEMM."""
+    set_matmul_backend(matmul)
+    try:
+        _compiled_matches_eager()
+    finally:
+        set_matmul_backend("aten")
+
+
+def _compiled_matches_eager():
+    torch._dynamo.reset()
     torch.manual_seed(0)
     config = ProcessorConfig(2, 32, 4, window_size=16, mlp_hidden_ratio=2, num_chunks=0, qk_norm=True)
     model = TransformerProcessor(config)
