@@ -42,7 +42,15 @@ _KIND_WORDS = {
     "attention": ("scaled_dot_product", "flash_attention", "band_attention", "edge_attention", "unfold"),
     "communication": ("c10d", "gloo", "nccl", "all_to_all", "send", "recv", "barrier", "allreduce"),
     "gather/scatter": ("scatter", "gather", "index_select", "index_add", "index", "segment", "softmax"),
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm"),
+    "matmul": (
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::matmul",
+        "aten::linear",
+        "aten::baddbmm",
+        "mkldnn::_linear_pointwise",  # processor/matmul's oneDNN backend
+    ),
     "norm": ("layer_norm",),
     "copy": ("copy_", "aten::to", "aten::cat", "aten::stack", "contiguous", "clone", "empty", "zero_", "fill_"),
 }
