@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from processor.matmul.linear import Linear, add_weight_grad_, input_grad, input_grad_into, linear, product_into
+from processor.matmul.backends import Linear, add_weight_grad_, input_grad, input_grad_into, linear, product_into
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")
 MLP_IMPLEMENTATIONS = ("mlp", "glu", "swiglu", "geglu", "reglu")

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from processor.attention.banded import cat_points
 from processor.attention.kernel import sliding_window_attention
 from processor.attention.score_mods import ScoreMods, alibi_slopes, rotate
-from processor.matmul.linear import Linear, linear
+from processor.matmul.backends import Linear, linear
 from processor.precision import in_compute_dtype
 
 

@@ -1,5 +1,5 @@
 """``matmul=auto`` by measurement: time a linear layer's forward and backward on each backend
-(:data:`.linear.BACKENDS`) once per host, torch version and thread count, keep the pick on disk
+(:data:`.backends.BACKENDS`) once per host, torch version and thread count, keep the pick on disk
 (beside :mod:`processor.attention.autotune`'s), and reuse it in every later run.
 
 The call timed is a pair of linears as the model's MLPs have them, ``(rows, C) -> (rows, 4C) ->
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from processor.attention.autotune import add_choice, host_name, read_choices
 from processor.host import cache_dir
-from processor.matmul.linear import BACKENDS, matmul_backend, set_matmul_backend
+from processor.matmul.backends import BACKENDS, matmul_backend, set_matmul_backend
 
 CACHE_NAME = "matmul_backends.json"
 MARGIN = 1.1
@@ -51,7 +51,7 @@ class BackendChoice:
 
 def _time_backend(name: str, x: Tensor, weights: list[Tensor]) -> float:
     """Seconds of one forward+backward through the two linears on backend ``name``."""
-    from processor.matmul.linear import linear
+    from processor.matmul.backends import linear
 
     set_matmul_backend(name)
     start = time.perf_counter()

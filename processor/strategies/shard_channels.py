@@ -26,7 +26,7 @@ from processor.distributed.mesh import ModelDims
 from processor.distributed.parameter_split import ChannelSplit, split_parameter
 from processor.distributed.region import gather_points, reduce_scatter_points
 from processor.distributed.shards import shard_sizes
-from processor.matmul.linear import linear
+from processor.matmul.backends import linear
 from processor.precision import in_compute_dtype
 from processor.strategies.base import BlockParts, ShardContext, Strategy, require_a_head_per_rank
 from processor.strategies.cost import CommPart, Workload

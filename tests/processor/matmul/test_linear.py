@@ -11,9 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import processor.matmul.backends as linear_module
 from processor import ProcessorConfig, TransformerProcessor
 from processor.matmul import Linear, linear, matmul_backend, set_matmul_backend
-from processor.matmul.linear import onednn_serves
+from processor.matmul.backends import onednn_serves
 from tests.processor.strategies.test_exactness import assert_close, one_rank_run, sharded_run
 
 RTOL = 1e-5
@@ -21,12 +22,16 @@ RTOL = 1e-5
 
 @contextlib.contextmanager
 def backend(name: str):
-    previous = matmul_backend()
+    """``name`` for every product, however small (the tests' shapes are below the size at which
+    oneDNN takes over)."""
+    previous, smallest = matmul_backend(), linear_module.MIN_MACS_PER_THREAD
     set_matmul_backend(name)
+    linear_module.MIN_MACS_PER_THREAD = 0
     try:
         yield
     finally:
         set_matmul_backend(previous)
+        linear_module.MIN_MACS_PER_THREAD = smallest
 
 
 def _grads(x, weight, bias, out, backend_name):
@@ -80,13 +85,21 @@ def test_the_backends_differ_only_by_rounding_and_the_module_keeps_its_state_dic
 
 def test_what_onednn_leaves_to_f_linear():
     x, w = torch.randn(8, 16), torch.randn(4, 16)
+    macs = 8 * 16 * 4
     with backend("onednn"):
-        assert onednn_serves(x, w)
-        assert not onednn_serves(x.double(), w.double())  # float64: torch's
+        assert onednn_serves(x, w, macs)
+        assert not onednn_serves(x.double(), w.double(), macs)  # float64: torch's
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert not onednn_serves(x, w)  # autocast casts inside F.linear
+            assert not onednn_serves(x, w, macs)  # autocast casts inside F.linear
     with backend("aten"):
-        assert not onednn_serves(x, w)
+        assert not onednn_serves(x, w, macs)
+    set_matmul_backend("onednn")
+    try:  # a small product: oneDNN's per-call cost outweighs its speed
+        threads = torch.get_num_threads()
+        assert not onednn_serves(x, w, linear_module.MIN_MACS_PER_THREAD * threads - 1)
+        assert onednn_serves(x, w, linear_module.MIN_MACS_PER_THREAD * threads)
+    finally:
+        set_matmul_backend("aten")
 
 
 def test_an_unknown_backend_is_refused_by_name():
