@@ -1,7 +1,7 @@
 """The in-process fp32 GEMM rate every efficiency figure is a share of (torch only): on a CPU the
 faster of torch's own matmul (MKL) and oneDNN's (:mod:`processor.matmul`). MKL runs its AVX2 code
 on AMD processors: on a Zen 5 host oneDNN's GEMM ran 2.0-2.2x MKL's, and a share of MKL's alone
-read above 1 (docs/benchmarks/zen5_2026-11-29.md)."""
+read above 1 (docs/benchmarks/matmul_zen5_2026-11-29.md)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 torch's float32 ``F.linear`` on the CPU runs MKL's SGEMM, which takes its AVX2 code on AMD
 processors; oneDNN (torch's ``mkldnn`` operators) runs AVX-512 there. On a 2-core AMD EPYC Zen 5
 (family 26) oneDNN's float32 linear ran 1.5-2.2x MKL's at this project's sizes (a 2048³ product
-106 against 216-243 GFLOP/s, one thread; docs/benchmarks/zen5_2026-11-29.md). Where MKL runs its
+106 against 216-243 GFLOP/s, one thread; docs/benchmarks/matmul_zen5_2026-11-29.md). Where MKL runs its
 best code (Intel), the two are alike. So the backend is a process-wide choice, like
 ``torch.backends`` flags, made once per host by measurement (:mod:`.probe`):
 
