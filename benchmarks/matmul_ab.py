@@ -27,6 +27,7 @@ from hydra import compose, initialize_config_module
 import training.config.schema  # noqa: F401 - registers the schema
 from processor.host import cpu_name
 from processor.matmul import BACKENDS, linear, set_matmul_backend
+from processor.matmul.backends import MIN_MACS_PER_THREAD
 from training.config.schema import RunConfig
 from training.launch import launcher
 from training.launch.command import TRAIN
@@ -54,19 +55,22 @@ def time_layer(rows: int, features_in: int, features_out: int, rounds: int) -> d
     return {b: statistics.median(t) for b, t in times.items()}
 
 
-def layers_table(rounds: int) -> str:
+def layers_table(rounds: int, shapes: tuple[tuple[int, int, int], ...] = SHAPES) -> str:
+    """The table of each layer shape ``(rows, in, out)`` on both backends, this host named."""
     lines = [
         f"{cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s): one linear's forward+backward,"
         f" median of {rounds} alternating rounds",
         "",
-        "| rows x in -> out | aten (ms) | onednn (ms) | onednn's speed-up |",
-        "|---|---:|---:|---:|",
+        "| rows x in -> out | aten (ms) | onednn (ms) | onednn's speed-up | on oneDNN under `onednn` |",
+        "|---|---:|---:|---:|---|",
     ]
-    for rows, features_in, features_out in SHAPES:
+    smallest = MIN_MACS_PER_THREAD * torch.get_num_threads()
+    for rows, features_in, features_out in shapes:
         t = time_layer(rows, features_in, features_out, rounds)
+        taken = "yes" if rows * features_in * features_out >= smallest else "no: too small, torch's GEMM"
         lines.append(
             f"| {rows} x {features_in} -> {features_out} | {t['aten'] * 1e3:.3f} | {t['onednn'] * 1e3:.3f} |"
-            f" {t['aten'] / t['onednn']:.2f}x |"
+            f" {t['aten'] / t['onednn']:.2f}x | {taken} |"
         )
     return "\n".join(lines)
 

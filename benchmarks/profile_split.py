@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from processor.config import mlp_hidden_channels
 
-_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise")
 
 
 def bucket(name: str, shapes: list[list[int]], mlp_hidden: int) -> str:

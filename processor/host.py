@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import os
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -51,6 +53,18 @@ def cpu_name() -> str:
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity where the OS tells it, else all)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` inside, restored after (a probe timed as fast
+    as a rank will run)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def cache_dir() -> Path:

@@ -2,7 +2,7 @@
 
 torch's float32 ``F.linear`` on the CPU runs MKL's SGEMM, which takes its AVX2 code on AMD
 processors; oneDNN (torch's ``mkldnn`` operators) runs AVX-512 there. On a 2-core AMD EPYC Zen 5
-(family 26) oneDNN's float32 linear ran 1.5-2.2x MKL's at this project's sizes (a 2048³ product
+(family 26) oneDNN's float32 linear ran 1.5-1.8x MKL's at this project's sizes (a 2048³ product
 106 against 216-243 GFLOP/s, one thread; docs/benchmarks/matmul_zen5_2026-11-29.md). Where MKL runs its
 best code (Intel), the two are alike. So the backend is a process-wide choice, like
 ``torch.backends`` flags, made once per host by measurement (:mod:`.probe`):
@@ -11,9 +11,10 @@ best code (Intel), the two are alike. So the backend is a process-wide choice, l
 - ``onednn``: :class:`OneDnnLinear`, oneDNN's float32 product forward and for the input's
   gradient, and for the weight's the better of oneDNN's two orientations.
 
-Only float32 CPU tensors outside autocast take oneDNN; anything else (CUDA, bfloat16 under
-autocast, float64) goes to ``F.linear`` whatever the backend. The two backends agree to float32
-rounding (a different summation order), not bitwise.
+Only float32 CPU products outside autocast and ``torch.compile``, of at least
+:data:`MIN_MACS_PER_THREAD` multiply-adds a thread, take oneDNN; anything else (CUDA, bfloat16
+under autocast, float64, small products) goes to ``F.linear`` whatever the backend. The two
+backends agree to float32 rounding (a different summation order), not bitwise.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 BACKENDS = ("aten", "onednn")
 _backend = "aten"
@@ -80,7 +82,8 @@ def _onednn_weight_grad(x_rows: Tensor, grad_rows: Tensor) -> Tensor:
 
 
 def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor) -> None:
-    """``out = x @ weight^T + bias`` (2-D, no autograd) on this process's backend."""
+    """``out = x @ weight^T + bias`` (no autograd) on this process's backend: out ``(rows, out)``,
+    x ``(rows, in)``, weight ``(out, in)``, bias ``(out,)``."""
     if onednn_serves(x, weight, x.numel() * weight.shape[0]):
         out.copy_(_onednn(x, weight, bias))
     else:
@@ -88,7 +91,8 @@ def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor) -> None:
 
 
 def input_grad_into(out: Tensor, grad: Tensor, weight: Tensor) -> None:
-    """``out = grad @ weight`` (2-D, no autograd): a linear's input gradient."""
+    """``out = grad @ weight`` (no autograd): a linear's input gradient; out ``(rows, in)``, grad
+    ``(rows, out)``, weight ``(out, in)``."""
     if onednn_serves(grad, weight, grad.numel() * weight.shape[1]):
         out.copy_(_onednn(grad, weight.t()))
     else:
@@ -122,6 +126,7 @@ class OneDnnLinear(torch.autograd.Function):
         return _onednn(x, weight, bias)
 
     @staticmethod
+    @once_differentiable  # oneDNN's operator has no derivative of its own: no double backward
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
         x, weight = ctx.saved_tensors
         out_features, in_features = weight.shape

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from processor.attention.autotune import add_choice, host_name, read_choices
 from processor.host import cache_dir
-from processor.matmul.backends import BACKENDS, matmul_backend, set_matmul_backend
+from processor.matmul.backends import BACKENDS, linear, matmul_backend, set_matmul_backend
 
 CACHE_NAME = "matmul_backends.json"
 MARGIN = 1.1
@@ -51,8 +51,6 @@ class BackendChoice:
 
 def _time_backend(name: str, x: Tensor, weights: list[Tensor]) -> float:
     """Seconds of one forward+backward through the two linears on backend ``name``."""
-    from processor.matmul.backends import linear
-
     set_matmul_backend(name)
     start = time.perf_counter()
     h = linear(linear(x, weights[0]), weights[1])

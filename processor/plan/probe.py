@@ -59,8 +59,10 @@ def _timed(fn, repeat: int = 3) -> float:
 def _gemm_rate(channels: int) -> float:
     import torch
 
-    x, w = torch.randn(16384, channels), torch.randn(channels, 4 * channels)
-    return 2 * 16384 * channels * 4 * channels * 4 / _timed(lambda: [x @ w for _ in range(4)], repeat=5)
+    from processor.matmul import linear  # the process's GEMM backend, as the model's linears run
+
+    x, w = torch.randn(16384, channels), torch.randn(4 * channels, channels)
+    return 2 * 16384 * channels * 4 * channels * 4 / _timed(lambda: [linear(x, w) for _ in range(4)], repeat=5)
 
 
 def _copy_per_value(channels: int) -> float:

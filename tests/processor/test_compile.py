@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from processor import ProcessorConfig, TransformerProcessor
-from processor.matmul import set_matmul_backend
+from tests.processor.matmul.forced import forced_backend
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
@@ -12,11 +12,8 @@ pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 @pytest.mark.parametrize("matmul", ["aten", "onednn"])
 def test_compiled_processor_matches_eager(matmul):
     """Under ``onednn`` eager runs oneDNN's linears, compiled code inductor's own GEMM."""
-    set_matmul_backend(matmul)
-    try:
+    with forced_backend(matmul):
         _compiled_matches_eager()
-    finally:
-        set_matmul_backend("aten")
 
 
 def _compiled_matches_eager():

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from processor.attention.autotune import PathChoice, ProbeShape, fastest_path
+from processor.host import torch_threads
 from processor.strategies import Strategy
 from training.config.schema import RunConfig, run_processor_config
 
@@ -54,12 +55,8 @@ def resolve_attention_path(model: Any, shape: ProbeShape, device: str, threads: 
     changing nothing, where :func:`wants_probe` says no."""
     if not wants_probe(model):
         return None
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)  # as fast as a rank runs it
-    try:
+    with torch_threads(threads):  # as fast as a rank runs it
         choice = fastest_path(shape, torch.device(device))
-    finally:
-        torch.set_num_threads(previous)
     print(choice.describe())
     model.attention_path = choice.path
     model.attention_auto = {

@@ -117,12 +117,12 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
     trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     dataset, hidden = open_data(cfg)  # fails here, clearly, on data or a hidden grid that does not suit it
+    resolve_run_matmul(cfg)  # auto: measured (or cached) here, before the cost model times the GEMM
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow
         check_config(cfg, world)
     # auto: measured (or cached) here
     resolve_run_attention(cfg, hidden.n_points, training=command.trains)
-    resolve_run_matmul(cfg)
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)

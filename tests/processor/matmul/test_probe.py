@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from processor.matmul.probe import MARGIN, fastest_backend, pick
+from tests.processor.matmul.forced import needs_onednn
 
 
 def test_onednn_is_picked_only_past_the_margin():
@@ -15,6 +16,7 @@ def test_onednn_is_picked_only_past_the_margin():
     assert pick({"aten": 1.0}) == "aten"  # a torch without oneDNN
 
 
+@needs_onednn
 def test_a_host_measures_once_then_reads_its_pick(tmp_path):
     cache = tmp_path / "matmul_backends.json"
     first = fastest_backend(cache)

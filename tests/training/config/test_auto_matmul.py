@@ -5,12 +5,21 @@ the key resumed on torch's GEMM."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 
+from processor.matmul import matmul_backend, set_matmul_backend
 from training.config.auto_matmul import resolve_run_matmul
 from training.config.saved_names import current_names
 from training.config.schema import run_config
 from training.config.settings import ConfigValueError, check_ranges
+
+
+@pytest.fixture(autouse=True)
+def _restored_backend():
+    """resolve_run_matmul sets the launching process's backend: this test process's, put back."""
+    yield
+    set_matmul_backend("aten")
 
 
 def _cfg(*overrides: str):
@@ -34,6 +43,7 @@ def test_auto_becomes_the_measured_backend(monkeypatch, tmp_path):
     [
         ("trainer.matmul=auto", "0", "cpu", "aten"),  # the tests' switch
         ("trainer.matmul=auto", "1", "cuda", "aten"),
+        ("trainer.precision=bf16", "1", "cpu", "aten"),  # autocast's linears are oneDNN's already
         ("trainer.matmul=onednn", "1", "cpu", "onednn"),
         ("trainer.matmul=aten", "1", "cpu", "aten"),
     ],
@@ -44,8 +54,14 @@ def test_nothing_is_measured_when_off_on_a_gpu_or_set(monkeypatch, tmp_path, ove
     cfg = _cfg(override)
     cfg.trainer.device = device
     assert resolve_run_matmul(cfg) is None
-    assert cfg.trainer.matmul == expected
+    assert cfg.trainer.matmul == expected == matmul_backend()
     assert not (tmp_path / "matmul_backends.json").exists()
+
+
+def test_onednn_without_onednn_is_named(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(ConfigValueError, match="trainer.matmul = onednn: this torch build has no oneDNN"):
+        resolve_run_matmul(_cfg("trainer.matmul=onednn"))
 
 
 def test_an_unknown_backend_is_named():

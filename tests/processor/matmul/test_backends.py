@@ -4,38 +4,24 @@ equal to one rank."""
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-import processor.matmul.backends as linear_module
+import processor.matmul.backends as backends_module
 from processor import ProcessorConfig, TransformerProcessor
-from processor.matmul import Linear, linear, matmul_backend, set_matmul_backend
+from processor.matmul import Linear, linear, set_matmul_backend
 from processor.matmul.backends import onednn_serves
+from tests.processor.matmul.forced import forced_backend, needs_onednn
 from tests.processor.strategies.test_exactness import assert_close, one_rank_run, sharded_run
 
 RTOL = 1e-5
-
-
-@contextlib.contextmanager
-def backend(name: str):
-    """``name`` for every product, however small (the tests' shapes are below the size at which
-    oneDNN takes over)."""
-    previous, smallest = matmul_backend(), linear_module.MIN_MACS_PER_THREAD
-    set_matmul_backend(name)
-    linear_module.MIN_MACS_PER_THREAD = 0
-    try:
-        yield
-    finally:
-        set_matmul_backend(previous)
-        linear_module.MIN_MACS_PER_THREAD = smallest
+pytestmark = needs_onednn
 
 
 def _grads(x, weight, bias, out, backend_name):
-    with backend(backend_name):
+    with forced_backend(backend_name):
         y = linear(x, weight, bias)
     inputs = [t for t in (x, weight, bias) if t is not None]
     return y, torch.autograd.grad(y, inputs, out)
@@ -77,7 +63,7 @@ def test_the_backends_differ_only_by_rounding_and_the_module_keeps_its_state_dic
     plain = torch.nn.Linear(48, 80)
     plain.load_state_dict(layer.state_dict())  # same keys, same shapes
     x = torch.randn(4, 100, 48)
-    with backend("onednn"):
+    with forced_backend("onednn"):
         fast = layer(x)
     assert_close(fast.detach().numpy(), plain(x).detach().numpy(), "output", tol=RTOL)
     assert isinstance(layer, torch.nn.Linear)
@@ -86,20 +72,28 @@ def test_the_backends_differ_only_by_rounding_and_the_module_keeps_its_state_dic
 def test_what_onednn_leaves_to_f_linear():
     x, w = torch.randn(8, 16), torch.randn(4, 16)
     macs = 8 * 16 * 4
-    with backend("onednn"):
+    with forced_backend("onednn"):
         assert onednn_serves(x, w, macs)
         assert not onednn_serves(x.double(), w.double(), macs)  # float64: torch's
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not onednn_serves(x, w, macs)  # autocast casts inside F.linear
-    with backend("aten"):
+    with forced_backend("aten"):
         assert not onednn_serves(x, w, macs)
     set_matmul_backend("onednn")
     try:  # a small product: oneDNN's per-call cost outweighs its speed
         threads = torch.get_num_threads()
-        assert not onednn_serves(x, w, linear_module.MIN_MACS_PER_THREAD * threads - 1)
-        assert onednn_serves(x, w, linear_module.MIN_MACS_PER_THREAD * threads)
+        assert not onednn_serves(x, w, backends_module.MIN_MACS_PER_THREAD * threads - 1)
+        assert onednn_serves(x, w, backends_module.MIN_MACS_PER_THREAD * threads)
     finally:
         set_matmul_backend("aten")
+
+
+def test_a_second_derivative_through_onednn_is_refused():
+    x, w = torch.randn(6, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    with forced_backend("onednn"):
+        (grad_x,) = torch.autograd.grad(linear(x, w).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|twice"):
+        grad_x.sum().backward()
 
 
 def test_an_unknown_backend_is_refused_by_name():
@@ -116,7 +110,7 @@ def test_the_gelu_mlp_on_onednn_matches_float64():
     x = torch.randn(2, 120, 32)
     reference = TransformerProcessor(config).double()
     reference.load_state_dict(model.state_dict())
-    with backend("onednn"):
+    with forced_backend("onednn"):
         xr = x.clone().requires_grad_()
         model(xr).square().sum().backward()
     x64 = x.double().requires_grad_()
@@ -127,7 +121,7 @@ def test_the_gelu_mlp_on_onednn_matches_float64():
 
 
 def _onednn_sharded_run(group, case: dict) -> dict:
-    with backend("onednn"):  # the pool's ranks outlive the case: restored after it
+    with forced_backend("onednn"):  # the pool's ranks outlive the case: restored after it
         return sharded_run(group, case)
 
 
@@ -135,7 +129,7 @@ def _onednn_sharded_run(group, case: dict) -> dict:
 def test_sharded_on_onednn_equals_one_rank(rank_pool, strategy):
     case = dict(points=101, window=9, batch=2, heads=4, seed=5, chunks=1, strategy=strategy)
     parts = rank_pool.run_ok(_onednn_sharded_run, 3, case)
-    with backend("onednn"):
+    with forced_backend("onednn"):
         reference = one_rank_run(case)
     assert_close(np.concatenate([p["y"] for p in parts], axis=1), reference["y"], "y")
     assert_close(np.concatenate([p["dx"] for p in parts], axis=1), reference["dx"], "dx")
