@@ -25,6 +25,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 import training.config.schema  # noqa: F401 - registers the schema
+from benchmarks.rank_trainer import rank_trainer
 from processor.host import cpu_name
 from processor.matmul import BACKENDS, linear, set_matmul_backend
 from processor.matmul.backends import MIN_MACS_PER_THREAD
@@ -78,27 +79,12 @@ def layers_table(rounds: int, shapes: tuple[tuple[int, int, int], ...] = SHAPES)
 def steps_on_rank(cfg: RunConfig, warmup: int, steps: int, blocks: int) -> dict[str, Any]:
     """Train ``warmup`` steps, then ``blocks`` blocks of ``steps`` on each backend in turn; the
     median step of each backend, the slowest rank's."""
-    from training.distributed.ranks import join_ranks
-    from training.loop.trainer import Trainer
-    from training.model.rollout import rollout_horizon
-    from training.session import open_session
-
-    dims, heartbeat = join_ranks(cfg.trainer)
     times: dict[str, list[float]] = {b: [] for b in BACKENDS}
-    with heartbeat:
-        trainer = Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
-        step = trainer.start
-        for _ in range(warmup):
-            trainer.one_step(step)
-            step += 1
+    with rank_trainer(cfg, warmup) as (clock, dims):
         for _ in range(blocks):
             for backend in BACKENDS:
                 set_matmul_backend(backend)
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    trainer.one_step(step)
-                    times[backend].append(time.perf_counter() - start)
-                    step += 1
+                times[backend] += [clock.step() for _ in range(steps)]
         medians = dims.max_over_world([statistics.median(times[b]) for b in BACKENDS])
     t = cfg.trainer
     setup = f"{t.nprocs} rank(s) x {t.threads_per_rank} thread(s), strategy {cfg.strategy.name}"

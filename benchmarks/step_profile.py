@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -33,6 +32,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 import training.config.schema  # noqa: F401 - registers the schema
+from benchmarks.rank_trainer import rank_trainer
 from processor.host import cpu_name
 from training.config.schema import RunConfig
 from training.launch import launcher
@@ -84,30 +84,10 @@ def _parts_marked(trainer, compiled: bool) -> Iterator[None]:
 def profile_on_rank(cfg: RunConfig, warmup: int, steps: int, profiled: int, top_count: int = 0) -> dict[str, Any]:
     """Train ``warmup`` steps, time ``steps``, profile ``profiled`` on this rank (the run's
     own set-up and step); the median step, and rank 0's split."""
-    from training.distributed.ranks import join_ranks
-    from training.loop.trainer import Trainer
-    from training.model.rollout import rollout_horizon
-    from training.session import open_session
-
-    dims, heartbeat = join_ranks(cfg.trainer)
-    with heartbeat:
-        trainer = Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
-        step = trainer.start
-        for _ in range(warmup):
-            trainer.one_step(step)
-            step += 1
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            trainer.one_step(step)
-            times.append(time.perf_counter() - start)
-            step += 1
-        with _parts_marked(trainer, cfg.trainer.compile), profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            for _ in range(profiled):
-                trainer.one_step(step)
-                step += 1
-            wall = time.perf_counter() - start
+    with rank_trainer(cfg, warmup) as (clock, dims):
+        times = [clock.step() for _ in range(steps)]
+        with _parts_marked(clock.trainer, cfg.trainer.compile), profile(activities=[ProfilerActivity.CPU]) as prof:
+            wall = sum(clock.step() for _ in range(profiled))
         median = dims.max_over_world([statistics.median(times)])[0]
     t = cfg.trainer
     setup = f"{t.nprocs} rank(s) x {t.threads_per_rank} thread(s), strategy {cfg.strategy.name}"

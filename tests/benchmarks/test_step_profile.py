@@ -4,15 +4,10 @@ run's own set-up, with backward work in the part whose forward made it."""
 from __future__ import annotations
 
 from benchmarks.step_profile import PARTS, main
-from tests.training.conftest import small_overrides
-from training.data import generate_rossby_haurwitz
 
 
-def test_the_profile_splits_a_step_of_the_run_by_part(tmp_path, capsys):
-    store = generate_rossby_haurwitz(tmp_path / "rh_o16.zarr", "o16", steps=40, seed=3)
-    overrides = [o for o in small_overrides(tmp_path / "run", store) if not o.startswith("run_dir")]
-    one_rank = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "trainer.threads_per_rank=1"]
-    main(["--warmup", "2", "--steps", "3", "--profiled", "2", "--top", "5", *overrides, *one_rank])
+def test_the_profile_splits_a_step_of_the_run_by_part(one_rank_small_run, capsys):
+    main(["--warmup", "2", "--steps", "3", "--profiled", "2", "--top", "5", *one_rank_small_run])
     out = capsys.readouterr().out
     assert "1 rank(s) x 1 thread(s), strategy none" in out and "steps/s" in out
     split_table = out.split("\n\n")[1]
