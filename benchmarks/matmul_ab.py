@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from benchmarks.rank_trainer import rank_trainer
 from processor.host import cpu_name
 from processor.matmul import BACKENDS, linear, set_matmul_backend
 from processor.matmul.backends import MIN_MACS_PER_THREAD
+from processor.matmul.probe import alternating_medians
 from training.config.schema import RunConfig
 from training.launch import launcher
 from training.launch.command import TRAIN
@@ -44,16 +44,9 @@ def time_layer(rows: int, features_in: int, features_out: int, rounds: int) -> d
     weight = torch.randn(features_out, features_in, requires_grad=True)
     bias = torch.randn(features_out, requires_grad=True)
     cotangent = torch.randn(rows, features_out)
-    times: dict[str, list[float]] = {b: [] for b in BACKENDS}
-    for round_ in range(rounds + 1):
-        for backend in BACKENDS:
-            set_matmul_backend(backend)
-            start = time.perf_counter()
-            torch.autograd.grad(linear(x, weight, bias), (x, weight, bias), cotangent)
-            if round_:  # the first round warms up
-                times[backend].append(time.perf_counter() - start)
-    set_matmul_backend("aten")
-    return {b: statistics.median(t) for b, t in times.items()}
+    return alternating_medians(
+        lambda: torch.autograd.grad(linear(x, weight, bias), (x, weight, bias), cotangent), rounds
+    )
 
 
 def layers_table(rounds: int, shapes: tuple[tuple[int, int, int], ...] = SHAPES) -> str:

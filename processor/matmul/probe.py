@@ -14,11 +14,11 @@ import hashlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from processor.attention.autotune import add_choice, host_name, read_choices
 from processor.host import cache_dir
@@ -49,34 +49,33 @@ class BackendChoice:
         return f"matmul=auto on {self.host}: picked {self.backend} ({source}; {times})"
 
 
-def _time_backend(name: str, x: Tensor, weights: list[Tensor]) -> float:
-    """Seconds of one forward+backward through the two linears on backend ``name``."""
-    set_matmul_backend(name)
-    start = time.perf_counter()
-    h = linear(linear(x, weights[0]), weights[1])
-    h.sum().backward()
-    return time.perf_counter() - start
-
-
-def time_backends(rows: int = ROWS, channels: int = CHANNELS, rounds: int = ROUNDS) -> dict[str, float]:
-    """Median seconds of the timed call on each available backend, alternating rounds (the first
-    round of each is a warm-up and not counted)."""
+def alternating_medians(call: Callable[[], object], rounds: int) -> dict[str, float]:
+    """Median seconds of ``call`` on each available backend, the backends alternating round by
+    round (the first round of each is a warm-up and not counted); the backend put back after."""
     available = [b for b in BACKENDS if b != "onednn" or torch.backends.mkldnn.is_available()]
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, channels, generator=generator, requires_grad=True)
-    shapes = [(WIDENING * channels, channels), (channels, WIDENING * channels)]
-    weights = [torch.randn(*s, generator=generator).div_(s[1] ** 0.5).requires_grad_() for s in shapes]
     times: dict[str, list[float]] = {b: [] for b in available}
     previous = matmul_backend()
     try:
         for round_ in range(rounds + 1):
             for name in available:
-                seconds = _time_backend(name, x, weights)
+                set_matmul_backend(name)
+                start = time.perf_counter()
+                call()
                 if round_:
-                    times[name].append(seconds)
+                    times[name].append(time.perf_counter() - start)
     finally:
         set_matmul_backend(previous)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def time_backends(rows: int = ROWS, channels: int = CHANNELS, rounds: int = ROUNDS) -> dict[str, float]:
+    """Median seconds of the timed call, forward and backward through the two linears, on each
+    available backend (:func:`alternating_medians`)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, channels, generator=generator, requires_grad=True)
+    shapes = [(WIDENING * channels, channels), (channels, WIDENING * channels)]
+    weights = [torch.randn(*s, generator=generator).div_(s[1] ** 0.5).requires_grad_() for s in shapes]
+    return alternating_medians(lambda: linear(linear(x, weights[0]), weights[1]).sum().backward(), rounds)
 
 
 def pick(seconds: dict[str, float]) -> str:
