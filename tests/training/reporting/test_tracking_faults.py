@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from processor.runtime import free_port
 from tests.training.conftest import small_config
 from training.app import run
+from training.reporting import tracking
 
 pytestmark = pytest.mark.slow  # the slow tier: `pytest -m slow`
 
@@ -143,6 +144,7 @@ def _stop_when_it_has_metrics(proc: subprocess.Popen, url: str, stopped: threadi
 
 def test_server_stopped_mid_run_loses_nothing(tmp_path, small_dataset, mlflow_server, monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setattr(tracking, "_FLUSH_S", 0.0)  # a request a step: the server dies mid-run
     proc, url, server_db = mlflow_server
     stopped = threading.Event()
     threading.Thread(target=_stop_when_it_has_metrics, args=(proc, url, stopped), daemon=True).start()
