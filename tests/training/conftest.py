@@ -42,7 +42,7 @@ def small_overrides(run_dir: Path, dataset: Path) -> list[str]:
         "model.num_channels=32",
         "model.num_heads=4",
         "model.window_size=40",
-        "trainer.nprocs=2",  # as the default run's 1,600 hidden points derive; o8's 576 would run one rank
+        "trainer.nprocs=2",  # the model split over two ranks, as a larger grid derives; o8's 576 would run one
         "trainer.batch_size=1",  # as the default run's 5,248 points derive; o16's 1,600 would take 4
         *SHORT_RUN,
     ]
