@@ -44,9 +44,9 @@ def matmul_backend() -> str:
 
 
 # Products of fewer multiply-adds per thread stay on torch's GEMM: oneDNN's calls cost tens of
-# microseconds more each (on Zen 5, 340 x 64 -> 64 ran 0.68-0.82x MKL's, 340 x 64 -> 256 at one
-# thread 1.41x; at two threads the break-even doubles).
-MIN_MACS_PER_THREAD = 1 << 22
+# microseconds more each. A linear's fwd+bwd on Zen 5, oneDNN over MKL: 0.67x at 0.7M a thread
+# (340 x 64 -> 64, 2 threads), 0.88x at 1.4M, 1.01x at 2.1M, 1.09-1.11x at 3.3M, 1.33x at 4.2M.
+MIN_MACS_PER_THREAD = 3 << 20
 
 
 def onednn_serves(x: Tensor, weight: Tensor, macs: int) -> bool:
