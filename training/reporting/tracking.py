@@ -2,9 +2,9 @@
 
 The training loop never waits for MLflow: :class:`Tracker` appends every metric to the run
 directory's record (``metrics.jsonl``, :class:`~training.reporting.metrics_file.RunRecord`:
-flushed, before returning) and hands it to a background
-thread that talks to the tracking store, the steps of up to two seconds in one request. The default store is an embedded sqlite database in
-the run directory. When a tracking server (``logging.tracking_uri``) cannot be reached, stops
+flushed, before returning) and hands it to a background thread that talks to the tracking
+store, the steps of up to two seconds in one request. The default store is an embedded sqlite
+database in the run directory. When a tracking server (``logging.tracking_uri``) cannot be reached, stops
 answering, or answers too slowly, the thread warns once, starts the run again in the local
 store and replays everything logged so far into it, so the local store holds every metric.
 
