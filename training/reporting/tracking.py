@@ -68,6 +68,8 @@ _BATCH = 100  # metric events sent in one request at most
 # (sqlite, one step's dozen metrics) and the loop's threads lose that core: sent one step at a
 # time, a 340-point store's 14 ms step took 19 ms; a batch costs ~0.08 ms a metric.
 _FLUSH_S = 2.0
+
+
 class Tracker:
     """Logs one run from a background thread; falls back to the local sqlite store on failure.
 
