@@ -1,6 +1,6 @@
 """``python -m training.parity``: does the configured strategy give one rank's numbers here?
 
-python -m training.parity                                          # the default run's layout: 2 ranks
+python -m training.parity                                          # the default run split over 2 ranks
 python -m training.parity strategy=shard_heads trainer.precision=bf16
 python -m training.parity trainer.nprocs=4 trainer.ranks_per_model=4 parity.reference=2
 torchrun --nnodes 2 --nproc-per-node 4 -m training.parity trainer.ranks_per_model=8 trainer.device=cuda

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from processor.runtime.torchrun import under_torchrun
 from training.config.parity_settings import tolerance_of
 from training.config.schema import ConfigValueError, RunConfig
 from training.distributed.device import launch_world
@@ -27,6 +28,9 @@ from training.parity.record import ParityStopped, StepRecord, record_steps
 from training.reporting.report import open_tracker
 
 EXIT_BREACH = 4  # a difference beyond the tolerance: the layouts do not agree
+# The local ranks where trainer.nprocs is left to derive: a split to check against one rank (a
+# run derives one rank for a small grid, which has nothing to compare).
+PARITY_RANKS = 2
 
 
 def parity_on_rank(cfg: RunConfig) -> dict[str, Any]:
@@ -129,5 +133,8 @@ def check_parity_run(resolved: RunConfig) -> None:
 
 
 def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:
-    """:func:`parity_on_rank` on the configured ranks (local or torchrun), after the checks."""
+    """:func:`parity_on_rank` on the configured ranks (local or torchrun; :data:`PARITY_RANKS`
+    local ones where ``trainer.nprocs`` is left to derive), after the checks."""
+    if cfg.trainer.nprocs is None and not under_torchrun():
+        cfg.trainer.nprocs = PARITY_RANKS
     return launch(cfg, Command("parity", trains=True, check=check_parity_run), parity_on_rank)

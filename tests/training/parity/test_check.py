@@ -50,6 +50,14 @@ def test_two_ranks_give_one_ranks_loss_gradients_and_parameters(tmp_path, small_
     assert [m.step for m in history] == [0, 1] and max(m.value for m in history) <= TOLERANCES["fp32"]
 
 
+def test_ranks_left_to_derive_are_two_against_one(tmp_path, small_dataset):
+    """A run derives one rank for the small grid; the check splits it over two, not one against one."""
+    cfg = small_config(tmp_path, small_dataset, "trainer.nprocs=null", "trainer.ranks_per_model=null", STEPS)
+    result = run(cfg)
+    assert not result["breach"], result["verdict"]
+    assert "shard_sequence on 2 rank(s) (2 per model) against none on 1 rank(s)" in result["verdict"]
+
+
 @pytest.mark.slow
 def test_replicas_and_a_reference_of_two_ranks(tmp_path, small_dataset):
     """2 replicas x 2 ranks against one replica of 2 ranks holding both batches, computed by each
