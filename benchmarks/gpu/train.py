@@ -18,7 +18,7 @@ from benchmarks.gpu.common import Budget, Context, PartFailed, last_line, log_ta
 
 # One GPU: one rank (the main job's other settings, i.e. the defaults).
 ONE_RANK = ("trainer.nprocs=1", "trainer.ranks_per_model=1", "strategy=none")
-SHARED = ("debug.share_gpu=true",)  # the defaults' 2 ranks, shard_sequence, on one GPU
+SHARED = ("trainer.nprocs=2", "debug.share_gpu=true")  # 2 ranks of the defaults' shard_sequence, on one GPU
 # --dry-run: the run shrunk to seconds on CPU (as tests/training/conftest.py's small config).
 DRY_RUN = (
     "data.grid=o16",
@@ -156,8 +156,8 @@ def train_part(ctx: Context) -> str:
         [
             "### Training run on the device (bf16)",
             "",
-            f"`python {shown}` (the 2-rank run: the defaults' `trainer.nprocs=2 trainer.ranks_per_model=2 "
-            "strategy=shard_sequence` with `debug.share_gpu=true`). Losses at the last step and the last "
+            f"`python {shown}` (the 2-rank run: `trainer.nprocs=2` and the defaults' "
+            "`strategy=shard_sequence`, with `debug.share_gpu=true`). Losses at the last step and the last "
             "validation; steps/s and samples/s: medians after the first tenth of the steps; peak device memory: "
             "`peak_device_memory_gib` of `metrics.jsonl`, the most over the steps.",
             "",
