@@ -1,6 +1,6 @@
 """The mappers' edge attention, fused CPU kernel against torch_geometric's message passing: one
-graph-transformer mapper's forward and backward on the default run's graphs (a rank's half of
-them), alternating the two paths call by call in one process.
+graph-transformer mapper's forward and backward on the default run's graphs (half of them: one
+rank's share when the run is split over 2), alternating the two paths call by call in one process.
 
     python -m benchmarks.mapper_kernel                  # encoder and decoder of the default run
     python -m benchmarks.mapper_kernel --batch 4 --rounds 40

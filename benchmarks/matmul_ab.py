@@ -33,9 +33,18 @@ from training.config.schema import RunConfig
 from training.launch import launcher
 from training.launch.command import TRAIN
 
-# (rows, in, out): the default run's processor on one of 2 ranks (800 points, C = 64: qkv, MLP),
-# its decoder's data points, and o96's processor at C = 256 (qkv, MLP in and out).
-SHAPES = ((800, 64, 192), (800, 64, 256), (800, 256, 64), (2624, 64, 64), (40320, 256, 768), (40320, 1024, 256))
+# (rows, in, out): the default run's processor on one of 2 ranks (800 points, C = 64: qkv, MLP)
+# and on one (1,600: its attention's projection), its decoder's data points, and o96's processor
+# at C = 256 (qkv, MLP in and out).
+SHAPES = (
+    (800, 64, 192),
+    (800, 64, 256),
+    (800, 256, 64),
+    (1600, 64, 64),
+    (2624, 64, 64),
+    (40320, 256, 768),
+    (40320, 1024, 256),
+)
 
 
 def time_layer(rows: int, features_in: int, features_out: int, rounds: int) -> dict[str, float]:

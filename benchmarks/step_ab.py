@@ -49,7 +49,8 @@ def read_run(run_dir: Path, skip: int) -> Run:
     steps = [row["step_time_s"] for row in rows if row["step"] >= skip and "step_time_s" in row]
     if not steps:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no step from step {skip} on: give more --steps")
-    return Run(statistics.median(steps), [row["train/loss"] for row in rows[:LOSSES_COMPARED]])
+    losses = [row["train/loss"] for row in rows if "train/loss" in row]
+    return Run(statistics.median(steps), losses[:LOSSES_COMPARED])
 
 
 def loss_gap(a: list[float], b: list[float]) -> float:
@@ -59,18 +60,24 @@ def loss_gap(a: list[float], b: list[float]) -> float:
 
 @contextmanager
 def baseline_tree(revision: str) -> Iterator[Path]:
-    """``revision`` checked out in a temporary worktree, its kernel built and ``data/`` linked."""
+    """``revision`` checked out in a temporary worktree, its kernel built and ``data/`` linked;
+    removed (and pruned from the repository's list) after."""
     where = Path(tempfile.mkdtemp(prefix="gridshard-step-ab-")) / "tree"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", str(where), revision], cwd=ROOT, check=True, capture_output=True
-    )
     try:
+        added = subprocess.run(
+            ["git", "worktree", "add", "--detach", str(where), revision], cwd=ROOT, capture_output=True, text=True
+        )
+        if added.returncode:
+            raise RuntimeError(f"--baseline {revision}: git worktree add failed: {added.stderr.strip()}")
         if (ROOT / "data").exists():
             (where / "data").symlink_to(ROOT / "data")
-        subprocess.run([sys.executable, "-m", "processor.attention.build_kernel"], cwd=where, check=False)
+        built = subprocess.run([sys.executable, "-m", "processor.attention.build_kernel"], cwd=where, check=False)
+        if built.returncode:
+            print(f"warning: {revision}'s attention kernel did not build: its runs take the Python attention paths")
         yield where
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, capture_output=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
         shutil.rmtree(where.parent, ignore_errors=True)
 
 
@@ -100,6 +107,24 @@ def table(pairs: list[tuple[Run, Run]]) -> str:
     return "\n".join(lines)
 
 
+def alternate(old_tree: Path, both: list[str], new: list[str], pairs: int, skip: int) -> list[tuple[Run, Run]]:
+    """``pairs`` pairs of runs (baseline, working tree), the first of each pair swapping; the
+    working tree's runs also take ``new``."""
+    runs = Path(tempfile.mkdtemp(prefix="gridshard-step-ab-runs-"))
+    done: list[tuple[Run, Run]] = []
+    try:
+        for i in range(pairs):
+            pair: dict[str, Run] = {}
+            for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
+                tree, overrides = (old_tree, both) if side == "old" else (ROOT, both + new)
+                pair[side] = train(tree, runs / f"{side}_{i}", overrides, skip)
+            done.append((pair["old"], pair["new"]))
+            print(f"pair {i}: {pair['old'].step_s * 1e3:.1f} / {pair['new'].step_s * 1e3:.1f} ms", flush=True)
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    return done
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", required=True, help="a git revision to run against the working tree")
@@ -110,23 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="python -m training's overrides, for both revisions")
     args = parser.parse_args(argv)
     both = [*args.overrides, f"trainer.steps={args.steps}", "evaluate.at_end_of_training=false"]
-    runs = Path(tempfile.mkdtemp(prefix="gridshard-step-ab-runs-"))
-    pairs: list[tuple[Run, Run]] = []
     with baseline_tree(args.baseline) as old_tree:
-        for i in range(args.pairs):
-            order = ("old", "new") if i % 2 == 0 else ("new", "old")
-            done = {
-                side: train(
-                    old_tree if side == "old" else ROOT,
-                    runs / f"{side}_{i}",
-                    both + (args.new if side == "new" else []),
-                    args.skip,
-                )
-                for side in order
-            }
-            pairs.append((done["old"], done["new"]))
-            print(f"pair {i}: {done['old'].step_s * 1e3:.1f} / {done['new'].step_s * 1e3:.1f} ms", flush=True)
-    shutil.rmtree(runs, ignore_errors=True)
+        pairs = alternate(old_tree, both, args.new, args.pairs, args.skip)
     print(
         f"{cpu_name()}; baseline {args.baseline}; `{' '.join(args.overrides) or '(defaults)'}`"
         + (f", working tree also `{' '.join(args.new)}`" if args.new else "")

@@ -1,10 +1,10 @@
 """``python -m training``: a Hydra app that trains the forecaster on local or torchrun ranks.
 
-python -m training                                   # defaults: 2 local ranks, shard_sequence
-python -m training strategy=shard_heads trainer.steps=100
+python -m training                                   # defaults: the ranks derived (one for its grid), shard_sequence
+python -m training trainer.nprocs=2 strategy=shard_heads trainer.steps=100
 python -m training strategy=none trainer.nprocs=1 trainer.ranks_per_model=1
 torchrun --nproc-per-node 4 -m training trainer.ranks_per_model=2    # 2 replicas x 2 ranks
-python -m training --multirun strategy=shard_heads,shard_sequence
+python -m training --multirun trainer.nprocs=2 strategy=shard_heads,shard_sequence
 
 Launching, the run directory and errors: :mod:`training.launch.launcher`, which every command
 shares; one rank's loop: :mod:`training.loop.trainer`. Only rank 0 logs the ``finished`` line.

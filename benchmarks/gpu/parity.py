@@ -28,7 +28,7 @@ def parity_command(ctx: Context, strategy: str, precision: str, name: str) -> li
         data = f"data.path={ctx.scratch / 'data' / 'rossby_haurwitz_o16.zarr'}"
         device = ("trainer.device=cpu", *DRY_RUN, data)
     else:
-        device = ("trainer.device=cuda", "debug.share_gpu=true")
+        device = ("trainer.device=cuda", "debug.share_gpu=true", "trainer.nprocs=2")  # a GPU derives one rank
     run_dir = ctx.scratch / "parity" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     return [

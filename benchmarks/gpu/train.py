@@ -1,6 +1,6 @@
 """The ``train`` part: the default training run on the GPU, one rank, bf16, as a subprocess
-(``python -m training ...``, time-boxed); then, if its budget allows, the main job's own 2-rank
-``shard_sequence`` setting with the ranks sharing the GPU (``debug.share_gpu=true``).
+(``python -m training ...``, time-boxed); then, if its budget allows, the main job split over 2
+ranks (``trainer.nprocs=2``, ``shard_sequence``) sharing the GPU (``debug.share_gpu=true``).
 From each run directory: final train and validation loss, steps/s, samples/s and peak device
 memory (``metrics.jsonl``), and the skill table (``skill.md``). ``--dry-run``: the same runs on
 CPU, shrunk to seconds (4 steps on a small generated dataset)."""
@@ -132,7 +132,7 @@ def skill(run: TrainRun) -> list[str]:
 
 
 def second_run(ctx: Context, first: TrainRun, budget: Budget) -> TrainRun:
-    """The main job's 2-rank shard_sequence setting, sharing the GPU, if the budget allows it."""
+    """The main job on 2 ranks of shard_sequence, sharing the GPU, if the budget allows it."""
     label = "2 ranks sharing the GPU, shard_sequence (`debug.share_gpu=true`)"
     if ctx.dry_run:
         label = "2 ranks, shard_sequence (CPU: no GPU to share)"

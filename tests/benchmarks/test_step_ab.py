@@ -4,10 +4,11 @@ from each run's own ``metrics.jsonl``."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
-from benchmarks.step_ab import ROOT, Run, loss_gap, read_run, table, train
+from benchmarks.step_ab import ROOT, Run, baseline_tree, loss_gap, read_run, table, train
 
 
 def _write_metrics(run_dir, step_times, losses):
@@ -23,6 +24,20 @@ def test_a_run_is_the_median_of_its_steps_after_the_skipped_ones(tmp_path):
     assert run.losses == [0.5, 0.4, 0.3, 0.2, 0.1]
     with pytest.raises(ValueError, match="no step from step 5 on: give more --steps"):
         read_run(tmp_path / "run", skip=5)
+    with (tmp_path / "run" / "metrics.jsonl").open("a") as rows:
+        rows.write(json.dumps({"step": 5, "train/nonfinite_loss": 1.0}) + "\n")  # a row with no loss
+    assert read_run(tmp_path / "run", skip=2).losses == [0.5, 0.4, 0.3, 0.2, 0.1]
+
+
+def test_a_revision_git_does_not_know_is_one_error_and_leaves_no_worktree():
+    def worktrees() -> str:
+        return subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+
+    before = worktrees()
+    with pytest.raises(RuntimeError, match="--baseline no-such-revision: git worktree add failed"):
+        with baseline_tree("no-such-revision"):
+            pass
+    assert worktrees() == before
 
 
 def test_the_table_gives_each_pair_its_ratio_and_how_far_the_losses_are_apart():

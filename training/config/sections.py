@@ -135,7 +135,7 @@ class TrainerConfig:
     """``auto``: cuda when torch sees a GPU, else cpu. On cuda each local rank owns one GPU (NCCL)."""
     nprocs: int | None = setting(None, or_null(at_least(1)))
     """Local ranks to start when not started by torchrun; None: derived (one rank on every core
-    for a hidden grid of up to 1,024 points on a CPU, else 2; one a GPU; torchrun's world)."""
+    for a hidden grid of up to 4,096 points on a CPU, else 2; one a GPU; torchrun's world)."""
     ranks_per_model: int | None = setting(None, or_null(at_least(1)))
     """The model-parallel group's size; None: every rank of the launch in one model."""
     placement: str = setting("within_nodes", one_of(*PLACEMENTS))

@@ -53,9 +53,9 @@ ANEMOI_STEP_H = 6
 VAL_DATES = 64  # initial dates scored, where the store allows
 MIN_VAL_FRACTION, MAX_VAL_FRACTION = 0.1, 0.3
 MAX_EVAL_SAMPLES = 100
-# One rank on every core up to here: on 2 cores one rank of 2 threads ran a step faster than 2
-# ranks of one at 404 hidden points (1.6x), at 1,600 on every kind measured (1.15-1.6x) and at
-# 3,168 (o24: 1.03-1.6x); the halo exchanges cost more than the split saves (docs/training.md).
+# One rank on every core up to here (measured on 2-core hosts only): one rank of 2 threads ran a
+# step faster than 2 ranks of one at 404 hidden points (1.6x), at 1,600 on every kind measured
+# (1.15-1.6x) and at 3,168 (o24: 1.03-1.6x); the halo exchanges cost more than the split saves.
 ONE_RANK_HIDDEN = 4096
 # The recipe on a limited area (docs/real-data.md: on the four real regional stores each of the
 # three moved the first lead toward the regression's skill and past it; on the global built-in data

@@ -132,9 +132,16 @@ def check_parity_run(resolved: RunConfig) -> None:
         reference_config(resolved, world)
 
 
+def split_for_parity(resolved: RunConfig) -> None:
+    """On a CPU, local ranks left to derive become :data:`PARITY_RANKS` (in place, on the
+    launcher's resolved copy): a GPU keeps its rank a GPU, torchrun its world."""
+    trainer = resolved.trainer
+    if trainer.nprocs is None and trainer.device == "cpu" and not under_torchrun():
+        trainer.nprocs = PARITY_RANKS
+
+
 def run(cfg: DictConfig | RunConfig) -> dict[str, Any]:
-    """:func:`parity_on_rank` on the configured ranks (local or torchrun; :data:`PARITY_RANKS`
-    local ones where ``trainer.nprocs`` is left to derive), after the checks."""
-    if cfg.trainer.nprocs is None and not under_torchrun():
-        cfg.trainer.nprocs = PARITY_RANKS
-    return launch(cfg, Command("parity", trains=True, check=check_parity_run), parity_on_rank)
+    """:func:`parity_on_rank` on the configured ranks (local or torchrun; see
+    :func:`split_for_parity`), after the checks."""
+    command = Command("parity", trains=True, adopt=split_for_parity, check=check_parity_run)
+    return launch(cfg, command, parity_on_rank)

@@ -25,7 +25,7 @@ from training.data import ZarrDataset, write_rossby_haurwitz
 from training.launch.errors import EXIT_USER_ERROR
 from training.launch.run_settings import given_keys
 
-# The regional run, on one rank (the commands' defaults are two ranks of shard_sequence on o32 data).
+# The regional run, on one rank (as the commands derive for its grid).
 TRAINED = [
     "data=zarr",
     "model.hidden_grid=data",

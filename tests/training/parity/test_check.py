@@ -14,10 +14,10 @@ from tests.processes import run_in_own_session
 from tests.training.conftest import small_config, small_overrides
 from tests.training.hooks.perturb import perturb_overrides
 from training.config.parity_settings import TOLERANCES
-from training.config.schema import ConfigValueError
+from training.config.schema import ConfigValueError, run_config
 from training.distributed.parallel import ParallelDims
 from training.launch.launcher import prepare
-from training.parity.check import EXIT_BREACH, run
+from training.parity.check import EXIT_BREACH, run, split_for_parity
 from training.parity.record import ParityStopped, record_steps
 
 STEPS = "parity.steps=2"
@@ -56,6 +56,13 @@ def test_ranks_left_to_derive_are_two_against_one(tmp_path, small_dataset):
     result = run(cfg)
     assert not result["breach"], result["verdict"]
     assert "shard_sequence on 2 rank(s) (2 per model) against none on 1 rank(s)" in result["verdict"]
+    assert cfg.trainer.nprocs is None  # the caller's configuration is left as it was
+
+
+def test_a_gpu_keeps_its_rank_a_gpu(tmp_path, small_dataset):
+    resolved = run_config(small_config(tmp_path, small_dataset, "trainer.nprocs=null", "trainer.device=cuda"))
+    split_for_parity(resolved)
+    assert resolved.trainer.nprocs is None  # derived later: one rank a GPU
 
 
 @pytest.mark.slow

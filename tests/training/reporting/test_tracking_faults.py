@@ -144,7 +144,7 @@ def _stop_when_it_has_metrics(proc: subprocess.Popen, url: str, stopped: threadi
 
 def test_server_stopped_mid_run_loses_nothing(tmp_path, small_dataset, mlflow_server, monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setattr(tracking, "_FLUSH_S", 0.0)  # a request a step: the server dies mid-run
+    monkeypatch.setattr(tracking, "_FLUSH_S", 0.0)  # send what is queued at once: the server dies mid-run
     proc, url, server_db = mlflow_server
     stopped = threading.Event()
     threading.Thread(target=_stop_when_it_has_metrics, args=(proc, url, stopped), daemon=True).start()
