@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from processor.host import usable_cores
+from processor.host import torch_threads, usable_cores
 from processor.plan.machine import Machine
 
 WINDOWS = (16, 64, 256, 1024)  # the probe's windows for the attention kernel's rate
@@ -19,31 +19,29 @@ WINDOWS = (16, 64, 256, 1024)  # the probe's windows for the attention kernel's 
 
 def probe(threads: int = 1, channels: int = 128, heads: int = 8) -> Machine:
     """Measure this machine for ranks of ``threads`` threads each (a model of ``channels``)."""
-    import torch
-
-    torch.set_num_threads(threads)
-    gemm = _gemm_rate(channels)
-    curve = tuple((w, _attention_rate(4096, w, channels, heads)) for w in WINDOWS)
-    global_ = _attention_rate(4096, None, channels, heads)
-    latency, bandwidth = _link()
-    other = _other_per_value(channels, heads, gemm, dict(curve)[64])
-    cores = usable_cores()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Machine(
-        name="probe",
-        gemm_flop_s=gemm,
-        window_attention_flop_s=dict(curve)[64],
-        window_attention_curve=curve,
-        other_s_per_value=other,
-        copy_s_per_value=_copy_per_value(channels),
-        global_attention_flop_s=global_,
-        latency_s=latency,
-        bandwidth_b_s=bandwidth,
-        memory_b=memory,
-        parallel_ranks=max(1, cores // threads),
-        shared_memory=True,
-        source=f"probe on {os.uname().nodename}, {cores} cores, {threads} thread(s) per rank, gloo over loopback",
-    )
+    with torch_threads(threads):  # as fast as a rank runs it; the caller's threads put back
+        gemm = _gemm_rate(channels)
+        curve = tuple((w, _attention_rate(4096, w, channels, heads)) for w in WINDOWS)
+        global_ = _attention_rate(4096, None, channels, heads)
+        latency, bandwidth = _link()
+        other = _other_per_value(channels, heads, gemm, dict(curve)[64])
+        cores = usable_cores()
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return Machine(
+            name="probe",
+            gemm_flop_s=gemm,
+            window_attention_flop_s=dict(curve)[64],
+            window_attention_curve=curve,
+            other_s_per_value=other,
+            copy_s_per_value=_copy_per_value(channels),
+            global_attention_flop_s=global_,
+            latency_s=latency,
+            bandwidth_b_s=bandwidth,
+            memory_b=memory,
+            parallel_ranks=max(1, cores // threads),
+            shared_memory=True,
+            source=f"probe on {os.uname().nodename}, {cores} cores, {threads} thread(s) per rank, gloo over loopback",
+        )
 
 
 def _timed(fn, repeat: int = 3) -> float:
