@@ -27,7 +27,7 @@ import training.config.schema  # noqa: F401 - registers the schema
 from benchmarks.rank_trainer import rank_trainer
 from processor.host import cpu_name
 from processor.matmul import BACKENDS, linear, set_matmul_backend
-from processor.matmul.backends import MIN_MACS_PER_THREAD
+from processor.matmul.backends import large_enough_for_onednn
 from processor.matmul.probe import alternating_medians
 from training.config.schema import RunConfig
 from training.launch import launcher
@@ -67,10 +67,9 @@ def layers_table(rounds: int, shapes: tuple[tuple[int, int, int], ...] = SHAPES)
         "| rows x in -> out | aten (ms) | onednn (ms) | onednn's speed-up | on oneDNN under `onednn` |",
         "|---|---:|---:|---:|---|",
     ]
-    smallest = MIN_MACS_PER_THREAD * torch.get_num_threads()
     for rows, features_in, features_out in shapes:
         t = time_layer(rows, features_in, features_out, rounds)
-        taken = "yes" if rows * features_in * features_out >= smallest else "no: too small, torch's GEMM"
+        taken = "yes" if large_enough_for_onednn(rows * features_in * features_out) else "no: too small, torch's GEMM"
         lines.append(
             f"| {rows} x {features_in} -> {features_out} | {t['aten'] * 1e3:.3f} | {t['onednn'] * 1e3:.3f} |"
             f" {t['aten'] / t['onednn']:.2f}x | {taken} |"

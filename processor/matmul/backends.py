@@ -49,6 +49,12 @@ def matmul_backend() -> str:
 MIN_MACS_PER_THREAD = 3 << 20
 
 
+def large_enough_for_onednn(macs: int) -> bool:
+    """Whether a product of ``macs`` multiply-adds has :data:`MIN_MACS_PER_THREAD` for each of
+    this process's threads."""
+    return macs >= MIN_MACS_PER_THREAD * torch.get_num_threads()
+
+
 def onednn_serves(x: Tensor, weight: Tensor, macs: int) -> bool:
     """Whether a product of ``macs`` multiply-adds with operands ``x`` and ``weight`` goes to
     oneDNN: the ``onednn`` backend, both float32 on the CPU, no CPU autocast (which casts to
@@ -62,7 +68,7 @@ def onednn_serves(x: Tensor, weight: Tensor, macs: int) -> bool:
         and weight.dtype == torch.float32
         and weight.dim() == 2
         and not torch.is_autocast_enabled("cpu")
-        and macs >= MIN_MACS_PER_THREAD * torch.get_num_threads()
+        and large_enough_for_onednn(macs)
     )
 
 
