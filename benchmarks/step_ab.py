@@ -16,7 +16,6 @@ change altered the numbers)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from processor.host import cpu_name
+from training.reporting.metrics_file import read_history
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository's working tree
 LOSSES_COMPARED = 10  # the first steps' losses set side by side
@@ -45,11 +45,11 @@ class Run:
 def read_run(run_dir: Path, skip: int) -> Run:
     """The median ``step_time_s`` of the steps from ``skip`` on, and the first losses, from
     ``run_dir/metrics.jsonl``."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [row["step_time_s"] for row in rows if row["step"] >= skip and "step_time_s" in row]
+    history = read_history(run_dir)
+    steps = [metrics["step_time_s"] for step, metrics in history if step >= skip and "step_time_s" in metrics]
     if not steps:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no step from step {skip} on: give more --steps")
-    losses = [row["train/loss"] for row in rows if "train/loss" in row]
+    losses = [metrics["train/loss"] for _, metrics in history if "train/loss" in metrics]
     return Run(statistics.median(steps), losses[:LOSSES_COMPARED])
 
 
