@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from processor.attention.banded import cat_points
 from processor.attention.kernel import sliding_window_attention
+from processor.attention.qk_heads import fused_qk_heads, fused_qk_heads_serve
 from processor.attention.score_mods import ScoreMods, alibi_slopes, rotate
 from processor.matmul.backends import Linear, linear
 from processor.precision import in_compute_dtype
@@ -80,7 +81,10 @@ class SelfAttention(nn.Module):
 
     def qkv_heads(self, h: Tensor, first_point: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """``(b, n, C)`` -> q, k, v, each ``(b, heads, n, head_dim)``."""
-        q, k, v = rearrange(self.qkv(h), "b n (t h d) -> t b h n d", t=3, h=self.num_heads)
+        qkv = self.qkv(h)
+        if not self.rotary and fused_qk_heads_serve(qkv, self.q_norm, self.k_norm):
+            return fused_qk_heads(qkv, self.num_heads, self.q_norm, self.k_norm)
+        q, k, v = rearrange(qkv, "b n (t h d) -> t b h n d", t=3, h=self.num_heads)
         return self._position(self.q_norm(q), first_point), self._position(self.k_norm(k), first_point), v
 
     def queries(self, h: Tensor, first_point: int = 0) -> Tensor:

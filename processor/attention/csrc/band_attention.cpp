@@ -35,6 +35,7 @@
 
 #include "bf16_products.h"
 #include "edge_attention.h"
+#include "head_norm.h"
 #include "row_passes.h"
 #include "tile_products.h"
 
@@ -346,4 +347,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "why oneDNN refused the bfloat16 products in this process (empty while it has not)");
   bind_edge_attention(m);
+  bind_head_norm(m);
 }
