@@ -49,17 +49,24 @@ def _ids(batch, n_k, seed, rate=0.03):
     return torch.cumsum((torch.rand(batch, n_k, generator=g) < rate).long(), dim=1)
 
 
+def _cotangent(out):
+    """A gradient for ``out`` laid out like it, the same whatever ran before (a seeded generator,
+    not the global one: the bf16 bounds hold for the seeded draws, not for every draw)."""
+    g = torch.Generator().manual_seed(out.numel())
+    return torch.empty_like(out).normal_(generator=g)
+
+
 def _variant_call(q, k, v, window, q_offset, scale, ids, variant, cotangent=None, bf16_products=None):
     """``variant``'s output and, given a cotangent, its ``(dq, dk, dv)``; ``native`` through its
     autograd function (which decides on bfloat16 products itself)."""
     if variant == "native" and bf16_products is None:
         out = NativeBandAttention.apply(q, k, v, window, q_offset, scale, ids)
-        cotangent = torch.randn_like(out) if cotangent is None else cotangent
+        cotangent = _cotangent(out) if cotangent is None else cotangent
         return out, torch.autograd.grad(out, (q, k, v), cotangent), cotangent
     q, k, v = (t.detach() for t in (q, k, v))
     products = {"variant": variant, "bf16_products": bf16_products}
     out, lse = native_forward(q, k, v, window, q_offset, scale, ids, **products)
-    cotangent = torch.randn_like(out) if cotangent is None else cotangent
+    cotangent = _cotangent(out) if cotangent is None else cotangent
     grads = native_backward(cotangent, q, k, v, out, lse, window, q_offset, scale, ids, **products)
     return out, grads, cotangent
 
