@@ -1,6 +1,6 @@
 """Building and loading the fused CPU kernels (``csrc/band_attention.cpp``, and beside it in the
-same module the mappers' edge attention, ``csrc/edge_attention.cpp``, and the q/k head norms,
-``csrc/head_norm.cpp``) and their ISA variants.
+same module the mappers' edge attention, ``csrc/edge_attention.cpp``, the q/k head norms,
+``csrc/head_norm.cpp``, and a tiled transpose, ``csrc/transpose.cpp``) and their ISA variants.
 
 ``python -m processor.attention.build_kernel`` (run by ``scripts/setup.sh``) compiles it with the
 machine's g++ against the installed torch into ``csrc/build/``, beside a stamp of the sources,
@@ -28,9 +28,9 @@ import torch
 from processor.host import cpu_name
 
 CSRC = Path(__file__).parent / "csrc"
-# One module: the band attention and, beside it, the mappers' edge attention and the q/k head
-# norms (their bindings added by band_attention.cpp's module).
-SOURCES = (CSRC / "band_attention.cpp", CSRC / "edge_attention.cpp", CSRC / "head_norm.cpp")
+# One module: the band attention and, beside it, the mappers' edge attention, the q/k head norms
+# and the matmul backend's transpose (their bindings added by band_attention.cpp's module).
+SOURCES = tuple(CSRC / name for name in ("band_attention.cpp", "edge_attention.cpp", "head_norm.cpp", "transpose.cpp"))
 HEADERS = tuple(
     CSRC / name
     for name in (
@@ -42,6 +42,7 @@ HEADERS = tuple(
         "row_passes.h",
         "edge_attention.h",
         "head_norm.h",
+        "transpose.h",
     )
 )
 BUILD = CSRC / "build"

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from processor.attention.native import native_kernel
+
 BACKENDS = ("aten", "onednn")
 _backend = "aten"
 
@@ -81,10 +83,21 @@ def _onednn(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 def _onednn_weight_grad(x_rows: Tensor, grad_rows: Tensor) -> Tensor:
     """``grad_rows^T @ x_rows`` by oneDNN: x_rows ``(rows, in)``, grad_rows ``(rows, out)`` ->
     ``(out, in)``. A reduction over the rows, fastest with the wider operand as oneDNN's
-    "weight" (measured on Zen 5: up to 1.6x between the two orientations)."""
+    "weight" (measured on Zen 5: up to 1.6x between the two orientations). oneDNN reads both
+    operands transposed and contiguous: :func:`_transposed` makes them."""
     if grad_rows.shape[1] >= x_rows.shape[1]:
-        return _onednn(x_rows.t(), grad_rows.t()).t()
-    return _onednn(grad_rows.t(), x_rows.t())
+        return _onednn(_transposed(x_rows), _transposed(grad_rows)).t()
+    return _onednn(_transposed(grad_rows), _transposed(x_rows))
+
+
+def _transposed(rows: Tensor) -> Tensor:
+    """``rows`` ``(n, k)`` -> its transpose ``(k, n)``, contiguous: by the fused kernels' tiled
+    transpose where they are built (``csrc/transpose.cpp``: 3-6x torch's copy of a transposed
+    view of a (points, 64) matrix on a Zen 5), else by torch."""
+    kernel = native_kernel()
+    if kernel is not None and rows.is_contiguous():
+        return kernel.transpose(rows)
+    return rows.t().contiguous()
 
 
 def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor) -> None:

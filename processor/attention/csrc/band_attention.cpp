@@ -38,6 +38,7 @@
 #include "head_norm.h"
 #include "row_passes.h"
 #include "tile_products.h"
+#include "transpose.h"
 
 namespace {
 
@@ -348,4 +349,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "why oneDNN refused the bfloat16 products in this process (empty while it has not)");
   bind_edge_attention(m);
   bind_head_norm(m);
+  bind_transpose(m);
 }

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import processor.matmul.backends as backends_module
 from processor import ProcessorConfig, TransformerProcessor
+from processor.attention.native_build import built_variants, load
 from processor.matmul import Linear, linear, set_matmul_backend
 from processor.matmul.backends import onednn_serves
 from tests.processor.matmul.forced import forced_backend, needs_onednn
@@ -135,3 +136,16 @@ def test_sharded_on_onednn_equals_one_rank(rank_pool, strategy):
     assert_close(np.concatenate([p["dx"] for p in parts], axis=1), reference["dx"], "dx")
     for name, grad in reference["grads"].items():
         assert_close(parts[0]["grads"][name], grad, name)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 16), (17, 33), (16, 64), (1617, 64), (64, 5248), (200, 37)])
+def test_the_weight_gradients_transpose_is_exact_on_every_built_variant(shape):
+    """oneDNN's operands for a weight gradient (``backends._transposed``): the fused kernels'
+    tiled transpose, whole 16 x 16 tiles and ragged edges, equal to torch's bit for bit."""
+    x = torch.randn(shape)
+    want = x.t().contiguous()
+    for variant in built_variants():
+        got = load(variant).transpose(x)
+        assert got.is_contiguous() and torch.equal(got, want), variant
+    assert torch.equal(backends_module._transposed(x), want)
+    assert torch.equal(backends_module._transposed(x.t().contiguous().t()), want)  # a strided view: torch's copy

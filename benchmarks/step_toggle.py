@@ -1,0 +1,93 @@
+"""One switch's worth inside one training process: ``python -m training``'s own step, a module
+attribute set to each of a few values in turn, step by step.
+
+    python -m benchmarks.step_toggle --switch processor.matmul.backends.native_kernel \\
+        --values orig "lambda: None" [--steps 300] [overrides]
+
+Each value is a Python expression, ``orig`` bound to the attribute's own value (above: the
+matmul backend's transposes by the fused kernel, then by torch). The values take turns a step
+each after ``--warmup`` steps; the report is each value's median step and the ratios to the
+first. Why inside one process: on a shared 2-core host a fresh process runs in one of a few
+speed modes (seen: 26 or 32 ms a step of the same run, a process keeping its mode), which
+buries a few percent under noise when two revisions are timed in processes of their own
+(:mod:`benchmarks.step_ab`); steps in turn share the mode, the caches and the heat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import tempfile
+from typing import Any
+
+from hydra import compose, initialize_config_module
+
+import training.config.schema  # noqa: F401 - registers the schema
+from benchmarks.rank_trainer import rank_trainer
+from processor.host import cpu_name
+from training.config.schema import RunConfig
+from training.launch import launcher
+from training.launch.command import TRAIN
+
+
+def steps_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int, steps: int) -> dict[str, float]:
+    """Each value's median step (seconds) on this rank: ``switch`` (``module.attribute``) set to
+    each value's expression in turn, a step each, after ``warmup`` steps at its own value."""
+    module_name, attribute = switch.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    original = getattr(module, attribute)
+    settings = [eval(value, {"orig": original}) for value in values]  # noqa: S307 - the caller's own code
+    times: dict[str, list[float]] = {value: [] for value in values}
+    try:
+        with rank_trainer(cfg, warmup) as (clock, _):
+            for i in range(steps * len(values)):
+                setattr(module, attribute, settings[i % len(values)])
+                times[values[i % len(values)]].append(clock.step())
+    finally:
+        setattr(module, attribute, original)
+    return {value: statistics.median(seconds) for value, seconds in times.items()}
+
+
+def report(medians: dict[str, float], switch: str, overrides: list[str]) -> str:
+    """A markdown table: each value's median step and its ratio to the first value's."""
+    first = next(iter(medians.values()))
+    lines = [
+        f"{cpu_name()}; `{switch}`, steps in turn; `{' '.join(overrides) or '(defaults)'}`",
+        "",
+        "| value | median step (ms) | first / this |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| `{value}` | {s * 1e3:.2f} | {first / s:.3f}x |" for value, s in medians.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--switch", required=True, help="module.attribute to set")
+    parser.add_argument("--values", nargs="+", required=True, help="Python expressions; orig: its own value")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=150, help="timed steps of each value")
+    parser.add_argument("overrides", nargs="*", help="python -m training's overrides")
+    args = parser.parse_args(argv)
+    if len(args.values) < 2 or len(set(args.values)) != len(args.values):
+        parser.error("--values: two or more different expressions")
+    run_dir = tempfile.mkdtemp(prefix="gridshard-step-toggle-")
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
+    body = _RankBody(args.switch, args.values, args.warmup, args.steps)
+    print(report(launcher.run(composed, TRAIN, body), args.switch, args.overrides))
+
+
+class _RankBody:
+    """:func:`steps_in_turn` with its arguments bound (picklable for spawned ranks)."""
+
+    def __init__(self, switch: str, values: list[str], warmup: int, steps: int) -> None:
+        self.arguments = (switch, values, warmup, steps)
+
+    def __call__(self, cfg: RunConfig) -> dict[str, Any]:
+        return steps_in_turn(cfg, *self.arguments)
+
+
+if __name__ == "__main__":
+    main()
