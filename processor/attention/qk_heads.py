@@ -7,7 +7,8 @@ arithmetic), and in backward stacks dq, dk and dv back by a ``cat`` and a copy. 
 writes q and k, normed, each point-major ``(b, n, heads, head_dim)``, so that attention's output
 is laid out so too and merging the heads is a view; v stays a view of the projection, and one
 pass writes the projection's gradient. Used where the kernel is built, for float32 on the CPU
-without autocast or ``torch.compile`` (which fuses torch's path itself).
+without autocast or ``torch.compile`` (which fuses torch's path itself), and only with the norms
+(without them q, k and v are views of the projection on torch's path, which is then the faster).
 """
 
 from __future__ import annotations

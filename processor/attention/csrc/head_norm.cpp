@@ -12,12 +12,13 @@
 //
 // Tensors, float32: qkv (rows, 3, heads, head_dim) contiguous; q, k (rows, heads, head_dim)
 // contiguous; mean, rstd (2, rows, heads); dq, dk, dv (batch, heads, points, head_dim) with any
-// strides whose last is 1, rows = batch x points; weight and bias (head_dim) or absent.
+// strides whose last is 1, rows = batch x points; weight (head_dim), bias (head_dim) or absent.
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>

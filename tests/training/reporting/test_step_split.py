@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from processor.attention.qk_heads import PROFILE_RANGE as QK_NORM_RANGE
+from processor.matmul.backends import TRANSPOSE_RANGE
 from training.reporting.step_split import StepSplit, kind_of, model_parts_marked
 
 
@@ -16,6 +17,7 @@ def test_operators_fall_in_their_kinds():
     assert kind_of("gridshard_band_attention_backward") == "attention"
     assert kind_of("gridshard_edge_attention_backward") == "attention"
     assert kind_of(QK_NORM_RANGE) == kind_of(QK_NORM_RANGE + "_backward") == "norm"  # not compute
+    assert kind_of(TRANSPOSE_RANGE) == "copy"
     assert kind_of("aten::index_add_") == kind_of("aten::scatter_add_") == "gather/scatter"
     assert kind_of("aten::native_layer_norm_backward") == "norm"
     assert kind_of("aten::gelu") == "elementwise"
