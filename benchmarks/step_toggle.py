@@ -6,10 +6,12 @@ attribute set to each of a few values in turn, step by step.
 
 Each value is a Python expression, ``orig`` bound to the attribute's own value (above: the
 matmul backend's transposes by the fused kernel, then by torch). The values take turns a step
-each after ``--warmup`` steps; the report is each value's median step and the ratios to the
-first. Why inside one process: on a shared 2-core host a fresh process runs in one of a few
-speed modes (seen: 26 or 32 ms a step of the same run, a process keeping its mode), which
-buries a few percent under noise when two revisions are timed in processes of their own
+each after ``--warmup`` steps (rounds alternating their order); the report is each value's
+median step (the slowest rank's) and the ratios to the first.
+
+Why inside one process: on a shared 2-core host a fresh process runs in one of a few speed
+modes (seen: 26 or 32 ms a step of the same run, a process keeping its mode), which buries a
+few percent under noise when two revisions are timed in processes of their own
 (:mod:`benchmarks.step_ab`); steps in turn share the mode, the caches and the heat.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import statistics
 import tempfile
 from typing import Any
@@ -32,21 +35,25 @@ from training.launch.command import TRAIN
 
 
 def steps_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int, steps: int) -> dict[str, float]:
-    """Each value's median step (seconds) on this rank: ``switch`` (``module.attribute``) set to
-    each value's expression in turn, a step each, after ``warmup`` steps at its own value."""
+    """Each value's median step (seconds; the slowest rank's): ``switch`` (``module.attribute``)
+    set to each value's expression in turn, a step each, after ``warmup`` steps at its own value.
+    Rounds alternate their order (A B, B A, ...), so that nothing that recurs every other step
+    falls on one value only."""
     module_name, attribute = switch.rsplit(".", 1)
     module = importlib.import_module(module_name)
     original = getattr(module, attribute)
-    settings = [eval(value, {"orig": original}) for value in values]  # noqa: S307 - the caller's own code
+    settings = dict(zip(values, (eval(value, {"orig": original}) for value in values)))  # noqa: S307 - the caller's code
     times: dict[str, list[float]] = {value: [] for value in values}
     try:
-        with rank_trainer(cfg, warmup) as (clock, _):
-            for i in range(steps * len(values)):
-                setattr(module, attribute, settings[i % len(values)])
-                times[values[i % len(values)]].append(clock.step())
+        with rank_trainer(cfg, warmup) as (clock, dims):
+            for round_ in range(steps):
+                for value in values if round_ % 2 == 0 else values[::-1]:
+                    setattr(module, attribute, settings[value])
+                    times[value].append(clock.step())
+            medians = dims.max_over_world([statistics.median(times[value]) for value in values])
     finally:
         setattr(module, attribute, original)
-    return {value: statistics.median(seconds) for value, seconds in times.items()}
+    return dict(zip(values, medians))
 
 
 def report(medians: dict[str, float], switch: str, overrides: list[str]) -> str:
@@ -72,11 +79,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if len(args.values) < 2 or len(set(args.values)) != len(args.values):
         parser.error("--values: two or more different expressions")
+    if args.steps < 1:
+        parser.error("--steps: at least 1")
+    for value in args.values:  # a typo is one line here, not a traceback from every rank
+        try:
+            compile(value, "<value>", "eval")
+        except SyntaxError as error:
+            parser.error(f"--values {value!r}: {error.msg}")
     run_dir = tempfile.mkdtemp(prefix="gridshard-step-toggle-")
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
-    body = _RankBody(args.switch, args.values, args.warmup, args.steps)
-    print(report(launcher.run(composed, TRAIN, body), args.switch, args.overrides))
+    try:
+        with initialize_config_module(config_module="configs", version_base="1.3"):
+            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
+        body = _RankBody(args.switch, args.values, args.warmup, args.steps)
+        print(report(launcher.run(composed, TRAIN, body), args.switch, args.overrides))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class _RankBody:

@@ -82,7 +82,7 @@ class SelfAttention(nn.Module):
     def qkv_heads(self, h: Tensor, first_point: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """``(b, n, C)`` -> q, k, v, each ``(b, heads, n, head_dim)``."""
         qkv = self.qkv(h)
-        if not self.rotary and fused_qk_heads_serve(qkv, self.q_norm, self.k_norm):
+        if not self.rotary and fused_qk_heads_serve(qkv, self.num_heads, self.q_norm, self.k_norm):
             return fused_qk_heads(qkv, self.num_heads, self.q_norm, self.k_norm)
         q, k, v = rearrange(qkv, "b n (t h d) -> t b h n d", t=3, h=self.num_heads)
         return self._position(self.q_norm(q), first_point), self._position(self.k_norm(k), first_point), v

@@ -25,7 +25,7 @@ from processor.attention.native import native_kernel
 PROFILE_RANGE = "gridshard_qk_layer_norm"
 
 
-def fused_qk_heads_serve(qkv: Tensor, q_norm: nn.Module, k_norm: nn.Module) -> bool:
+def fused_qk_heads_serve(qkv: Tensor, heads: int, q_norm: nn.Module, k_norm: nn.Module) -> bool:
     """Whether :func:`fused_qk_heads` takes this projection ``(b, n, 3 * heads * head_dim)``
     with these norms: both ``nn.LayerNorm`` over ``head_dim`` with a weight. (Without norms
     torch's path is the faster: q, k and v are views of the projection, and the kernel's
@@ -35,16 +35,23 @@ def fused_qk_heads_serve(qkv: Tensor, q_norm: nn.Module, k_norm: nn.Module) -> b
         and qkv.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
-        and _norms_served(q_norm, k_norm)
+        and _norms_served(q_norm, k_norm, qkv.shape[-1] // (3 * heads))
         and native_kernel() is not None
     )
 
 
-def _norms_served(q_norm: nn.Module, k_norm: nn.Module) -> bool:
-    return all(
-        type(norm) is nn.LayerNorm and norm.elementwise_affine and norm.weight.dtype == torch.float32
-        for norm in (q_norm, k_norm)
-    ) and (q_norm.eps, q_norm.normalized_shape) == (k_norm.eps, k_norm.normalized_shape)
+def _norms_served(q_norm: nn.Module, k_norm: nn.Module, head_dim: int) -> bool:
+    return (
+        all(
+            type(norm) is nn.LayerNorm
+            and norm.elementwise_affine
+            and norm.normalized_shape == (head_dim,)
+            and norm.weight.dtype == torch.float32
+            and norm.weight.device.type == "cpu"
+            for norm in (q_norm, k_norm)
+        )
+        and q_norm.eps == k_norm.eps
+    )
 
 
 def fused_qk_heads(qkv: Tensor, heads: int, q_norm: nn.Module, k_norm: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
@@ -56,7 +63,9 @@ def fused_qk_heads(qkv: Tensor, heads: int, q_norm: nn.Module, k_norm: nn.Module
 
 class QkHeads(torch.autograd.Function):
     """:func:`fused_qk_heads` with its own backward, which writes the projection's whole gradient
-    (dq and dk through the norms, dv in place) in one pass."""
+    (dq and dk through the norms, dv in place) in one pass. Once differentiable (no second
+    derivative through it, as through the ``native`` attention kernel it feeds), and v, a view
+    of its input, may not be written in place."""
 
     @staticmethod
     def forward(ctx, qkv: Tensor, heads: int, eps: float, q_weight, q_bias, k_weight, k_bias):  # type: ignore[override]

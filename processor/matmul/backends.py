@@ -95,7 +95,7 @@ def _onednn_weight_grad(x_rows: Tensor, grad_rows: Tensor) -> Tensor:
 
 def _transposed(rows: Tensor) -> Tensor:
     """``rows`` ``(n, k)`` -> its transpose ``(k, n)``, contiguous: by the fused kernels' tiled
-    transpose where they are built (``csrc/transpose.cpp``: 3-6x torch's copy of a transposed
+    transpose where they are built (``csrc/transpose.cpp``: 5-7x torch's copy of a transposed
     view of a (points, 64) matrix on a Zen 5), else by torch."""
     kernel = native_kernel()
     if kernel is not None and rows.is_contiguous():

@@ -22,6 +22,8 @@ def test_each_value_gets_its_steps_and_the_switch_is_put_back(one_rank_small_run
     assert backends.native_kernel is original
 
 
-def test_one_value_is_refused():
+@pytest.mark.parametrize("values", [["orig"], ["orig", "orig"], ["orig", "lambda: "]])
+def test_values_that_cannot_work_are_one_line_before_any_rank_starts(values, capsys):
     with pytest.raises(SystemExit):
-        main(["--switch", "processor.matmul.backends.native_kernel", "--values", "orig"])
+        main(["--switch", "processor.matmul.backends.native_kernel", "--values", *values])
+    assert "--values" in capsys.readouterr().err

@@ -108,8 +108,9 @@ int64_t grain(int64_t heads, int64_t d) { return std::max<int64_t>(1, 4096 / (he
 void check_norms(const at::Tensor& q_weight, const c10::optional<at::Tensor>& q_bias, const at::Tensor& k_weight,
                  const c10::optional<at::Tensor>& k_bias, int64_t d) {
   for (const auto& t : {c10::optional<at::Tensor>(q_weight), q_bias, c10::optional<at::Tensor>(k_weight), k_bias}) {
-    TORCH_CHECK(!t.has_value() || (t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == d),
-                "qk heads: a norm's weight and bias must be float32 contiguous (", d, ")");
+    TORCH_CHECK(!t.has_value() || (t->device().is_cpu() && t->scalar_type() == at::kFloat && t->is_contiguous() &&
+                                   t->numel() == d),
+                "qk heads: a norm's weight and bias must be float32 contiguous (", d, ") on the CPU");
   }
 }
 
@@ -120,6 +121,7 @@ std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor
                   qkv.size(1) == 3,
               "qk heads: qkv must be float32 contiguous (rows, 3, heads, head_dim) on the CPU");
   const int64_t rows = qkv.size(0), heads = qkv.size(2), d = qkv.size(3);
+  TORCH_CHECK(heads > 0 && d > 0, "qk heads: no heads or an empty head_dim");
   check_norms(q_weight, q_bias, k_weight, k_bias, d);
   const Norm nq = norm_of(q_weight, q_bias), nk = norm_of(k_weight, k_bias);
   auto q = at::empty({rows, heads, d}, qkv.options()), k = at::empty({rows, heads, d}, qkv.options());

@@ -32,9 +32,8 @@ void transpose_band(const float* src, float* dst, int64_t rows, int64_t cols, in
       float* to = dst + c0 * rows + i;
       if (m == kTile && n == kTile) {
         at::vec::transpose_mxn<float, kTile, kTile>(from, cols, to, rows);
-      } else {
-        for (int64_t a = 0; a < m; ++a)
-          for (int64_t b = 0; b < n; ++b) to[b * rows + a] = from[a * cols + b];
+      } else {  // a ragged edge: masked tiles on AVX-512, a plain loop elsewhere
+        at::vec::transpose_mxn<float>(from, cols, to, rows, static_cast<int>(m), static_cast<int>(n));
       }
     }
   }

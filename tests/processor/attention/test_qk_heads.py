@@ -22,7 +22,7 @@ RTOL = 1e-5
 
 
 def _norms(head_dim: int, bias: bool, generator: torch.Generator) -> tuple[nn.LayerNorm, nn.LayerNorm]:
-    norms = nn.LayerNorm(head_dim, bias=bias), nn.LayerNorm(head_dim, bias=bias, eps=1e-5)
+    norms = nn.LayerNorm(head_dim, bias=bias), nn.LayerNorm(head_dim, bias=bias)
     with torch.no_grad():
         for norm in norms:
             norm.weight.copy_(torch.randn(head_dim, generator=generator))
@@ -51,7 +51,11 @@ def test_q_k_v_and_every_gradient_match_float64(variant, batch, points, heads, h
     g = torch.Generator().manual_seed(batch * points + head_dim)
     q_norm, k_norm = _norms(head_dim, bias, g)
     qkv = (3 * torch.randn(batch, points, 3 * heads * head_dim, generator=g) + 1).requires_grad_()
-    cotangents = [torch.randn(batch, heads, points, head_dim, generator=g) for _ in range(3)]
+    cotangents = [  # contiguous, point-major (as attention's own), and a broadcast one
+        torch.randn(batch, heads, points, head_dim, generator=g),
+        torch.randn(batch, points, heads, head_dim, generator=g).transpose(1, 2),
+        torch.randn(1, heads, 1, head_dim, generator=g).expand(batch, heads, points, head_dim),
+    ]
 
     got = fused_qk_heads(qkv, heads, q_norm, k_norm)
     params = [*q_norm.parameters(), *k_norm.parameters()]
@@ -79,12 +83,22 @@ def test_q_and_k_are_laid_out_point_major_and_v_is_a_view_of_the_projection():
 def test_what_it_leaves_to_torch():
     qkv = torch.randn(1, 8, 3 * 2 * 16)
     q_norm, k_norm = _norms(16, True, torch.Generator().manual_seed(1))
-    assert fused_qk_heads_serve(qkv, q_norm, k_norm)
-    assert not fused_qk_heads_serve(qkv, nn.Identity(), nn.Identity())  # no norms: views are cheaper
-    assert not fused_qk_heads_serve(qkv.double(), q_norm, k_norm)
-    assert not fused_qk_heads_serve(qkv, q_norm, nn.LayerNorm(16, eps=1e-3))  # two norms' eps apart
+    assert fused_qk_heads_serve(qkv, 2, q_norm, k_norm)
+    assert not fused_qk_heads_serve(qkv, 2, nn.Identity(), nn.Identity())  # no norms: views are cheaper
+    assert not fused_qk_heads_serve(qkv.double(), 2, q_norm, k_norm)
+    assert not fused_qk_heads_serve(qkv, 2, q_norm, nn.LayerNorm(16, eps=1e-3))  # two norms' eps apart
+    assert not fused_qk_heads_serve(qkv, 1, q_norm, k_norm)  # norms over 16 values, heads of 32
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not fused_qk_heads_serve(qkv, q_norm, k_norm)
+        assert not fused_qk_heads_serve(qkv, 2, q_norm, k_norm)
+
+
+def test_a_second_derivative_through_it_is_refused():
+    q_norm, k_norm = _norms(16, True, torch.Generator().manual_seed(2))
+    qkv = torch.randn(1, 8, 3 * 2 * 16, requires_grad=True)
+    q, k, v = fused_qk_heads(qkv, 2, q_norm, k_norm)
+    (grad,) = torch.autograd.grad((q * k).sum(), qkv, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
 
 
 @pytest.mark.parametrize("qk_norm_bias", [True, False])

@@ -142,6 +142,8 @@ def test_sharded_on_onednn_equals_one_rank(rank_pool, strategy):
 def test_the_weight_gradients_transpose_is_exact_on_every_built_variant(shape):
     """oneDNN's operands for a weight gradient (``backends._transposed``): the fused kernels'
     tiled transpose, whole 16 x 16 tiles and ragged edges, equal to torch's bit for bit."""
+    if not built_variants():
+        pytest.skip("the fused kernels are not built")
     x = torch.randn(shape)
     want = x.t().contiguous()
     for variant in built_variants():
