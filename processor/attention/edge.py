@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from processor.attention.native import _profiled
+from processor.attention.native import profiled
 from processor.attention.native_build import load
 
 PROFILE_NAME = "gridshard_edge_attention"  # what the profiler calls its calls
@@ -155,7 +155,7 @@ def _kernel():
 
 def _forward_op(q, k, v, edge, src, dst_ptr, heads):
     scale = (q.shape[2] // heads) ** -0.5
-    with _profiled(PROFILE_NAME):
+    with profiled(PROFILE_NAME):
         out, lse = _kernel().edge_forward(_float(q), _float(k), _float(v), _float(edge), src, dst_ptr, heads, scale)
     return out.to(q.dtype), lse
 
@@ -169,7 +169,7 @@ def _forward_shapes(q, k, v, edge, src, dst_ptr, heads):
 def _backward_op(grad, q, k, v, edge, out, lse, src, dst_ptr, dst, by_src, src_ptr, heads):
     scale = (q.shape[2] // heads) ** -0.5
     floats = [_float(t) for t in (grad, q, k, v, edge, out, lse)]
-    with _profiled(PROFILE_NAME + "_backward"):
+    with profiled(PROFILE_NAME + "_backward"):
         dq, dk, dv, dedge = _kernel().edge_backward(*floats, src, dst_ptr, dst, by_src, src_ptr, heads, scale)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dedge.to(edge.dtype)
 

@@ -147,7 +147,7 @@ def _forward_op(q, k, v, window, q_offset, scale, ids, q_ids, variant, bf16_prod
     assert kernel is not None, f"the {variant} band-attention kernel is not built"
     in_bf16 = _products_in_bf16(kernel, q, bf16_products)
     q32, k32, v32 = (_float_rows(t) for t in (q, k, v))
-    with _profiled(PROFILE_NAME):
+    with profiled(PROFILE_NAME):
         out, lse = kernel.forward(q32, k32, v32, window, q_offset, scale, _ids(ids), _ids(q_ids), in_bf16)
     _warn_of_refusal(kernel, in_bf16)
     return out.to(q.dtype), lse
@@ -163,7 +163,7 @@ def _backward_op(grad, q, k, v, out, lse, window, q_offset, scale, ids, q_ids, v
     in_bf16 = _products_in_bf16(kernel, q, bf16_products)
     tensors = [_float_rows(t) for t in (grad, q, k, v, out)]
     args = (lse.float(), window, q_offset, scale, _ids(ids), _ids(q_ids), in_bf16)
-    with _profiled(PROFILE_NAME + "_backward"):
+    with profiled(PROFILE_NAME + "_backward"):
         dq, dk, dv = kernel.backward(*tensors, *args)
     _warn_of_refusal(kernel, in_bf16)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -173,7 +173,7 @@ def _backward_shapes(grad, q, k, v, out, lse, window, q_offset, scale, ids, q_id
     return _like_rows(q), _like_rows(k), _like_rows(v)
 
 
-def _profiled(name: str) -> AbstractContextManager:
+def profiled(name: str) -> AbstractContextManager:
     """A profiler range while a profiler records; else nothing (a range costs ~25 us even then)."""
     return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else nullcontext()
 

@@ -17,8 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from processor.attention.native import _profiled as profiled
-from processor.attention.native import native_kernel
+from processor.attention.native import native_kernel, profiled
 
 # "layer_norm", and not "attention", in the name: the step's profile counts it with the norms
 # (training/reporting/step_split.py kind_of)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from processor.attention.native import _profiled, native_kernel
+from processor.attention.native import native_kernel, profiled
 
 # "copy_" in the name: the step's profile counts it with the copies (training/reporting/step_split.py kind_of)
 TRANSPOSE_RANGE = "gridshard_transpose_copy_"
@@ -99,7 +99,7 @@ def _transposed(rows: Tensor) -> Tensor:
     view of a (points, 64) matrix on a Zen 5), else by torch."""
     kernel = native_kernel()
     if kernel is not None and rows.is_contiguous():
-        with _profiled(TRANSPOSE_RANGE):
+        with profiled(TRANSPOSE_RANGE):
             return kernel.transpose(rows)
     return rows.t().contiguous()
 

@@ -82,11 +82,11 @@ inline void norm_row_backward(const float* dy, const float* x, int64_t d_runtime
   }
 }
 
-// The packed projection (rows, 3, heads, d): part t (q, k, v) of head h of a row.
+// The packed projection (rows, 3, heads, d) and its gradient: where part t (q, k, v) of head h of
+// a row starts.
 struct Rows {
-  const float* data;
-  int64_t rows, heads, d;
-  const float* part(int64_t row, int64_t t, int64_t h) const { return data + ((row * 3 + t) * heads + h) * d; }
+  int64_t heads, d;
+  int64_t at(int64_t row, int64_t t, int64_t h) const { return ((row * 3 + t) * heads + h) * d; }
 };
 
 // f(std::integral_constant<int64_t, D>) with D = d for the usual head widths (the row loops
@@ -126,7 +126,8 @@ std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor
   const Norm nq = norm_of(q_weight, q_bias), nk = norm_of(k_weight, k_bias);
   auto q = at::empty({rows, heads, d}, qkv.options()), k = at::empty({rows, heads, d}, qkv.options());
   auto mean = at::empty({2, rows, heads}, qkv.options()), rstd = at::empty({2, rows, heads}, qkv.options());
-  const Rows rows_of{qkv.data_ptr<float>(), rows, heads, d};
+  const Rows part{heads, d};
+  const float* in = qkv.data_ptr<float>();
   float *q_out = q.data_ptr<float>(), *k_out = k.data_ptr<float>();
   float *mu = mean.data_ptr<float>(), *r = rstd.data_ptr<float>();
   with_width(d, [&](auto width) {
@@ -135,8 +136,8 @@ std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor
       for (int64_t row = begin; row < end; ++row) {
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t at = row * heads + h, k_at = rows * heads + at;  // k's statistics after q's
-          norm_row<D>(rows_of.part(row, 0, h), d, static_cast<float>(eps), nq, q_out + at * d, mu + at, r + at);
-          norm_row<D>(rows_of.part(row, 1, h), d, static_cast<float>(eps), nk, k_out + at * d, mu + k_at, r + k_at);
+          norm_row<D>(in + part.at(row, 0, h), d, static_cast<float>(eps), nq, q_out + at * d, mu + at, r + at);
+          norm_row<D>(in + part.at(row, 1, h), d, static_cast<float>(eps), nk, k_out + at * d, mu + k_at, r + k_at);
         }
       }
     });
@@ -180,7 +181,8 @@ std::vector<at::Tensor> qk_heads_backward(const at::Tensor& dq, const at::Tensor
   auto dqkv = at::empty_like(qkv);
   const int threads = at::get_num_threads();
   auto partial = at::zeros({threads, 4, d}, qkv.options());  // per thread: dq_weight, dq_bias, dk_weight, dk_bias
-  const Rows rows_of{qkv.data_ptr<float>(), rows, heads, d};
+  const Rows part{heads, d};
+  const float* in = qkv.data_ptr<float>();
   const float *mu = mean.data_ptr<float>(), *r = rstd.data_ptr<float>();
   const Grads dq_rows(dq), dk_rows(dk), dv_rows(dv);
   float* out = dqkv.data_ptr<float>();
@@ -191,15 +193,12 @@ std::vector<at::Tensor> qk_heads_backward(const at::Tensor& dq, const at::Tensor
       for (int64_t row = begin; row < end; ++row) {
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t at = row * heads + h, k_at = rows * heads + at;
-          float* dq_row = out + (rows_of.part(row, 0, h) - rows_of.data);
-          float* dk_row = out + (rows_of.part(row, 1, h) - rows_of.data);
-          float* dv_row = out + (rows_of.part(row, 2, h) - rows_of.data);
-          norm_row_backward<D>(dq_rows.row(row, h), rows_of.part(row, 0, h), d, mu[at], r[at], nq, dq_row, acc,
-                               acc + d);
-          norm_row_backward<D>(dk_rows.row(row, h), rows_of.part(row, 1, h), d, mu[k_at], r[k_at], nk, dk_row,
-                               acc + 2 * d, acc + 3 * d);
+          const int64_t q_part = part.at(row, 0, h), k_part = part.at(row, 1, h), v_part = part.at(row, 2, h);
+          norm_row_backward<D>(dq_rows.row(row, h), in + q_part, d, mu[at], r[at], nq, out + q_part, acc, acc + d);
+          norm_row_backward<D>(dk_rows.row(row, h), in + k_part, d, mu[k_at], r[k_at], nk, out + k_part, acc + 2 * d,
+                               acc + 3 * d);
           const float* g = dv_rows.row(row, h);
-          for (int64_t i = 0; i < d; ++i) dv_row[i] = g[i];
+          for (int64_t i = 0; i < d; ++i) out[v_part + i] = g[i];
         }
       }
     });
