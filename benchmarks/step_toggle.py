@@ -9,6 +9,10 @@ matmul backend's transposes by the fused kernel, then by torch). The values take
 each after ``--warmup`` steps (rounds alternating their order); the report is each value's
 median step (the slowest rank's) and the ratios to the first.
 
+``--at build``: for a switch read while the run is set up (the optimiser's kind, a layout), each
+value gets a trainer of its own, built with the attribute set to it, from the same seed and
+data; the trainers take turns a step each, and the report adds how far apart their losses are.
+
 Why inside one process: on a shared 2-core host a fresh process runs in one of a few speed
 modes (seen: 26 or 32 ms a step of the same run, a process keeping its mode), which buries a
 few percent under noise when two revisions are timed in processes of their own
@@ -22,6 +26,7 @@ import importlib
 import shutil
 import statistics
 import tempfile
+import time
 from typing import Any
 
 from hydra import compose, initialize_config_module
@@ -39,10 +44,7 @@ def steps_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int, s
     set to each value's expression in turn, a step each, after ``warmup`` steps at its own value.
     Rounds alternate their order (A B, B A, ...), so that nothing that recurs every other step
     falls on one value only."""
-    module_name, attribute = switch.rsplit(".", 1)
-    module = importlib.import_module(module_name)
-    original = getattr(module, attribute)
-    settings = dict(zip(values, (eval(value, {"orig": original}) for value in values)))  # noqa: S307 - the caller's code
+    module, attribute, original, settings = _resolve(switch, values)
     times: dict[str, list[float]] = {value: [] for value in values}
     try:
         with rank_trainer(cfg, warmup) as (clock, dims):
@@ -56,8 +58,65 @@ def steps_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int, s
     return dict(zip(values, medians))
 
 
+def trainers_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int, steps: int) -> dict[str, Any]:
+    """Each value's median step (seconds; the slowest rank's) by a trainer of its own, built
+    with ``switch`` set to the value, the trainers taking turns a step each (rounds alternating
+    their order) after ``warmup`` steps each; and ``"loss apart"`` (``", all"``), the largest
+    relative difference of a step's loss between the first value's trainer and another's over the
+    first 10 steps (all steps)."""
+    from training.distributed.ranks import join_ranks
+    from training.loop.trainer import Trainer
+    from training.model.rollout import rollout_horizon
+    from training.session import open_session
+
+    module, attribute, original, settings = _resolve(switch, values)
+    dims, heartbeat = join_ranks(cfg.trainer)
+    with heartbeat:
+        trainers = {}
+        for value in values:
+            setattr(module, attribute, settings[value])
+            try:
+                trainers[value] = Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
+            finally:
+                setattr(module, attribute, original)
+        times: dict[str, list[float]] = {value: [] for value in values}
+        losses: dict[str, list[float]] = {value: [] for value in values}
+        for step in range(warmup + steps):
+            for value in values if step % 2 == 0 else values[::-1]:
+                start = time.perf_counter()
+                loss = trainers[value].one_step(step)["train/loss"]
+                if step >= warmup:
+                    times[value].append(time.perf_counter() - start)
+                losses[value].append(loss)
+        medians = dims.max_over_world([statistics.median(times[value]) for value in values])
+    return {
+        **dict(zip(values, medians)),
+        "loss apart": _apart(losses, values, 10),
+        "loss apart, all": _apart(losses, values),
+    }
+
+
+def _apart(losses: dict[str, list[float]], values: list[str], first_steps: int | None = None) -> float:
+    """The largest relative difference of a step's loss (the first ``first_steps`` steps, or
+    all) between the first value's trainer and another's."""
+    mine = losses[values[0]][:first_steps]
+    return max(abs(a - b) / max(abs(a), 1e-30) for value in values[1:] for a, b in zip(mine, losses[value]))
+
+
+def _resolve(switch: str, values: list[str]) -> tuple[Any, str, Any, dict[str, Any]]:
+    """``switch``'s module, attribute and own value, and each value's expression evaluated."""
+    module_name, attribute = switch.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    original = getattr(module, attribute)
+    settings = dict(zip(values, (eval(value, {"orig": original}) for value in values)))  # noqa: S307 - the caller's code
+    return module, attribute, original, settings
+
+
 def report(medians: dict[str, float], switch: str, overrides: list[str]) -> str:
-    """A markdown table: each value's median step and its ratio to the first value's."""
+    """A markdown table: each value's median step and its ratio to the first value's (and, by
+    trainers in turn, how far apart their losses came)."""
+    medians = dict(medians)
+    apart, apart_all = medians.pop("loss apart", None), medians.pop("loss apart, all", None)
     first = next(iter(medians.values()))
     lines = [
         f"{cpu_name()}; `{switch}`, steps in turn; `{' '.join(overrides) or '(defaults)'}`",
@@ -66,6 +125,11 @@ def report(medians: dict[str, float], switch: str, overrides: list[str]) -> str:
         "|---|---:|---:|",
     ]
     lines += [f"| `{value}` | {s * 1e3:.2f} | {first / s:.3f}x |" for value, s in medians.items()]
+    if apart is not None:
+        lines += [
+            "",
+            f"Losses step by step, at most apart (relative): {apart:.1e} (first 10 steps), {apart_all:.1e} (all).",
+        ]
     return "\n".join(lines)
 
 
@@ -75,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--values", nargs="+", required=True, help="Python expressions; orig: its own value")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=150, help="timed steps of each value")
+    parser.add_argument("--at", choices=("step", "build"), default="step", help="when the switch is read (see above)")
     parser.add_argument("overrides", nargs="*", help="python -m training's overrides")
     args = parser.parse_args(argv)
     if len(args.values) < 2 or len(set(args.values)) != len(args.values):
@@ -90,20 +155,21 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with initialize_config_module(config_module="configs", version_base="1.3"):
             composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
-        body = _RankBody(args.switch, args.values, args.warmup, args.steps)
+        body = _RankBody(args.at, args.switch, args.values, args.warmup, args.steps)
         print(report(launcher.run(composed, TRAIN, body), args.switch, args.overrides))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
 class _RankBody:
-    """:func:`steps_in_turn` with its arguments bound (picklable for spawned ranks)."""
+    """:func:`steps_in_turn` or :func:`trainers_in_turn` with its arguments bound (picklable for
+    spawned ranks)."""
 
-    def __init__(self, switch: str, values: list[str], warmup: int, steps: int) -> None:
-        self.arguments = (switch, values, warmup, steps)
+    def __init__(self, at: str, switch: str, values: list[str], warmup: int, steps: int) -> None:
+        self.at, self.arguments = at, (switch, values, warmup, steps)
 
     def __call__(self, cfg: RunConfig) -> dict[str, Any]:
-        return steps_in_turn(cfg, *self.arguments)
+        return (trainers_in_turn if self.at == "build" else steps_in_turn)(cfg, *self.arguments)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ data-parallel replicas, so the step is loss, backward, clip, optimiser, schedule
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport, clip_grad_norm_, process_group_of
 from training.distributed.device import autocast
+from training.loop.flat_adamw import FlatAdamW, FlatParameters, flattenable
 from training.model.rollout import loss_weights, rollout
 from training.session import Session
 
@@ -35,11 +37,17 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 
 
 def build_optimiser(
-    model: nn.Module, trainer: TrainerConfig
+    model: nn.Module, trainer: TrainerConfig, flat: bool = False
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its warm-up + cosine schedule from the ``trainer`` config section. Fused: one
-    kernel for every parameter rather than a handful of ops each (docs/training.md)."""
-    optimiser = torch.optim.AdamW(model.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay, fused=True)
+    kernel for every parameter rather than a handful of ops each (docs/training.md). ``flat``
+    (one rank holds the model, nothing else owns its gradients): the parameters moved into one
+    flat buffer first, one kernel for the whole model (:mod:`training.loop.flat_adamw`)."""
+    params = list(model.parameters())
+    if flat and flattenable(params):
+        optimiser: torch.optim.Optimizer = FlatAdamW(FlatParameters(params), trainer.lr, trainer.weight_decay)
+    else:
+        optimiser = torch.optim.AdamW(params, lr=trainer.lr, weight_decay=trainer.weight_decay, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: lr_factor(s, trainer.warmup_steps, trainer.steps, trainer.min_lr_ratio)
     )
@@ -64,6 +72,13 @@ class TrainStep:
     autocast: AbstractContextManager
     points_per_replica: int
     weights: Tensor | None = None
+
+    @functools.cached_property
+    def clipped(self) -> list[nn.Parameter]:
+        """What clipping scales: the optimiser's parameters (the flat one of :class:`FlatAdamW`)."""
+        if isinstance(self.optimiser, FlatAdamW):
+            return [self.optimiser.flat.param]
+        return [p for group in self.optimiser.param_groups for p in group["params"]]
 
     def loss(
         self, x: Tensor, y: Tensor, grids: Any, group: GroupLike, transport: Transport, forcings: Tensor | None = None
@@ -97,7 +112,7 @@ class TrainStep:
         if after_backward is not None:
             after_backward()
         if self.grad_clip > 0:  # the whole model's norm, also when parameters are split over `group`
-            clip_grad_norm_(self.model.parameters(), self.grad_clip, mp_group=process_group_of(group))
+            clip_grad_norm_(self.clipped, self.grad_clip, mp_group=process_group_of(group))
         self.optimiser.step()
         self.optimiser.zero_grad(set_to_none=True)
         self.schedule.step()
@@ -109,10 +124,10 @@ def build_step(session: Session) -> TrainStep:
     parallelised over the ranks (compiled under ``trainer.compile``), the run's clipping,
     precision and loss weights."""
     trainer_cfg, dataset = session.cfg.trainer, session.dataset
-    optimiser, schedule = build_optimiser(session.model, trainer_cfg)
+    model = session.dims.parallelize(session.model)  # wrapped before the optimiser is built
+    optimiser, schedule = build_optimiser(session.model, trainer_cfg, flat=model is session.model)
     outputs = dataset.roles.outputs
     weights = loss_weights(trainer_cfg.loss, outputs, dataset.area_weights, session.points)
-    model = session.dims.parallelize(session.model)
     return TrainStep(
         torch.compile(model) if trainer_cfg.compile else model,
         optimiser,
