@@ -15,6 +15,7 @@ from processor.runtime import set_freed_memory_policy
 from training.config.schema import RunConfig
 from training.data import ZarrDataset
 from training.data.batches import Batches
+from training.data.climatology_input import HourlyClimatology
 from training.data.open_store import dataset_samples, open_dataset
 from training.data.samples import Samples, select_members
 from training.data.tendencies import tendency_statistics
@@ -84,7 +85,8 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     history = cfg.model.multistep_input - 1
-    batches = Batches(dataset, points, samples.lead, device, cfg.model.valid_time_forcing, history)
+    climatology = HourlyClimatology.fit(dataset, points, samples.train) if cfg.model.climatology_input else None
+    batches = Batches(dataset, points, samples.lead, device, cfg.model.valid_time_forcing, history, climatology)
     learn_over_baseline(cfg, model, batches, samples, dims.mp_group)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if cfg.debug.share_gpu else Transport(counter)

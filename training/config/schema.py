@@ -70,6 +70,7 @@ FORECASTER_KEYS = (
     "valid_time_forcing",
     "multistep_input",
     "baseline",
+    "climatology_input",
 )
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
 # (configs/model/) gives the sizes, which have no default here; the rest is the processor's
@@ -106,6 +107,9 @@ ModelConfig = processor_schema(
         # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py);
         # auto: derived from the store (the regression on a limited area, persistence on global data)
         ("baseline", str, setting("auto", one_of("auto", "persistence", "linear_regression"))),
+        # each step is also given, at its dates, the mean of each prognostic variable over the
+        # training dates of the same UTC hour, per point (training/data/climatology_input.py)
+        ("climatology_input", bool, field(default=False)),
     ],
     module=__name__,
 )

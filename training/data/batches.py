@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from training.data.climatology_input import HourlyClimatology
 from training.data.dataset import STATE_CACHE_BYTES, DatasetError, StateCache, ZarrDataset
 from training.data.forcings import computed_forcings
 from training.data.samples import Sample
@@ -26,7 +27,8 @@ class Batch(NamedTuple):
 class Batches:
     """States of one member for this rank's block of data points: an input and the targets of a
     rollout, ``lead`` dates apart, on ``device``; computed forcings at each date, given to the
-    step from it (and, ``valid_time_forcing``, to the step to it)."""
+    step from it (and, ``valid_time_forcing``, to the step to it), followed by ``climatology``'s
+    values at the date where there is one (``model.climatology_input``)."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class Batches:
         device: torch.device,
         valid_time_forcing: bool = False,
         history: int = 0,
+        climatology: HourlyClimatology | None = None,
     ) -> None:
         self.dataset = dataset
         self.lead = lead
@@ -43,6 +46,7 @@ class Batches:
         self.history = history  # earlier states in the input: model.multistep_input - 1
         self.device = device
         self.points = points  # this rank's block of the data grid's points
+        self.climatology = climatology
         self._forcings = StateCache(STATE_CACHE_BYTES // 4)  # computed forcings by date
 
     def __call__(self, samples: list[Sample], steps: int = 1) -> Batch:
@@ -118,7 +122,7 @@ class Batches:
 
     def _computed(self, dates: np.ndarray) -> np.ndarray:
         """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64),
-        each date's computed once."""
+        then the climatology's values there if any, each date's computed once."""
         at_dates = [self._computed_at(date) for date in dates.reshape(-1)]
         return np.stack(at_dates).reshape(*dates.shape, *at_dates[0].shape)
 
@@ -127,5 +131,8 @@ class Batches:
         values = self._forcings.get(key)
         if values is None:
             lat, lon = self.dataset.latitudes[self.points], self.dataset.longitudes[self.points]
-            values = self._forcings.put(key, computed_forcings(self.dataset.roles.computed, date[None], lat, lon)[0])
+            values = computed_forcings(self.dataset.roles.computed, date[None], lat, lon)[0]
+            if self.climatology is not None:
+                values = np.concatenate([values, self.climatology.at(date)], axis=-1)
+            values = self._forcings.put(key, values)
         return values

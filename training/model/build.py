@@ -21,10 +21,18 @@ def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Fo
         processor,
         model.mapper,
         model.mapper_heads,
-        forcings=(len(roles.forcing) + len(roles.computed)) * (2 if model.valid_time_forcing else 1),
+        forcings=forcings_per_step(cfg, roles),
         diagnostics=len(roles.diagnostic),
         multistep=model.multistep_input,
         node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
         normalise_increments=model.normalise_increments,
         baseline_inputs=model.baseline == LINEAR_REGRESSION,
     )
+
+
+def forcings_per_step(cfg: RunConfig, roles: VariableRoles) -> int:
+    """Forcing channels a step is given: at its input date (and, ``model.valid_time_forcing``, its
+    valid date) the store's forcings, the computed ones and (``model.climatology_input``) the
+    climatology of each prognostic variable (:mod:`training.data.climatology_input`)."""
+    at_a_date = len(roles.forcing) + len(roles.computed) + (len(roles.prognostic) if cfg.model.climatology_input else 0)
+    return at_a_date * (2 if cfg.model.valid_time_forcing else 1)
