@@ -58,6 +58,32 @@ def test_forward_and_gradients_match_float64(x_shape, out_features, bias, weight
         assert_close(got.numpy(), ref.numpy(), name, tol=RTOL)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_narrow_input_takes_its_own_weight_gradient_and_matches_float64(bias):
+    """Edge features (3 a row): the weight's gradient as ``(x^T grad)^T``, every gradient float64's."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 500, 3, generator=g, requires_grad=True)
+    weight = torch.randn(16, 3, generator=g, requires_grad=True)
+    b = torch.randn(16, generator=g, requires_grad=True) if bias else None
+    cotangent = torch.randn(2, 500, 16, generator=g)
+    y = linear(x, weight, b)
+    assert isinstance(y.grad_fn, backends_module.NarrowInputLinear._backward_cls)
+    inputs = [t for t in (x, weight, b) if t is not None]
+    grads = torch.autograd.grad(y, inputs, cotangent)
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    b64 = b.detach().double().requires_grad_() if bias else None
+    y64 = F.linear(x64, w64, b64)
+    want = torch.autograd.grad(y64, [t for t in (x64, w64, b64) if t is not None], cotangent.double())
+    assert_close(y.detach().numpy(), y64.detach().numpy(), "output", tol=RTOL)
+    for name, got, ref in zip(("dx", "dW", "db"), grads, want):
+        assert got.shape == ref.shape and got.is_contiguous()
+        assert_close(got.numpy(), ref.numpy(), name, tol=RTOL)
+    with torch.no_grad():  # nothing to differentiate: torch's own
+        assert linear(x, weight, b).grad_fn is None
+    wide = torch.randn(2, 500, 9, requires_grad=True)
+    assert not isinstance(linear(wide, torch.randn(16, 9), b).grad_fn, backends_module.NarrowInputLinear._backward_cls)
+
+
 def test_the_backends_differ_only_by_rounding_and_the_module_keeps_its_state_dict():
     torch.manual_seed(0)
     layer = Linear(48, 80)
