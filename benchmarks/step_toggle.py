@@ -29,6 +29,7 @@ import tempfile
 import time
 from typing import Any
 
+import torch
 from hydra import compose, initialize_config_module
 
 import training.config.schema  # noqa: F401 - registers the schema
@@ -72,22 +73,27 @@ def trainers_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int
     module, attribute, original, settings = _resolve(switch, values)
     dims, heartbeat = join_ranks(cfg.trainer)
     with heartbeat:
-        trainers = {}
+        trainers, streams = {}, {}  # each trainer's own random stream, swapped in for its steps
         for value in values:
             setattr(module, attribute, settings[value])
             try:
                 trainers[value] = Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
+                streams[value] = torch.get_rng_state()
             finally:
                 setattr(module, attribute, original)
         times: dict[str, list[float]] = {value: [] for value in values}
         losses: dict[str, list[float]] = {value: [] for value in values}
         for step in range(warmup + steps):
             for value in values if step % 2 == 0 else values[::-1]:
+                torch.set_rng_state(streams[value])
                 start = time.perf_counter()
                 loss = trainers[value].one_step(step)["train/loss"]
                 if step >= warmup:
                     times[value].append(time.perf_counter() - start)
+                streams[value] = torch.get_rng_state()
                 losses[value].append(loss)
+        for trainer in trainers.values():
+            trainer.hooks.close()
         medians = dims.max_over_world([statistics.median(times[value]) for value in values])
     return {
         **dict(zip(values, medians)),

@@ -17,7 +17,7 @@ from training.data import ZarrDataset
 from training.data.batches import Batches
 from training.data.climatology_input import HourlyClimatology
 from training.data.open_store import dataset_samples, open_dataset
-from training.data.samples import Samples, select_members
+from training.data.samples import Sample, Samples, select_members
 from training.data.tendencies import tendency_statistics
 from training.distributed.device import rank_device
 from training.distributed.parallel import ParallelDims
@@ -85,9 +85,12 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     counter = CommCounter()
     model_group = model.processor.build_groups(dims.mp_group)  # every rank of the world, together
     history = cfg.model.multistep_input - 1
-    climatology = HourlyClimatology.fit(dataset, points, samples.train) if cfg.model.climatology_input else None
+    # What is fitted on the training dates reads the one-step samples, whatever the rollout:
+    # evaluation and prediction open their session with a horizon of one and must fit the same.
+    fitted_on = dataset_samples(cfg.data, dataset, 1, history).train
+    climatology = HourlyClimatology.fit(dataset, points, fitted_on) if cfg.model.climatology_input else None
     batches = Batches(dataset, points, samples.lead, device, cfg.model.valid_time_forcing, history, climatology)
-    learn_over_baseline(cfg, model, batches, samples, dims.mp_group)
+    learn_over_baseline(cfg, model, batches, fitted_on, dims.mp_group)
     # Ranks sharing a GPU (tests only) stage their messages through host memory over gloo.
     transport = HostStagedTransport(counter) if cfg.debug.share_gpu else Transport(counter)
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)
@@ -105,19 +108,20 @@ def open_data(cfg: RunConfig) -> tuple[ZarrDataset, HiddenGrid]:
 
 
 def learn_over_baseline(
-    cfg: RunConfig, model: Forecaster, batches: Batches, samples: Samples, group: dist.ProcessGroup | None
+    cfg: RunConfig, model: Forecaster, batches: Batches, train: list[Sample], group: dist.ProcessGroup | None
 ) -> None:
     """What the model learns each step over (``model.baseline``), and in which units
     (``model.normalise_increments``): the latest state and the increment's statistics, or the
     linear regression fitted on this rank's points (no communication) and the statistics of what
-    it leaves. A checkpoint loaded later brings its own statistics."""
+    it leaves, from the one-step training samples ``train``. A checkpoint loaded later brings its
+    own statistics."""
     dataset, points = batches.dataset, batches.points
     if cfg.model.baseline == LINEAR_REGRESSION:
-        baseline = fit_linear_baseline(batches, samples.train)
+        baseline = fit_linear_baseline(batches, train)
         model.set_linear_baseline(baseline)
         if cfg.model.normalise_increments:
             prognostic = len(dataset.roles.prognostic_columns())
-            model.set_increment_statistics(*residual_statistics(baseline, batches, samples.train, prognostic, group))
+            model.set_increment_statistics(*residual_statistics(baseline, batches, train, prognostic, group))
     elif cfg.model.normalise_increments:
-        starts = sorted({t for t, _ in samples.train})
-        model.set_increment_statistics(*tendency_statistics(dataset, starts, samples.lead, points, group))
+        starts = sorted({t for t, _ in train})
+        model.set_increment_statistics(*tendency_statistics(dataset, starts, batches.lead, points, group))

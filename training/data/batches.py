@@ -93,9 +93,9 @@ class Batches:
 
     def valid_forcings(self, samples: list[Sample], steps: int) -> np.ndarray:
         """``(steps, batch, local points, forcings)`` the store's forcing columns then the computed
-        forcings at each sample's valid dates, ``lead``, ..., ``steps x lead`` dates on: what the
-        step to that date is given with ``valid_time_forcing`` (read by the fitted baselines,
-        :mod:`training.skill.fitted`)."""
+        forcings (and the climatology's values, if any) at each sample's valid dates, ``lead``,
+        ..., ``steps x lead`` dates on: what the step to that date is given with
+        ``valid_time_forcing`` (read by the fitted baselines, :mod:`training.skill.fitted`)."""
         columns, ks = self.dataset.roles.forcing_columns(), range(1, steps + 1)
         states = [[self.dataset.state(t + k * self.lead, self.points, m) for t, m in samples] for k in ks]
         stored = np.stack([np.stack([s[..., columns] for s in at_k]) for at_k in states])
@@ -121,8 +121,8 @@ class Batches:
         return x, per_step[1:]
 
     def _computed(self, dates: np.ndarray) -> np.ndarray:
-        """``(*dates.shape, local points, computed)`` computed forcings at ``dates`` (datetime64),
-        then the climatology's values there if any, each date's computed once."""
+        """``(*dates.shape, local points, computed [+ prognostic])`` computed forcings at ``dates``
+        (datetime64), then the climatology's values there if any, each date's computed once."""
         at_dates = [self._computed_at(date) for date in dates.reshape(-1)]
         return np.stack(at_dates).reshape(*dates.shape, *at_dates[0].shape)
 

@@ -11,7 +11,9 @@ adds each parameter's gradient into its view in place, so the gradients stay put
 step and :meth:`FlatAdamW.zero_grad` zeroes them rather than dropping them.
 
 The state dict is a plain ``AdamW``'s over the model's parameters, so checkpoints move between
-the two (and to several ranks)."""
+the two (and to several ranks). One difference: a parameter that got no gradient in a step
+(none in this app's models: each step reaches every parameter) is stepped with a zero gradient
+(its moments decay, weight decay applies), where torch's AdamW skips it. No ``amsgrad``."""
 
 from __future__ import annotations
 
@@ -72,10 +74,15 @@ class FlatAdamW(torch.optim.AdamW):
     def __init__(self, flat: FlatParameters, lr: float, weight_decay: float) -> None:
         super().__init__(flat.params, lr=lr, weight_decay=weight_decay, fused=True)
         self.flat = flat
+        self._check_group()
         self.steps_taken = torch.zeros((), dtype=torch.float32, device=flat.param.device)
         self.exp_avg = torch.zeros_like(flat.param)
         self.exp_avg_sq = torch.zeros_like(flat.param)
         self._share_state()
+
+    def _check_group(self) -> None:
+        if len(self.param_groups) != 1 or self.param_groups[0]["amsgrad"]:
+            raise ValueError("FlatAdamW: one parameter group, without amsgrad (use torch.optim.AdamW)")
 
     def _share_state(self) -> None:
         """Each parameter's state: views of the flat moments and the one step count."""
@@ -125,6 +132,7 @@ class FlatAdamW(torch.optim.AdamW):
         """A plain ``AdamW``'s state dict (or this class's): its moments copied into the flat
         ones. Every parameter must have state and one step count, as after steps of one model."""
         super().load_state_dict(state_dict)
+        self._check_group()
         loaded = [self.state.get(p, {}) for p in self.flat.params]
         steps = {float(s["step"]) for s in loaded if "step" in s}
         if any("exp_avg" not in s for s in loaded) and steps:
@@ -135,5 +143,8 @@ class FlatAdamW(torch.optim.AdamW):
             self.steps_taken.fill_(steps.pop() if steps else 0.0)
             for key, flat in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
                 for view, s in zip(self.flat.views(flat), loaded):
-                    view.copy_(s[key]) if key in s else view.zero_()
+                    if key in s:
+                        view.copy_(s[key])
+                    else:
+                        view.zero_()
         self._share_state()

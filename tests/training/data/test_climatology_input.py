@@ -14,7 +14,11 @@ from training.data import ZarrDataset
 from training.data.batches import Batches
 from training.data.climatology_input import HourlyClimatology
 from training.data.forcings import utc_hours
+from training.distributed.parallel import ParallelDims
+from training.launch.launcher import prepare
 from training.model import ShardedGrids
+from training.model.build import forcings_per_step
+from training.session import open_session
 
 
 def _dataset_and_points(small_dataset) -> tuple[ZarrDataset, slice]:
@@ -57,9 +61,34 @@ def test_each_step_is_given_the_climatology_of_its_dates_after_the_computed_forc
 
 def test_a_run_trains_with_the_climatology_as_input(tmp_path, small_dataset):
     settings = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "trainer.steps=2"]
-    run(small_config(tmp_path / "on", small_dataset, *settings, "model.climatology_input=true"))
-    run(small_config(tmp_path / "off", small_dataset, *settings))
-    on, off = (load_checkpoint(tmp_path / d / "checkpoints" / "latest.pt")["model"] for d in ("on", "off"))
-    prognostic = on["head.1.weight"].shape[0]
-    # the climatology of each prognostic variable at the input and at the valid date
-    assert on["data_embed.weight"].shape[1] == off["data_embed.weight"].shape[1] + 2 * prognostic
+    cfg = small_config(tmp_path / "on", small_dataset, *settings, "model.climatology_input=true")
+    result, cfg = run(cfg), prepare(cfg)  # prepared: the settings derived from the store
+    assert all(np.isfinite(m["train/loss"]) for _, m in result["history"])
+    saved = load_checkpoint(tmp_path / "on" / "checkpoints" / "latest.pt")
+    roles = ZarrDataset(small_dataset, None, None, None).roles
+    # two dates (input and valid), each: the computed forcings, then the climatology of each prognostic variable
+    widths = len(roles.prognostic) * cfg.model.multistep_input + forcings_per_step(cfg, roles)
+    assert forcings_per_step(cfg, roles) == 2 * (len(roles.forcing) + len(roles.computed) + len(roles.prognostic))
+    assert saved["model"]["data_embed.weight"].shape[1] == widths + 4  # and the position features
+
+
+def test_what_is_fitted_on_the_training_dates_does_not_depend_on_the_rollout(tmp_path, small_dataset):
+    """Evaluation and prediction open their session with a horizon of one: the climatology and
+    the linear baseline they fit must be training's, whose rollout is longer."""
+    cfg = prepare(
+        small_config(
+            tmp_path,
+            small_dataset,
+            "strategy=none",
+            "trainer.nprocs=1",
+            "trainer.ranks_per_model=1",
+            "model.climatology_input=true",
+            "model.baseline=linear_regression",
+            "trainer.rollout.max=3",
+        )
+    )
+    one, three = (open_session(cfg, ParallelDims.build(1), horizon) for horizon in (1, 3))
+    assert len(three.samples.train) < len(one.samples.train)
+    torch.testing.assert_close(three.model.linear_baseline.coef, one.model.linear_baseline.coef, rtol=0, atol=0)
+    for hour, means in one.batches.climatology.by_hour.items():
+        np.testing.assert_array_equal(three.batches.climatology.by_hour[hour], means)
