@@ -48,13 +48,19 @@ def test_forward_and_gradients_match_float64(x_shape, out_features, bias, weight
     cotangent = torch.randn(*x_shape[:-1], out_features, generator=g)
 
     y, grads = _grads(x, weight, b, cotangent, "onednn")
+    _assert_float64s(y, grads, x, weight, b, cotangent)
+
+
+def _assert_float64s(y, grads, x, weight, bias, cotangent) -> None:
+    """``y = linear(x, weight, bias)`` and its gradients ``(dx, dW[, db])`` for ``cotangent``
+    equal to float64's ``F.linear``, each gradient shaped and laid out as its tensor."""
     x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
-    b64 = b.detach().double().requires_grad_() if bias else None
+    b64 = bias.detach().double().requires_grad_() if bias is not None else None
     y64 = F.linear(x64, w64, b64)
     want = torch.autograd.grad(y64, [t for t in (x64, w64, b64) if t is not None], cotangent.double())
     assert_close(y.detach().numpy(), y64.detach().numpy(), "output", tol=RTOL)
     for name, got, ref in zip(("dx", "dW", "db"), grads, want):
-        assert got.shape == ref.shape
+        assert got.shape == ref.shape and got.is_contiguous()
         assert_close(got.numpy(), ref.numpy(), name, tol=RTOL)
 
 
@@ -69,15 +75,7 @@ def test_a_narrow_input_takes_its_own_weight_gradient_and_matches_float64(bias):
     y = linear(x, weight, b)
     assert isinstance(y.grad_fn, backends_module.NarrowInputLinear._backward_cls)
     inputs = [t for t in (x, weight, b) if t is not None]
-    grads = torch.autograd.grad(y, inputs, cotangent)
-    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
-    b64 = b.detach().double().requires_grad_() if bias else None
-    y64 = F.linear(x64, w64, b64)
-    want = torch.autograd.grad(y64, [t for t in (x64, w64, b64) if t is not None], cotangent.double())
-    assert_close(y.detach().numpy(), y64.detach().numpy(), "output", tol=RTOL)
-    for name, got, ref in zip(("dx", "dW", "db"), grads, want):
-        assert got.shape == ref.shape and got.is_contiguous()
-        assert_close(got.numpy(), ref.numpy(), name, tol=RTOL)
+    _assert_float64s(y, torch.autograd.grad(y, inputs, cotangent), x, weight, b, cotangent)
     with torch.no_grad():  # nothing to differentiate: torch's own
         assert linear(x, weight, b).grad_fn is None
     wide = torch.randn(2, 500, 9, requires_grad=True)
