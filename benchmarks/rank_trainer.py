@@ -35,13 +35,19 @@ def rank_trainer(cfg: RunConfig, warmup: int) -> Iterator[tuple[StepClock, Paral
     """Join the run's ranks, open this rank's session and trainer, train ``warmup`` steps, and
     hand over the clock and the ranks' dims (the heartbeat runs until the block ends)."""
     from training.distributed.ranks import join_ranks
+
+    dims, heartbeat = join_ranks(cfg.trainer)
+    with heartbeat:
+        clock = StepClock(new_trainer(cfg, dims))
+        for _ in range(warmup):
+            clock.step()
+        yield clock, dims
+
+
+def new_trainer(cfg: RunConfig, dims: ParallelDims) -> Trainer:
+    """This rank's session and trainer of the run ``cfg``, as ``python -m training`` opens them."""
     from training.loop.trainer import Trainer
     from training.model.rollout import rollout_horizon
     from training.session import open_session
 
-    dims, heartbeat = join_ranks(cfg.trainer)
-    with heartbeat:
-        clock = StepClock(Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer))))
-        for _ in range(warmup):
-            clock.step()
-        yield clock, dims
+    return Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))

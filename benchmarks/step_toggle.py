@@ -33,7 +33,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 import training.config.schema  # noqa: F401 - registers the schema
-from benchmarks.rank_trainer import rank_trainer
+from benchmarks.rank_trainer import new_trainer, rank_trainer
 from processor.host import cpu_name
 from training.config.schema import RunConfig
 from training.launch import launcher
@@ -66,9 +66,6 @@ def trainers_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int
     relative difference of a step's loss between the first value's trainer and another's over the
     first 10 steps (all steps)."""
     from training.distributed.ranks import join_ranks
-    from training.loop.trainer import Trainer
-    from training.model.rollout import rollout_horizon
-    from training.session import open_session
 
     module, attribute, original, settings = _resolve(switch, values)
     dims, heartbeat = join_ranks(cfg.trainer)
@@ -77,7 +74,7 @@ def trainers_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int
         for value in values:
             setattr(module, attribute, settings[value])
             try:
-                trainers[value] = Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
+                trainers[value] = new_trainer(cfg, dims)
                 streams[value] = torch.get_rng_state()
             finally:
                 setattr(module, attribute, original)

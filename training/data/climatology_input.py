@@ -19,7 +19,7 @@ import numpy as np
 
 from training.data.dataset import ZarrDataset
 from training.data.forcings import utc_hours
-from training.data.samples import Sample, evenly_spread
+from training.data.samples import Sample, by_utc_hour
 
 MEAN_DATES = 365  # training samples averaged per hour, at most (evenly spread)
 
@@ -37,16 +37,11 @@ class HourlyClimatology:
         if not train:
             raise ValueError("model.climatology_input: no training sample to average")
         columns = dataset.roles.prognostic_columns()
-        hours = utc_hours(dataset.dates[[t for t, _ in train]])
-        by_hour: dict[float, list[Sample]] = {}
-        for sample, hour in zip(train, hours):
-            by_hour.setdefault(float(hour), []).append(sample)
-        keys = sorted(by_hour)
+        by_hour = by_utc_hour(train, dataset.dates[[t for t, _ in train]], MEAN_DATES)
         means = [
-            np.mean([dataset.state(t, points, m)[:, columns] for t, m in evenly_spread(by_hour[h], MEAN_DATES)], axis=0)
-            for h in keys
+            np.mean([dataset.state(t, points, m)[:, columns] for t, m in hour], axis=0) for hour in by_hour.values()
         ]
-        return cls(np.array(keys), np.stack(means).astype(np.float32))
+        return cls(np.array(list(by_hour)), np.stack(means).astype(np.float32))
 
     @property
     def width(self) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.data.dataset import DatasetError
+from training.data.forcings import utc_hours
 
 Sample = tuple[int, int]  # (start date index, member)
 
@@ -38,6 +39,15 @@ def evenly_spread(items: list, count: int) -> list:
     """At most ``count`` of ``items``, evenly spread from the first to the last, in order."""
     picks = np.unique(np.linspace(0, len(items) - 1, min(count, len(items))).round().astype(int))
     return [items[i] for i in picks]
+
+
+def by_utc_hour(items: list, dates: np.ndarray, count: int) -> dict[float, list]:
+    """``items`` grouped by the UTC hour of their ``dates`` (datetime64, one per item), hours in
+    order, at most ``count`` items an hour (:func:`evenly_spread`)."""
+    grouped: dict[float, list] = {}
+    for item, hour in zip(items, utc_hours(dates)):
+        grouped.setdefault(float(hour), []).append(item)
+    return {hour: evenly_spread(group, count) for hour, group in sorted(grouped.items())}
 
 
 def lead_steps(lead_time_h: int | None, frequency_s: int, where: str = "the dataset") -> int:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from training.data.forcings import utc_hours
-from training.data.samples import evenly_spread
+from training.data.samples import by_utc_hour, evenly_spread
 from training.session import Session
 from training.skill.scores import BASELINES, DOY_CLIMATOLOGY, climatology, hourly_climatology
 from training.skill.seasonal import SeasonalKey, doy_climatology, seasonal_keys, spans_a_year, window_dates
@@ -29,11 +29,7 @@ def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
     """The training period's start dates by UTC hour of the day (at most :data:`CLIMATOLOGY_DATES`
     per hour, evenly spread): what :func:`training.skill.scores.hourly_climatology` averages."""
     dates = sorted({t for t, _ in session.samples.train})
-    hours = utc_hours(session.dataset.dates[dates])
-    by_hour: dict[float, list[int]] = {}
-    for t, hour in zip(dates, hours):
-        by_hour.setdefault(float(hour), []).append(t)
-    return {hour: evenly_spread(ts, CLIMATOLOGY_DATES) for hour, ts in sorted(by_hour.items())}
+    return by_utc_hour(dates, session.dataset.dates[dates], CLIMATOLOGY_DATES)
 
 
 def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> list[int] | None:

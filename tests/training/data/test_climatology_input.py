@@ -20,6 +20,8 @@ from training.model import ShardedGrids
 from training.model.build import forcings_per_step
 from training.session import open_session
 
+ONE_RANK = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
+
 
 def _dataset_and_points(small_dataset) -> tuple[ZarrDataset, slice]:
     dataset = ZarrDataset(small_dataset, None, ["cos_local_time"], ["v"])
@@ -60,8 +62,7 @@ def test_each_step_is_given_the_climatology_of_its_dates_after_the_computed_forc
 
 
 def test_a_run_trains_with_the_climatology_as_input(tmp_path, small_dataset):
-    settings = ["strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "trainer.steps=2"]
-    cfg = small_config(tmp_path / "on", small_dataset, *settings, "model.climatology_input=true")
+    cfg = small_config(tmp_path / "on", small_dataset, *ONE_RANK, "trainer.steps=2", "model.climatology_input=true")
     result, cfg = run(cfg), prepare(cfg)  # prepared: the settings derived from the store
     assert all(np.isfinite(m["train/loss"]) for _, m in result["history"])
     saved = load_checkpoint(tmp_path / "on" / "checkpoints" / "latest.pt")
@@ -79,9 +80,7 @@ def test_what_is_fitted_on_the_training_dates_does_not_depend_on_the_rollout(tmp
         small_config(
             tmp_path,
             small_dataset,
-            "strategy=none",
-            "trainer.nprocs=1",
-            "trainer.ranks_per_model=1",
+            *ONE_RANK,
             "model.climatology_input=true",
             "model.baseline=linear_regression",
             "trainer.rollout.max=3",
