@@ -73,25 +73,29 @@ class _GeluMLP(torch.autograd.Function):
     pre-activation) and hold three hidden-sized tensors at once in backward. Here forward and
     backward go through the points in a few chunks; backward recomputes the GELU per chunk (one
     elementwise pass) and runs its backward in place, so the temporaries are a chunk's worth
-    of hidden values, not all of them (one chunk on a small grid, :func:`_chunk_rows`).
+    of hidden values, not all of them. On a small grid (one chunk, :func:`_chunk_rows`) forward
+    keeps its GELU output instead: a few MiB, and backward skips an elementwise pass.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, approximate: str) -> Tensor:  # type: ignore[override]
         pre = linear(x, w1, b1)
-        ctx.save_for_backward(x, w1, w2, pre)
         ctx.approximate = approximate
         pre_rows = pre.reshape(-1, pre.shape[-1])
         out = x.new_empty(pre_rows.shape[0], w2.shape[0])
         chunk = _chunk_rows(pre_rows)
+        kept = None  # the GELU's output, where it is one chunk
         for lo in range(0, pre_rows.shape[0], chunk):
             rows = slice(lo, lo + chunk)
-            product_into(out[rows], F.gelu(pre_rows[rows], approximate=approximate), w2, b2)
+            act = F.gelu(pre_rows[rows], approximate=approximate)
+            product_into(out[rows], act, w2, b2)
+            kept = act if chunk >= pre_rows.shape[0] else None
+        ctx.save_for_backward(x, w1, w2, pre, kept)
         return out.view(*x.shape[:-1], w2.shape[0])
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        x, w1, w2, pre = ctx.saved_tensors
+        x, w1, w2, pre, kept = ctx.saved_tensors
         x_rows, pre_rows = x.reshape(-1, x.shape[-1]), pre.reshape(-1, pre.shape[-1])
         grad_rows = grad.reshape(-1, grad.shape[-1])
         grad_x = torch.empty_like(x_rows)
@@ -101,7 +105,8 @@ class _GeluMLP(torch.autograd.Function):
         for lo in range(0, x_rows.shape[0], chunk):
             rows = slice(lo, lo + chunk)
             g = grad_rows[rows]
-            add_weight_grad_(grad_w2, F.gelu(pre_rows[rows], approximate=ctx.approximate), g)
+            act = kept if kept is not None else F.gelu(pre_rows[rows], approximate=ctx.approximate)
+            add_weight_grad_(grad_w2, act, g)
             hidden = input_grad(g, w2)
             torch.ops.aten.gelu_backward.grad_input(
                 hidden, pre_rows[rows], approximate=ctx.approximate, grad_input=hidden

@@ -33,6 +33,7 @@ def _grads(x, weight, bias, out, backend_name):
     [
         ((2, 300, 24), 96, True, None),  # widening (out > in): dW in one orientation
         ((300, 96), 24, True, None),  # narrowing: dW in the other
+        ((2, 150, 32), 32, True, None),  # as wide: the narrowing's orientation
         ((3, 5, 7), 9, False, None),
         ((1, 40, 16), 32, False, slice(16, 48)),  # a slice of a packed weight (q of qkv)
     ],
