@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from processor.matmul.backends import Linear, add_weight_grad_, input_grad, input_grad_into, linear, product_into
+from processor.matmul.backends import Linear, input_grad, linear, product, weight_grad
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "silu", "relu", "tanh")
 MLP_IMPLEMENTATIONS = ("mlp", "glu", "swiglu", "geglu", "reglu")
@@ -82,14 +82,15 @@ class _GeluMLP(torch.autograd.Function):
         pre = linear(x, w1, b1)
         ctx.approximate = approximate
         pre_rows = pre.reshape(-1, pre.shape[-1])
-        out = x.new_empty(pre_rows.shape[0], w2.shape[0])
         chunk = _chunk_rows(pre_rows)
-        kept = None  # the GELU's output, where it is one chunk
-        for lo in range(0, pre_rows.shape[0], chunk):
-            rows = slice(lo, lo + chunk)
-            act = F.gelu(pre_rows[rows], approximate=approximate)
-            product_into(out[rows], act, w2, b2)
-            kept = act if chunk >= pre_rows.shape[0] else None
+        if chunk >= pre_rows.shape[0]:
+            kept = F.gelu(pre_rows, approximate=approximate)
+            out = product(kept, w2, b2)
+        else:
+            kept, out = None, x.new_empty(pre_rows.shape[0], w2.shape[0])
+            for lo in range(0, pre_rows.shape[0], chunk):
+                rows = slice(lo, lo + chunk)
+                out[rows] = product(F.gelu(pre_rows[rows], approximate=approximate), w2, b2)
         ctx.save_for_backward(x, w1, w2, pre, kept)
         return out.view(*x.shape[:-1], w2.shape[0])
 
@@ -98,24 +99,37 @@ class _GeluMLP(torch.autograd.Function):
         x, w1, w2, pre, kept = ctx.saved_tensors
         x_rows, pre_rows = x.reshape(-1, x.shape[-1]), pre.reshape(-1, pre.shape[-1])
         grad_rows = grad.reshape(-1, grad.shape[-1])
-        grad_x = torch.empty_like(x_rows)
-        grad_w1, grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
-        grad_b1 = pre_rows.new_zeros(pre_rows.shape[-1])
-        chunk = _chunk_rows(pre_rows)
-        for lo in range(0, x_rows.shape[0], chunk):
-            rows = slice(lo, lo + chunk)
-            g = grad_rows[rows]
-            act = kept if kept is not None else F.gelu(pre_rows[rows], approximate=ctx.approximate)
-            add_weight_grad_(grad_w2, act, g)
-            hidden = input_grad(g, w2)
-            torch.ops.aten.gelu_backward.grad_input(
-                hidden, pre_rows[rows], approximate=ctx.approximate, grad_input=hidden
+        if kept is not None:
+            grad_x, grad_w1, grad_b1, grad_w2 = _rows_backward(
+                x_rows, pre_rows, kept, grad_rows, w1, w2, ctx.approximate
             )
-            add_weight_grad_(grad_w1, x_rows[rows], hidden)
-            grad_b1 += hidden.sum(0)
-            input_grad_into(grad_x[rows], hidden, w1)
+        else:
+            grad_x = torch.empty_like(x_rows)
+            grad_w1, grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
+            grad_b1 = pre_rows.new_zeros(pre_rows.shape[-1])
+            chunk = _chunk_rows(pre_rows)
+            for lo in range(0, x_rows.shape[0], chunk):
+                rows = slice(lo, lo + chunk)
+                act = F.gelu(pre_rows[rows], approximate=ctx.approximate)
+                parts = _rows_backward(x_rows[rows], pre_rows[rows], act, grad_rows[rows], w1, w2, ctx.approximate)
+                grad_x[rows] = parts[0]
+                grad_w1 += parts[1]
+                grad_b1 += parts[2]
+                grad_w2 += parts[3]
         grad_b2 = grad_rows.sum(0) if ctx.needs_input_grad[4] else None  # shard_channels passes zeros
         return grad_x.view_as(x), grad_w1, grad_b1, grad_w2, grad_b2, None
+
+
+def _rows_backward(
+    x_rows: Tensor, pre_rows: Tensor, act: Tensor, grad_rows: Tensor, w1: Tensor, w2: Tensor, approximate: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The MLP's backward over some rows: x_rows ``(rows, C)``, its pre-activation and GELU
+    output ``(rows, hidden)``, the output's gradient ``(rows, C)`` -> the rows' dx ``(rows, C)``,
+    and their shares of dw1 ``(hidden, C)``, db1 ``(hidden,)`` and dw2 ``(C, hidden)``."""
+    grad_w2 = weight_grad(act, grad_rows)
+    hidden = input_grad(grad_rows, w2)
+    torch.ops.aten.gelu_backward.grad_input(hidden, pre_rows, approximate=approximate, grad_input=hidden)
+    return input_grad(hidden, w1), weight_grad(x_rows, hidden), hidden.sum(0), grad_w2
 
 
 _MLP_CHUNKS = 4

@@ -107,22 +107,12 @@ def _transposed(rows: Tensor) -> Tensor:
     return rows.t().contiguous()
 
 
-def product_into(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor) -> None:
-    """``out = x @ weight^T + bias`` (no autograd) on this process's backend: out ``(rows, out)``,
-    x ``(rows, in)``, weight ``(out, in)``, bias ``(out,)``."""
+def product(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``x @ weight^T + bias`` (no autograd) on this process's backend: x ``(rows, in)``, weight
+    ``(out, in)``, bias ``(out,)`` -> ``(rows, out)``."""
     if onednn_serves(x, weight, x.numel() * weight.shape[0]):
-        out.copy_(_onednn(x, weight, bias))
-    else:
-        torch.addmm(bias, x, weight.t(), out=out)
-
-
-def input_grad_into(out: Tensor, grad: Tensor, weight: Tensor) -> None:
-    """``out = grad @ weight`` (no autograd): a linear's input gradient; out ``(rows, in)``, grad
-    ``(rows, out)``, weight ``(out, in)``."""
-    if onednn_serves(grad, weight, grad.numel() * weight.shape[1]):
-        out.copy_(_onednn(grad, weight.t()))
-    else:
-        torch.mm(grad, weight, out=out)
+        return _onednn(x, weight, bias)
+    return torch.addmm(bias, x, weight.t())
 
 
 def input_grad(grad: Tensor, weight: Tensor) -> Tensor:
@@ -132,13 +122,12 @@ def input_grad(grad: Tensor, weight: Tensor) -> Tensor:
     return grad @ weight
 
 
-def add_weight_grad_(acc: Tensor, x_rows: Tensor, grad_rows: Tensor) -> None:
-    """``acc += grad_rows^T @ x_rows`` (no autograd): acc ``(out, in)``, x_rows ``(rows, in)``,
-    grad_rows ``(rows, out)``: a linear's weight gradient, summed over chunks of rows."""
-    if onednn_serves(x_rows, acc, x_rows.numel() * acc.shape[0]):
-        acc.add_(_onednn_weight_grad(x_rows, grad_rows))
-    else:
-        acc.addmm_(grad_rows.t(), x_rows)
+def weight_grad(x_rows: Tensor, grad_rows: Tensor) -> Tensor:
+    """``grad_rows^T @ x_rows`` (no autograd), contiguous: x_rows ``(rows, in)``, grad_rows
+    ``(rows, out)`` -> ``(out, in)``: a linear's weight gradient."""
+    if onednn_serves(x_rows, grad_rows, x_rows.numel() * grad_rows.shape[1]):
+        return _onednn_weight_grad(x_rows, grad_rows).contiguous()
+    return torch.mm(grad_rows.t(), x_rows)
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -160,7 +149,7 @@ class OneDnnLinear(torch.autograd.Function):
         grad_x = _onednn(grad, weight.t()) if ctx.needs_input_grad[0] else None  # (..., out) @ (out, in)
         grad_w = None
         if ctx.needs_input_grad[1]:
-            grad_w = _onednn_weight_grad(x.reshape(-1, in_features), rows_g).contiguous()
+            grad_w = weight_grad(x.reshape(-1, in_features), rows_g)
         grad_b = rows_g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
