@@ -42,6 +42,7 @@ HEADERS = tuple(
         "row_passes.h",
         "edge_attention.h",
         "head_norm.h",
+        "head_norm_blocks.h",
         "transpose.h",
     )
 )

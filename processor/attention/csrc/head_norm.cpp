@@ -26,6 +26,13 @@
 
 #include "head_norm.h"
 
+#if defined(__AVX512F__)
+#include "head_norm_blocks.h"
+#define GRIDSHARD_HEAD_BLOCKS 1  // head_dim 16: sixteen vectors at a time (head_norm_blocks.h)
+#else
+#define GRIDSHARD_HEAD_BLOCKS 0
+#endif
+
 namespace {
 
 struct Norm {
@@ -133,12 +140,29 @@ std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor
   with_width(d, [&](auto width) {
     constexpr int64_t D = decltype(width)::value;
     at::parallel_for(0, rows, grain(heads, d), [&](int64_t begin, int64_t end) {
-      for (int64_t row = begin; row < end; ++row) {
-        for (int64_t h = 0; h < heads; ++h) {
-          const int64_t at = row * heads + h, k_at = rows * heads + at;  // k's statistics after q's
-          norm_row<D>(in + part.at(row, 0, h), d, static_cast<float>(eps), nq, q_out + at * d, mu + at, r + at);
-          norm_row<D>(in + part.at(row, 1, h), d, static_cast<float>(eps), nk, k_out + at * d, mu + k_at, r + k_at);
+      int64_t at = begin * heads;  // a head vector's index, row * heads + h; k's statistics after q's
+      const int64_t stop = end * heads, k_stats = rows * heads;
+#if GRIDSHARD_HEAD_BLOCKS
+      if constexpr (D == head_blocks::kBlock) {
+        for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
+          for (int64_t t = 0; t < 2; ++t) {
+            const float* x[head_blocks::kBlock];
+            float* out[head_blocks::kBlock];
+            for (int64_t j = 0; j < head_blocks::kBlock; ++j) {
+              x[j] = in + part.at((at + j) / heads, t, (at + j) % heads);
+              out[j] = (t == 0 ? q_out : k_out) + (at + j) * d;
+            }
+            const Norm& n = t == 0 ? nq : nk;
+            const int64_t stats = t * k_stats + at;
+            head_blocks::norm_block(x, out, n.weight, n.bias, static_cast<float>(eps), mu + stats, r + stats);
+          }
         }
+      }
+#endif
+      for (; at < stop; ++at) {
+        const int64_t row = at / heads, h = at % heads, k_at = k_stats + at;
+        norm_row<D>(in + part.at(row, 0, h), d, static_cast<float>(eps), nq, q_out + at * d, mu + at, r + at);
+        norm_row<D>(in + part.at(row, 1, h), d, static_cast<float>(eps), nk, k_out + at * d, mu + k_at, r + k_at);
       }
     });
   });
@@ -190,16 +214,43 @@ std::vector<at::Tensor> qk_heads_backward(const at::Tensor& dq, const at::Tensor
     constexpr int64_t D = decltype(width)::value;
     at::parallel_for(0, rows, grain(heads, d), [&](int64_t begin, int64_t end) {
       float* acc = partial.data_ptr<float>() + at::get_thread_num() * 4 * d;
-      for (int64_t row = begin; row < end; ++row) {
-        for (int64_t h = 0; h < heads; ++h) {
-          const int64_t at = row * heads + h, k_at = rows * heads + at;
-          const int64_t q_part = part.at(row, 0, h), k_part = part.at(row, 1, h), v_part = part.at(row, 2, h);
-          norm_row_backward<D>(dq_rows.row(row, h), in + q_part, d, mu[at], r[at], nq, out + q_part, acc, acc + d);
-          norm_row_backward<D>(dk_rows.row(row, h), in + k_part, d, mu[k_at], r[k_at], nk, out + k_part, acc + 2 * d,
-                               acc + 3 * d);
-          const float* g = dv_rows.row(row, h);
-          for (int64_t i = 0; i < d; ++i) out[v_part + i] = g[i];
+      int64_t at = begin * heads;  // as in the forward
+      const int64_t stop = end * heads, k_stats = rows * heads;
+#if GRIDSHARD_HEAD_BLOCKS
+      if constexpr (D == head_blocks::kBlock) {
+        __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
+          for (int64_t t = 0; t < 2; ++t) {
+            const float *dy[head_blocks::kBlock], *x[head_blocks::kBlock];
+            float* dx[head_blocks::kBlock];
+            for (int64_t j = 0; j < head_blocks::kBlock; ++j) {
+              const int64_t row = (at + j) / heads, h = (at + j) % heads;
+              dy[j] = (t == 0 ? dq_rows : dk_rows).row(row, h);
+              x[j] = in + part.at(row, t, h);
+              dx[j] = out + part.at(row, t, h);
+            }
+            const int64_t stats = t * k_stats + at;
+            head_blocks::norm_block_backward(dy, x, mu + stats, r + stats, (t == 0 ? nq : nk).weight, dx, &sums[2 * t],
+                                             &sums[2 * t + 1]);
+          }
         }
+        for (int64_t k = 0; k < 4; ++k) {
+          _mm512_storeu_ps(acc + k * d, _mm512_add_ps(_mm512_loadu_ps(acc + k * d), sums[k]));
+        }
+        for (int64_t first = begin * heads; first < at; ++first) {  // v's gradient of the blocks' vectors
+          const float* g = dv_rows.row(first / heads, first % heads);
+          std::copy(g, g + d, out + part.at(first / heads, 2, first % heads));
+        }
+      }
+#endif
+      for (; at < stop; ++at) {
+        const int64_t row = at / heads, h = at % heads, k_at = k_stats + at;
+        const int64_t q_part = part.at(row, 0, h), k_part = part.at(row, 1, h), v_part = part.at(row, 2, h);
+        norm_row_backward<D>(dq_rows.row(row, h), in + q_part, d, mu[at], r[at], nq, out + q_part, acc, acc + d);
+        norm_row_backward<D>(dk_rows.row(row, h), in + k_part, d, mu[k_at], r[k_at], nk, out + k_part, acc + 2 * d,
+                             acc + 3 * d);
+        const float* g = dv_rows.row(row, h);
+        for (int64_t i = 0; i < d; ++i) out[v_part + i] = g[i];
       }
     });
   });
