@@ -7,6 +7,7 @@ step hooks in :mod:`training.hooks`."""
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import math
 import time
@@ -115,6 +116,16 @@ class Trainer:
         return run_result(self, history, self.tracker.run_id, skill)
 
     def loop(self) -> list[tuple[int, dict[str, float]]]:
+        """Train the steps (validating, logging and checkpointing as due); each step's metrics."""
+        # The set-up's ~400k objects (modules, imports, configs) leave the collector's view while
+        # the loop runs: each full collection went through them all, 0.2 s (INCA Graz, Zen 5).
+        gc.freeze()
+        try:
+            return self._steps()
+        finally:
+            gc.unfreeze()
+
+    def _steps(self) -> list[tuple[int, dict[str, float]]]:
         history: list[tuple[int, dict[str, float]]] = []
         trainer_cfg, log_interval = self.trainer_cfg, self.session.cfg.logging.log_interval
         shown = self.session.dims.rank == 0
