@@ -67,14 +67,16 @@ class MLP(nn.Sequential):
 
 
 class _GeluMLP(torch.autograd.Function):
-    """``linear -> GELU -> linear`` that keeps only the input and the pre-activation for backward.
+    """``linear -> GELU -> linear`` that keeps the input and the pre-activation for backward, and
+    on a small grid the GELU's output too.
 
     Autograd would also keep the post-activation (``hidden`` values per point, as many as the
-    pre-activation) and hold three hidden-sized tensors at once in backward. Here forward and
-    backward go through the points in a few chunks; backward recomputes the GELU per chunk (one
-    elementwise pass) and runs its backward in place, so the temporaries are a chunk's worth
-    of hidden values, not all of them. On a small grid (one chunk, :func:`_chunk_rows`) forward
-    keeps its GELU output instead: a few MiB, and backward skips an elementwise pass.
+    pre-activation) and hold three hidden-sized tensors at once in backward. Here, where the
+    hidden values are many, forward and backward go through the points in a few chunks; backward
+    recomputes the GELU per chunk (one elementwise pass) and runs its backward in place, so the
+    temporaries are a chunk's worth of hidden values, not all of them. Where they fit one chunk
+    (:func:`_chunk_rows`: at most :data:`_CHUNK_VALUES`, 16 MiB a layer), forward keeps its GELU
+    output instead, and backward skips that pass.
     """
 
     @staticmethod
@@ -90,7 +92,7 @@ class _GeluMLP(torch.autograd.Function):
             kept, out = None, x.new_empty(pre_rows.shape[0], w2.shape[0])
             for lo in range(0, pre_rows.shape[0], chunk):
                 rows = slice(lo, lo + chunk)
-                out[rows] = product(F.gelu(pre_rows[rows], approximate=approximate), w2, b2)
+                product(F.gelu(pre_rows[rows], approximate=approximate), w2, b2, out=out[rows])
         ctx.save_for_backward(x, w1, w2, pre, kept)
         return out.view(*x.shape[:-1], w2.shape[0])
 
@@ -99,37 +101,47 @@ class _GeluMLP(torch.autograd.Function):
         x, w1, w2, pre, kept = ctx.saved_tensors
         x_rows, pre_rows = x.reshape(-1, x.shape[-1]), pre.reshape(-1, pre.shape[-1])
         grad_rows = grad.reshape(-1, grad.shape[-1])
+        grad_x = torch.empty_like(x_rows)
         if kept is not None:
-            grad_x, grad_w1, grad_b1, grad_w2 = _rows_backward(
-                x_rows, pre_rows, kept, grad_rows, w1, w2, ctx.approximate
+            grad_w1, grad_b1, grad_w2 = _rows_backward(
+                x_rows, pre_rows, kept, grad_rows, w1, w2, ctx.approximate, grad_x
             )
         else:
-            grad_x = torch.empty_like(x_rows)
             grad_w1, grad_w2 = torch.zeros_like(w1), torch.zeros_like(w2)
             grad_b1 = pre_rows.new_zeros(pre_rows.shape[-1])
             chunk = _chunk_rows(pre_rows)
             for lo in range(0, x_rows.shape[0], chunk):
                 rows = slice(lo, lo + chunk)
                 act = F.gelu(pre_rows[rows], approximate=ctx.approximate)
-                parts = _rows_backward(x_rows[rows], pre_rows[rows], act, grad_rows[rows], w1, w2, ctx.approximate)
-                grad_x[rows] = parts[0]
-                grad_w1 += parts[1]
-                grad_b1 += parts[2]
-                grad_w2 += parts[3]
+                parts = _rows_backward(
+                    x_rows[rows], pre_rows[rows], act, grad_rows[rows], w1, w2, ctx.approximate, grad_x[rows]
+                )
+                grad_w1 += parts[0]
+                grad_b1 += parts[1]
+                grad_w2 += parts[2]
         grad_b2 = grad_rows.sum(0) if ctx.needs_input_grad[4] else None  # shard_channels passes zeros
         return grad_x.view_as(x), grad_w1, grad_b1, grad_w2, grad_b2, None
 
 
 def _rows_backward(
-    x_rows: Tensor, pre_rows: Tensor, act: Tensor, grad_rows: Tensor, w1: Tensor, w2: Tensor, approximate: str
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    x_rows: Tensor,
+    pre_rows: Tensor,
+    act: Tensor,
+    grad_rows: Tensor,
+    w1: Tensor,
+    w2: Tensor,
+    approximate: str,
+    grad_x: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The MLP's backward over some rows: x_rows ``(rows, C)``, its pre-activation and GELU
-    output ``(rows, hidden)``, the output's gradient ``(rows, C)`` -> the rows' dx ``(rows, C)``,
-    and their shares of dw1 ``(hidden, C)``, db1 ``(hidden,)`` and dw2 ``(C, hidden)``."""
+    output ``(rows, hidden)``, the output's gradient ``(rows, C)``; writes the rows' dx into
+    ``grad_x`` ``(rows, C)`` and returns their shares of dw1 ``(hidden, C)``, db1 ``(hidden,)``
+    and dw2 ``(C, hidden)``."""
     grad_w2 = weight_grad(act, grad_rows)
     hidden = input_grad(grad_rows, w2)
     torch.ops.aten.gelu_backward.grad_input(hidden, pre_rows, approximate=approximate, grad_input=hidden)
-    return input_grad(hidden, w1), weight_grad(x_rows, hidden), hidden.sum(0), grad_w2
+    input_grad(hidden, w1, out=grad_x)
+    return weight_grad(x_rows, hidden), hidden.sum(0), grad_w2
 
 
 _MLP_CHUNKS = 4

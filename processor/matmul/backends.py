@@ -9,7 +9,7 @@ best code (Intel), the two are alike. So the backend is a process-wide choice, l
 
 - ``aten``: ``F.linear`` (torch's own choice of GEMM), the default;
 - ``onednn``: :class:`OneDnnLinear`, oneDNN's float32 product forward and for the input's
-  gradient, and for the weight's the better of oneDNN's two orientations.
+  gradient, and for the weight's with the narrower operand transposed (:func:`_onednn_weight_grad`).
 
 Only float32 CPU products outside autocast and ``torch.compile``, of at least
 :data:`MIN_MACS_PER_THREAD` multiply-adds a thread, take oneDNN; anything else (CUDA, bfloat16
@@ -107,19 +107,23 @@ def _transposed(rows: Tensor) -> Tensor:
     return rows.t().contiguous()
 
 
-def product(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+def product(x: Tensor, weight: Tensor, bias: Tensor, out: Tensor | None = None) -> Tensor:
     """``x @ weight^T + bias`` (no autograd) on this process's backend: x ``(rows, in)``, weight
-    ``(out, in)``, bias ``(out,)`` -> ``(rows, out)``."""
+    ``(out, in)``, bias ``(out,)`` -> ``(rows, out)``, written into ``out`` when given (a chunk
+    of a larger result)."""
     if onednn_serves(x, weight, x.numel() * weight.shape[0]):
-        return _onednn(x, weight, bias)
-    return torch.addmm(bias, x, weight.t())
+        result = _onednn(x, weight, bias)
+        return result if out is None else out.copy_(result)
+    return torch.addmm(bias, x, weight.t()) if out is None else torch.addmm(bias, x, weight.t(), out=out)
 
 
-def input_grad(grad: Tensor, weight: Tensor) -> Tensor:
-    """``grad @ weight`` (no autograd): grad ``(..., out)``, weight ``(out, in)`` -> ``(..., in)``."""
+def input_grad(grad: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
+    """``grad @ weight`` (no autograd): grad ``(..., out)``, weight ``(out, in)`` -> ``(..., in)``,
+    written into ``out`` (rows, in) when given, grad then ``(rows, out)``."""
     if onednn_serves(grad, weight, grad.numel() * weight.shape[1]):
-        return _onednn(grad, weight.t())
-    return grad @ weight
+        result = _onednn(grad, weight.t())
+        return result if out is None else out.copy_(result)
+    return grad @ weight if out is None else torch.mm(grad, weight, out=out)
 
 
 def weight_grad(x_rows: Tensor, grad_rows: Tensor) -> Tensor:
@@ -149,7 +153,7 @@ class OneDnnLinear(torch.autograd.Function):
         grad_x = _onednn(grad, weight.t()) if ctx.needs_input_grad[0] else None  # (..., out) @ (out, in)
         grad_w = None
         if ctx.needs_input_grad[1]:
-            grad_w = weight_grad(x.reshape(-1, in_features), rows_g)
+            grad_w = _onednn_weight_grad(x.reshape(-1, in_features), rows_g).contiguous()  # forward chose oneDNN
         grad_b = rows_g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 

@@ -121,6 +121,46 @@ void check_norms(const at::Tensor& q_weight, const c10::optional<at::Tensor>& q_
   }
 }
 
+// The forward's tensors, and its passes over the head vectors [at, stop) of one task (a head
+// vector's index: row * heads + h; k's statistics after q's).
+struct ForwardPass {
+  const float* in;
+  float *q_out, *k_out, *mu, *r;
+  Rows part;
+  Norm nq, nk;
+  int64_t heads, k_stats;
+  float eps;
+
+  // Whole blocks of sixteen head vectors from at (head_dim 16 on AVX-512); the first vector left.
+  int64_t blocks(int64_t at, int64_t stop) const {
+#if GRIDSHARD_HEAD_BLOCKS
+    for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
+      for (int64_t t = 0; t < 2; ++t) {
+        const float* x[head_blocks::kBlock];
+        float* out[head_blocks::kBlock];
+        for (int64_t j = 0; j < head_blocks::kBlock; ++j) {
+          x[j] = in + part.at((at + j) / heads, t, (at + j) % heads);
+          out[j] = (t == 0 ? q_out : k_out) + (at + j) * part.d;
+        }
+        const Norm& n = t == 0 ? nq : nk;
+        head_blocks::norm_block(x, out, n.weight, n.bias, eps, mu + t * k_stats + at, r + t * k_stats + at);
+      }
+    }
+#endif
+    return at;
+  }
+
+  template <int64_t D>
+  void rows(int64_t at, int64_t stop) const {
+    const int64_t d = part.d;
+    for (; at < stop; ++at) {
+      const int64_t row = at / heads, h = at % heads, k_at = k_stats + at;
+      norm_row<D>(in + part.at(row, 0, h), d, eps, nq, q_out + at * d, mu + at, r + at);
+      norm_row<D>(in + part.at(row, 1, h), d, eps, nk, k_out + at * d, mu + k_at, r + k_at);
+    }
+  }
+};
+
 std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor& q_weight,
                                          const c10::optional<at::Tensor>& q_bias, const at::Tensor& k_weight,
                                          const c10::optional<at::Tensor>& k_bias, double eps) {
@@ -130,40 +170,24 @@ std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor
   const int64_t rows = qkv.size(0), heads = qkv.size(2), d = qkv.size(3);
   TORCH_CHECK(heads > 0 && d > 0, "qk heads: no heads or an empty head_dim");
   check_norms(q_weight, q_bias, k_weight, k_bias, d);
-  const Norm nq = norm_of(q_weight, q_bias), nk = norm_of(k_weight, k_bias);
   auto q = at::empty({rows, heads, d}, qkv.options()), k = at::empty({rows, heads, d}, qkv.options());
   auto mean = at::empty({2, rows, heads}, qkv.options()), rstd = at::empty({2, rows, heads}, qkv.options());
-  const Rows part{heads, d};
-  const float* in = qkv.data_ptr<float>();
-  float *q_out = q.data_ptr<float>(), *k_out = k.data_ptr<float>();
-  float *mu = mean.data_ptr<float>(), *r = rstd.data_ptr<float>();
+  const ForwardPass pass{qkv.data_ptr<float>(),
+                         q.data_ptr<float>(),
+                         k.data_ptr<float>(),
+                         mean.data_ptr<float>(),
+                         rstd.data_ptr<float>(),
+                         Rows{heads, d},
+                         norm_of(q_weight, q_bias),
+                         norm_of(k_weight, k_bias),
+                         heads,
+                         rows * heads,
+                         static_cast<float>(eps)};
   with_width(d, [&](auto width) {
     constexpr int64_t D = decltype(width)::value;
     at::parallel_for(0, rows, grain(heads, d), [&](int64_t begin, int64_t end) {
-      int64_t at = begin * heads;  // a head vector's index, row * heads + h; k's statistics after q's
-      const int64_t stop = end * heads, k_stats = rows * heads;
-#if GRIDSHARD_HEAD_BLOCKS
-      if constexpr (D == head_blocks::kBlock) {
-        for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
-          for (int64_t t = 0; t < 2; ++t) {
-            const float* x[head_blocks::kBlock];
-            float* out[head_blocks::kBlock];
-            for (int64_t j = 0; j < head_blocks::kBlock; ++j) {
-              x[j] = in + part.at((at + j) / heads, t, (at + j) % heads);
-              out[j] = (t == 0 ? q_out : k_out) + (at + j) * d;
-            }
-            const Norm& n = t == 0 ? nq : nk;
-            const int64_t stats = t * k_stats + at;
-            head_blocks::norm_block(x, out, n.weight, n.bias, static_cast<float>(eps), mu + stats, r + stats);
-          }
-        }
-      }
-#endif
-      for (; at < stop; ++at) {
-        const int64_t row = at / heads, h = at % heads, k_at = k_stats + at;
-        norm_row<D>(in + part.at(row, 0, h), d, static_cast<float>(eps), nq, q_out + at * d, mu + at, r + at);
-        norm_row<D>(in + part.at(row, 1, h), d, static_cast<float>(eps), nk, k_out + at * d, mu + k_at, r + k_at);
-      }
+      const int64_t left = D == 16 ? pass.blocks(begin * heads, end * heads) : begin * heads;
+      pass.rows<D>(left, end * heads);
     });
   });
   return {q, k, mean, rstd};
@@ -187,6 +211,63 @@ struct Grads {
   }
 };
 
+// The backward's tensors, and its passes over the head vectors [at, stop) of one task, adding
+// the norms' weight and bias gradients into the task's thread's acc (dq_weight, dq_bias,
+// dk_weight, dk_bias: 4 x d).
+struct BackwardPass {
+  const float *in, *mu, *r;
+  float* out;
+  Grads dq_rows, dk_rows, dv_rows;
+  Rows part;
+  Norm nq, nk;
+  int64_t heads, k_stats;
+
+  // Whole blocks of sixteen head vectors from at (head_dim 16 on AVX-512); the first vector left.
+  int64_t blocks(int64_t at, int64_t stop, float* acc) const {
+#if GRIDSHARD_HEAD_BLOCKS
+    const int64_t first = at;
+    __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
+      for (int64_t t = 0; t < 2; ++t) {
+        const float *dy[head_blocks::kBlock], *x[head_blocks::kBlock];
+        float* dx[head_blocks::kBlock];
+        for (int64_t j = 0; j < head_blocks::kBlock; ++j) {
+          const int64_t row = (at + j) / heads, h = (at + j) % heads;
+          dy[j] = (t == 0 ? dq_rows : dk_rows).row(row, h);
+          x[j] = in + part.at(row, t, h);
+          dx[j] = out + part.at(row, t, h);
+        }
+        const int64_t stats = t * k_stats + at;
+        head_blocks::norm_block_backward(dy, x, mu + stats, r + stats, (t == 0 ? nq : nk).weight, dx, &sums[2 * t],
+                                         &sums[2 * t + 1]);
+      }
+    }
+    for (int64_t k = 0; k < 4; ++k) {
+      _mm512_storeu_ps(acc + k * part.d, _mm512_add_ps(_mm512_loadu_ps(acc + k * part.d), sums[k]));
+    }
+    for (int64_t v = first; v < at; ++v) {  // v's gradient of the blocks' vectors
+      const float* g = dv_rows.row(v / heads, v % heads);
+      std::copy(g, g + part.d, out + part.at(v / heads, 2, v % heads));
+    }
+#endif
+    return at;
+  }
+
+  template <int64_t D>
+  void rows(int64_t at, int64_t stop, float* acc) const {
+    const int64_t d = part.d;
+    for (; at < stop; ++at) {
+      const int64_t row = at / heads, h = at % heads, k_at = k_stats + at;
+      const int64_t q_part = part.at(row, 0, h), k_part = part.at(row, 1, h), v_part = part.at(row, 2, h);
+      norm_row_backward<D>(dq_rows.row(row, h), in + q_part, d, mu[at], r[at], nq, out + q_part, acc, acc + d);
+      norm_row_backward<D>(dk_rows.row(row, h), in + k_part, d, mu[k_at], r[k_at], nk, out + k_part, acc + 2 * d,
+                           acc + 3 * d);
+      const float* g = dv_rows.row(row, h);
+      for (int64_t i = 0; i < d; ++i) out[v_part + i] = g[i];
+    }
+  }
+};
+
 std::vector<at::Tensor> qk_heads_backward(const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
                                           const at::Tensor& qkv, const at::Tensor& mean, const at::Tensor& rstd,
                                           const at::Tensor& q_weight, const c10::optional<at::Tensor>& q_bias,
@@ -198,60 +279,30 @@ std::vector<at::Tensor> qk_heads_backward(const at::Tensor& dq, const at::Tensor
   check_grad(dk, rows, heads, d, "dk");
   check_grad(dv, rows, heads, d, "dv");
   check_norms(q_weight, q_bias, k_weight, k_bias, d);
-  const Norm nq = norm_of(q_weight, q_bias), nk = norm_of(k_weight, k_bias);
   TORCH_CHECK(mean.is_contiguous() && rstd.is_contiguous() && mean.numel() == 2 * rows * heads &&
                   rstd.numel() == 2 * rows * heads,
               "qk heads backward: mean and rstd must be the forward's (2, rows, heads)");
   auto dqkv = at::empty_like(qkv);
   const int threads = at::get_num_threads();
   auto partial = at::zeros({threads, 4, d}, qkv.options());  // per thread: dq_weight, dq_bias, dk_weight, dk_bias
-  const Rows part{heads, d};
-  const float* in = qkv.data_ptr<float>();
-  const float *mu = mean.data_ptr<float>(), *r = rstd.data_ptr<float>();
-  const Grads dq_rows(dq), dk_rows(dk), dv_rows(dv);
-  float* out = dqkv.data_ptr<float>();
+  const BackwardPass pass{qkv.data_ptr<float>(),
+                          mean.data_ptr<float>(),
+                          rstd.data_ptr<float>(),
+                          dqkv.data_ptr<float>(),
+                          Grads(dq),
+                          Grads(dk),
+                          Grads(dv),
+                          Rows{heads, d},
+                          norm_of(q_weight, q_bias),
+                          norm_of(k_weight, k_bias),
+                          heads,
+                          rows * heads};
   with_width(d, [&](auto width) {
     constexpr int64_t D = decltype(width)::value;
     at::parallel_for(0, rows, grain(heads, d), [&](int64_t begin, int64_t end) {
       float* acc = partial.data_ptr<float>() + at::get_thread_num() * 4 * d;
-      int64_t at = begin * heads;  // as in the forward
-      const int64_t stop = end * heads, k_stats = rows * heads;
-#if GRIDSHARD_HEAD_BLOCKS
-      if constexpr (D == head_blocks::kBlock) {
-        __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
-          for (int64_t t = 0; t < 2; ++t) {
-            const float *dy[head_blocks::kBlock], *x[head_blocks::kBlock];
-            float* dx[head_blocks::kBlock];
-            for (int64_t j = 0; j < head_blocks::kBlock; ++j) {
-              const int64_t row = (at + j) / heads, h = (at + j) % heads;
-              dy[j] = (t == 0 ? dq_rows : dk_rows).row(row, h);
-              x[j] = in + part.at(row, t, h);
-              dx[j] = out + part.at(row, t, h);
-            }
-            const int64_t stats = t * k_stats + at;
-            head_blocks::norm_block_backward(dy, x, mu + stats, r + stats, (t == 0 ? nq : nk).weight, dx, &sums[2 * t],
-                                             &sums[2 * t + 1]);
-          }
-        }
-        for (int64_t k = 0; k < 4; ++k) {
-          _mm512_storeu_ps(acc + k * d, _mm512_add_ps(_mm512_loadu_ps(acc + k * d), sums[k]));
-        }
-        for (int64_t first = begin * heads; first < at; ++first) {  // v's gradient of the blocks' vectors
-          const float* g = dv_rows.row(first / heads, first % heads);
-          std::copy(g, g + d, out + part.at(first / heads, 2, first % heads));
-        }
-      }
-#endif
-      for (; at < stop; ++at) {
-        const int64_t row = at / heads, h = at % heads, k_at = k_stats + at;
-        const int64_t q_part = part.at(row, 0, h), k_part = part.at(row, 1, h), v_part = part.at(row, 2, h);
-        norm_row_backward<D>(dq_rows.row(row, h), in + q_part, d, mu[at], r[at], nq, out + q_part, acc, acc + d);
-        norm_row_backward<D>(dk_rows.row(row, h), in + k_part, d, mu[k_at], r[k_at], nk, out + k_part, acc + 2 * d,
-                             acc + 3 * d);
-        const float* g = dv_rows.row(row, h);
-        for (int64_t i = 0; i < d; ++i) out[v_part + i] = g[i];
-      }
+      const int64_t left = D == 16 ? pass.blocks(begin * heads, end * heads, acc) : begin * heads;
+      pass.rows<D>(left, end * heads, acc);
     });
   });
   auto sums = partial.sum(0);  // (4, d)

@@ -44,7 +44,12 @@ def _reference(qkv: torch.Tensor, heads: int, q_norm: nn.LayerNorm, k_norm: nn.L
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("batch,points,heads,head_dim", [(2, 37, 4, 16), (2, 41, 3, 16), (1, 130, 2, 32), (3, 9, 3, 12)])
+@pytest.mark.parametrize(
+    "batch,points,heads,head_dim",
+    # heads of 16: blocks of sixteen vectors, across rows, tails, and (2, 100, 3) a second task
+    # starting inside a block's stride; other widths row by row
+    [(2, 37, 4, 16), (2, 41, 3, 16), (2, 100, 3, 16), (1, 130, 2, 32), (3, 9, 3, 12)],
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_q_k_v_and_every_gradient_match_float64(variant, batch, points, heads, head_dim, bias, monkeypatch):
     monkeypatch.setattr("processor.attention.qk_heads.native_kernel", lambda: load(variant))

@@ -28,3 +28,15 @@ def test_the_steps_run_with_the_set_up_frozen_and_the_end_unfreezes(tmp_path, sm
     trainer.run()
     assert len(frozen_at_steps) == 3 and min(frozen_at_steps) > 10_000
     assert gc.get_freeze_count() == 0
+
+
+def test_what_the_caller_froze_stays_frozen(tmp_path, small_dataset):
+    cfg = prepare(small_config(tmp_path / "run", small_dataset, *ONE_RANK, "trainer.steps=2", "evaluate.steps=1"))
+    trainer = Trainer(open_session(cfg, ParallelDims.build(1)))
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        trainer.run()
+        assert gc.get_freeze_count() > frozen // 2  # not unfrozen (a few frozen objects die in the run)
+    finally:
+        gc.unfreeze()
