@@ -134,6 +134,7 @@ struct ForwardPass {
   // Whole blocks of sixteen head vectors from at (head_dim 16 on AVX-512); the first vector left.
   int64_t blocks(int64_t at, int64_t stop) const {
 #if GRIDSHARD_HEAD_BLOCKS
+    if (part.d != head_blocks::kBlock) return at;
     for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
       for (int64_t t = 0; t < 2; ++t) {
         const float* x[head_blocks::kBlock];
@@ -186,8 +187,7 @@ std::vector<at::Tensor> qk_heads_forward(const at::Tensor& qkv, const at::Tensor
   with_width(d, [&](auto width) {
     constexpr int64_t D = decltype(width)::value;
     at::parallel_for(0, rows, grain(heads, d), [&](int64_t begin, int64_t end) {
-      const int64_t left = D == 16 ? pass.blocks(begin * heads, end * heads) : begin * heads;
-      pass.rows<D>(left, end * heads);
+      pass.rows<D>(pass.blocks(begin * heads, end * heads), end * heads);
     });
   });
   return {q, k, mean, rstd};
@@ -225,6 +225,7 @@ struct BackwardPass {
   // Whole blocks of sixteen head vectors from at (head_dim 16 on AVX-512); the first vector left.
   int64_t blocks(int64_t at, int64_t stop, float* acc) const {
 #if GRIDSHARD_HEAD_BLOCKS
+    if (part.d != head_blocks::kBlock) return at;
     const int64_t first = at;
     __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (; at + head_blocks::kBlock <= stop; at += head_blocks::kBlock) {
@@ -301,8 +302,7 @@ std::vector<at::Tensor> qk_heads_backward(const at::Tensor& dq, const at::Tensor
     constexpr int64_t D = decltype(width)::value;
     at::parallel_for(0, rows, grain(heads, d), [&](int64_t begin, int64_t end) {
       float* acc = partial.data_ptr<float>() + at::get_thread_num() * 4 * d;
-      const int64_t left = D == 16 ? pass.blocks(begin * heads, end * heads, acc) : begin * heads;
-      pass.rows<D>(left, end * heads, acc);
+      pass.rows<D>(pass.blocks(begin * heads, end * heads, acc), end * heads, acc);
     });
   });
   auto sums = partial.sum(0);  // (4, d)
