@@ -79,6 +79,7 @@ def _segment_ids(n: int, segments: int, sizes: list[int], rank: int, device) -> 
 
 def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> tuple[Step, dict[str, Any]]:
     from training.config.schema import ModelConfig, TrainerConfig
+    from training.launch.store_settings import GLOBAL_LR
     from training.loop.step import TrainStep, build_optimiser
     from training.model import Forecaster, ShardedGrids
 
@@ -99,7 +100,7 @@ def _train_step(cfg: BenchmarkConfig, group, rank, world, device, autocast) -> t
     processor = _processor(cfg, world, group)
     model = Forecaster(v, cfg.model.num_channels, processor, defaults.mapper, defaults.mapper_heads).to(device)
     model_group = model.processor.build_groups(group)
-    trainer = TrainerConfig()  # the training run's optimiser and clipping
+    trainer = TrainerConfig(lr=GLOBAL_LR)  # the training run's optimiser and clipping (global data's rate)
     optimiser, schedule = build_optimiser(model, trainer)
     n_data = len(data.latitudes)
     parallel = _parallelize(model, group)

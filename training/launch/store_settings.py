@@ -17,7 +17,8 @@ practitioner would pick from what the store says, so that ``data=zarr data.path=
 - The recipe, from the data's extent: on a limited area (a regional box or point set) each step
   is learned over the per-point regression (``model.baseline``), with :data:`AREA_NODE_FEATURES`
   learned features per point (``model.trainable_size``) and :data:`AREA_INPUT_STATES` input states
-  (``model.multistep_input``); on global data over persistence, with neither.
+  (``model.multistep_input``), at the learning rate :data:`AREA_LR` (``trainer.lr``); on global
+  data over persistence, with neither, at :data:`GLOBAL_LR`.
 - ``trainer.batch_size``: the most samples, a power of two up to :data:`MAX_BATCH`, whose data
   points fit in :data:`POINTS_PER_STEP` (one where a sample alone is more).
 
@@ -63,6 +64,12 @@ ONE_RANK_HIDDEN = 4096
 AREA_BASELINE = LINEAR_REGRESSION
 AREA_NODE_FEATURES = 8
 AREA_INPUT_STATES = 2
+# A third of the global run's rate on a limited area (docs/real-data.md, 2026-11-29): on the four
+# real stores it moved the seeds' mean margin at the first lead by +6 points (ERA5, six seeds), +1
+# to +10 (INCA's three variables, four seeds), +1.3 (NCEP) and +1.7 (Iberia), and most later leads
+# with it; on the synthetic regional store by +10 to +31 points.
+AREA_LR = 1e-3
+GLOBAL_LR = 3e-3
 # A step costs nearly the same from 35 to 1,617 points (#55): a batch of several samples buys
 # gradient quality for little time (docs/real-data.md: batch 8 took Iberia's first lead from +1%
 # to +17% and NCEP's from +1% to +19%). Up to POINTS_PER_STEP: above, the step's work grows with
@@ -165,8 +172,8 @@ def derive_validation(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
 
 
 def derive_recipe(cfg: RunConfig, points: PointSet) -> list[Derived]:
-    """``model.baseline``, ``model.trainable_size`` and ``model.multistep_input`` where not set,
-    from the extent of the data's ``points`` (see the module)."""
+    """``model.baseline``, ``model.trainable_size``, ``model.multistep_input`` and ``trainer.lr``
+    where not set, from the extent of the data's ``points`` (see the module)."""
     model, area = cfg.model, not points.is_global
     where = f"a limited area: {points.name}" if area else "global data"
     picks = {
@@ -179,6 +186,9 @@ def derive_recipe(cfg: RunConfig, points: PointSet) -> list[Derived]:
         if getattr(model, key) in (None, AUTO):
             setattr(model, key, value)
             out.append(Derived(f"model.{key}", value, where))
+    if cfg.trainer.lr is None:
+        cfg.trainer.lr = AREA_LR if area else GLOBAL_LR
+        out.append(Derived("trainer.lr", cfg.trainer.lr, where))
     return out
 
 
@@ -229,6 +239,7 @@ def derive_from_store(cfg: RunConfig) -> list[Derived]:
         cfg.model.baseline == AUTO,
         cfg.model.trainable_size is None,
         cfg.model.multistep_input is None,
+        cfg.trainer.lr is None,
     )
     if not any(needed):
         return []

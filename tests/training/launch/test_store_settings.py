@@ -118,12 +118,14 @@ def test_a_short_store_takes_the_largest_share_and_says_so():
 
 def test_the_recipe_follows_the_datas_extent():
     """A limited area (a regional box, a point set) learns over the per-point regression, with 8
-    learned features per point and 2 input states; global data over persistence, with neither."""
+    learned features per point and 2 input states, at a learning rate of 1e-3; global data over
+    persistence, with neither, at 3e-3."""
     area = _cfg("model.multistep_input=null")
     assert _values(derive_recipe(area, _store(340, 1, 744).point_set)) == {
         "model.baseline": "linear_regression",
         "model.trainable_size": 8,
         "model.multistep_input": 2,
+        "trainer.lr": 1e-3,
     }
     points = _cfg("model.multistep_input=null")
     assert _values(derive_recipe(points, _store(182, 24, 3652, name="point set").point_set))["model.baseline"] == (
@@ -131,7 +133,12 @@ def test_the_recipe_follows_the_datas_extent():
     )
     world = _cfg("model.multistep_input=null")
     derived = derive_recipe(world, _store(5248, 6, 400, is_global=True).point_set)
-    assert _values(derived) == {"model.baseline": "persistence", "model.trainable_size": 0, "model.multistep_input": 1}
+    assert _values(derived) == {
+        "model.baseline": "persistence",
+        "model.trainable_size": 0,
+        "model.multistep_input": 1,
+        "trainer.lr": 3e-3,
+    }
     assert all(d.why == "global data" for d in derived)
 
 
@@ -171,6 +178,7 @@ def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
         ["trainer.nprocs=3", "trainer.ranks_per_model=3"],
         ["model.baseline=persistence", "model.trainable_size=2", "model.multistep_input=3"],
         ["trainer.batch_size=2"],
+        ["trainer.lr=0.005"],
     ],
 )
 def test_a_given_key_is_never_derived(given):
