@@ -190,7 +190,7 @@ def test_multirun_members_share_one_store(tmp_path, small_dataset):
             "error: config key trainer.stpes is not a setting of the schema: did you mean trainer.steps?",
         ),
         pytest.param(  # the same path as the '+' form's: the slow tier
-            "trainer.lr=-1", "error: config key trainer.lr = -1.0 is out of range: expected > 0", marks=pytest.mark.slow
+            "trainer.lr=-1", "error: config key trainer.lr = -1.0 is out of range: expected > 0 or null", marks=pytest.mark.slow
         ),
     ],
 )
@@ -213,7 +213,7 @@ def test_a_configuration_error_under_torchrun_is_reported_once(tmp_path, small_d
     rc, out, err = _launch([*torchrun, *_tiny(small_dataset), "trainer.lr=-1"], tmp_path)
     assert rc != 0
     assert re.findall(r"^error: .*", out + err, re.MULTILINE) == [
-        "error: config key trainer.lr = -1.0 is out of range: expected > 0"
+        "error: config key trainer.lr = -1.0 is out of range: expected > 0 or null"
     ], err[-3000:]
     assert "exitcode  : 2" in err
 
