@@ -190,7 +190,9 @@ def test_multirun_members_share_one_store(tmp_path, small_dataset):
             "error: config key trainer.stpes is not a setting of the schema: did you mean trainer.steps?",
         ),
         pytest.param(  # the same path as the '+' form's: the slow tier
-            "trainer.lr=-1", "error: config key trainer.lr = -1.0 is out of range: expected > 0 or null", marks=pytest.mark.slow
+            "trainer.lr=-1",
+            "error: config key trainer.lr = -1.0 is out of range: expected > 0 or null",
+            marks=pytest.mark.slow,
         ),
     ],
 )
