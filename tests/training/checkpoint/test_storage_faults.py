@@ -73,6 +73,10 @@ def test_a_store_damaged_mid_run_stops_every_rank_naming_date_and_variables(tmp_
     command = [sys.executable, "-m", "training", *small_overrides(run_dir, store), "trainer.steps=2000"]
     command += ["evaluate.at_end_of_training=false", "trainer.checkpoint_interval=1000"]
     command += ["data.preload=false"]  # else the whole store is in memory before the damage
+    # No validation before the damage: its baselines' fit reads (and caches) nearly every date, and
+    # the damage landing after it went unread through 2,000 steps. Each training step reads new
+    # dates for its first epoch (hundreds of steps), so the damage is read whenever it lands there.
+    command += ["trainer.val_interval=1000"]
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     proc = subprocess.Popen(
         command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, start_new_session=True, text=True,
@@ -84,7 +88,9 @@ def test_a_store_damaged_mid_run_stops_every_rank_naming_date_and_variables(tmp_
         while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):  # training has begun
             assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
             time.sleep(0.2)
-        for chunk in (store / "data").glob("*.0.0.0"):
+        chunks = list((store / "data").glob("*.0.0.0"))
+        assert chunks, f"no chunk of {store / 'data'} to damage: the store's layout changed"
+        for chunk in chunks:
             chunk.write_bytes(b"not a blosc chunk" * 10)
         out, err = proc.communicate(timeout=180)  # the collective timeout is 120 s
     finally:
