@@ -23,6 +23,9 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``ncep_iberia_t850``: the NCEP/NCAR Reanalysis 1's daily mean 850 hPa temperature over Iberia,
   20 winters (December to February, 1982/83 to 2001/02: 1805 days, the rest of each year recorded
   as missing dates), 2.5 degrees (5 x 7 points, 35-45 N, 10 W-5 E), from the same repository.
+- ``eobs_iberia_pr``: E-OBS's daily precipitation over Iberia, the same 20 winters, 0.5 degrees
+  (19 x 29 points, 35-44 N, 10 W-4 E), land only: its sea points have no value (NaN, the store
+  built with anemoi-datasets' ``build.allow_nans``), from the same repository.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ def climate4r_t850(rda: Path) -> Path:
     return climate4r_grid(rda, "t850", attrs)
 
 
+def climate4r_eobs_pr(rda: Path) -> Path:
+    """E-OBS's daily precipitation (mm) of ``EOBS_Iberia_pr.rda``: NaN over the sea."""
+    attrs = {"units": "mm", "standard_name": "precipitation_amount", "long_name": "daily total"}
+    return climate4r_grid(rda, "tp", attrs)
+
+
 def winter_gaps(first: str, last: str) -> list[str]:
     """The days from ``first`` to ``last`` (ISO dates) outside December to February: the dates a
     store of winters records as missing."""
@@ -106,6 +115,7 @@ class Source:
     select: dict  # the source's selection (param, variable, ...)
     convert: Callable[[Path], Path] | None = None  # the downloaded file -> one anemoi-datasets reads
     missing: tuple[str, ...] = ()  # dates in the range that the file does not hold
+    allow_nans: bool = False  # points with no value (a land-only product's sea): anemoi's build.allow_nans
 
 
 SOURCES = {
@@ -145,6 +155,18 @@ SOURCES = {
         climate4r_t850,
         tuple(winter_gaps("1982-12-01", "2002-02-28")),
     ),
+    "eobs_iberia_pr": Source(
+        f"{CLIMATE4R}/data/EOBS_Iberia_pr.rda",
+        "87093172c60e95765cf127d9d05f35cd",
+        "E-OBS daily precipitation, 20 winters (DJF 1982/83-2001/02), 0.5 deg, Iberia (19 x 29; land only: "
+        "the sea has no value)",
+        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
+        "netcdf",
+        {"param": ["tp"]},
+        climate4r_eobs_pr,
+        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+        allow_nans=True,
+    ),
 }
 
 
@@ -173,11 +195,12 @@ def recipe(source: Source, file: Path) -> dict:
     dates = {"start": start, "end": end, "frequency": frequency}
     if source.missing:
         dates["missing"] = list(source.missing)
-    return {
+    built = {
         "description": source.description,
         "dates": dates,
         "input": {source.source: {"path": str(file), **source.select}},
     }
+    return built | ({"build": {"allow_nans": True}} if source.allow_nans else {})
 
 
 def build(name: str, out: Path | None = None, overwrite: bool = False) -> Path:

@@ -5,7 +5,10 @@ A store holds ``data`` of shape ``(time, variable, ensemble, points)``, per-poin
 by earlier gridshard versions), the variable names in the ``variables`` attribute (or
 ``name_to_index``), per-variable statistics ``mean`` and ``stdev`` used to normalise, the
 ``frequency`` of its dates, and ``missing_dates``: dates anemoi-datasets had no data for, written
-as NaN. ``resolution`` and ``field_shape`` name its grid when present.
+as NaN. ``resolution`` and ``field_shape`` name its grid when present. A store built with
+anemoi-datasets' ``build.allow_nans`` (a land-only product) may hold NaN elsewhere too: the
+points without a value at every present date are left out of the grid
+(:mod:`training.data.gappy_points`).
 
 The reader presents the points in the processor's order (:func:`processor.point_sets.point_set`
 read from the coordinates: rings or rows north to south, west to east; a Hilbert curve through
@@ -21,6 +24,7 @@ import datetime
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ import zarr
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
 from training.data.forcings import VariableRoles
+from training.data.gappy_points import points_with_values
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +143,10 @@ class ZarrDataset:
         self.frequency_s = self._frequency(attrs.get("frequency"))
         self.resolution: str | None = attrs.get("resolution")
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
+        if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
+            self._set_points(latitudes, longitudes, points_with_values(self.blocks(), len(latitudes), str(self.path)))
+            if self.n_points < self._data.shape[-1]:
+                self.field_shape = (self.n_points,)  # no longer the store's full field
 
     def _setup(
         self,
@@ -172,18 +181,26 @@ class ZarrDataset:
         self._states = StateCache(STATE_CACHE_BYTES)
         self.mean = np.asarray(mean)[self._index].astype(np.float32)
         self.stdev = np.maximum(np.asarray(stdev)[self._index], 1e-12).astype(np.float32)
-        try:
-            self.point_set: PointSet = point_set(latitudes, longitudes)
-        except ValueError as exc:
-            raise DatasetError(f"{self.path}: its latitudes/longitudes are no usable point set: {exc}") from None
-        order = self.point_set.order
-        self._order = None if np.array_equal(order, np.arange(n_points)) else order
-        self.latitudes = np.asarray(latitudes, dtype=np.float64)[order]
-        self.longitudes = np.asarray(longitudes, dtype=np.float64)[order]
-        self.area_weights = self.point_set.area_weights()[order]
         self.dates = dates
         self.missing = frozenset(missing)
-        self.n_times, self.n_members, self.n_points = n_time, n_members, n_points
+        self.n_times, self.n_members = n_time, n_members
+        self._set_points(latitudes, longitudes, np.arange(n_points))
+
+    def _set_points(self, latitudes: np.ndarray, longitudes: np.ndarray, stored: np.ndarray) -> None:
+        """The grid of the store's points ``stored`` (indices into the store's ``latitudes`` and
+        ``longitudes``, ascending): every store point, or those left after
+        :func:`~training.data.gappy_points.points_with_values`."""
+        lat, lon = np.asarray(latitudes, dtype=np.float64)[stored], np.asarray(longitudes, dtype=np.float64)[stored]
+        try:
+            self.point_set: PointSet = point_set(lat, lon)
+        except ValueError as exc:
+            raise DatasetError(f"{self.path}: its latitudes/longitudes are no usable point set: {exc}") from None
+        order = stored[self.point_set.order]  # processor order -> store index
+        self._order = None if np.array_equal(order, np.arange(self._data.shape[-1])) else order
+        self._stored = None if len(stored) == self._data.shape[-1] else stored
+        self.latitudes, self.longitudes = lat[self.point_set.order], lon[self.point_set.order]
+        self.area_weights = self.point_set.area_weights()[self.point_set.order]
+        self.n_points = len(stored)
 
     def assign_roles(self, forcing: list[str] | None, diagnostic: list[str] | None) -> None:
         """Which variables are forcings (inputs only) and diagnostics (outputs only): ``roles``
@@ -302,24 +319,35 @@ class ZarrDataset:
         """Raise ``DatasetError`` naming the variable, member, date and point of the first NaN or
         inf outside the missing dates (anemoi writes NaN there; no sample reads them).
 
-        Reads the store in blocks of whole chunks of at most about ``block_bytes`` (time first,
-        then points when one date alone is larger), so memory stays bounded for any store.
+        Points left out of the grid (:func:`~training.data.gappy_points.points_with_values`) are
+        not checked.
         """
-        n_var, n_members = self._data.shape[1], self.n_members
+        for run, p0, block, block_dates in self.blocks(block_bytes):
+            finite = np.isfinite(block)
+            if self._stored is not None:
+                finite |= ~np.isin(np.arange(p0, p0 + block.shape[-1]), self._stored)
+            if not finite.all():
+                self._report(block, finite, run, p0, block_dates)
+
+    def blocks(self, block_bytes: int = 16 * 2**20) -> Iterator[tuple[range, int, np.ndarray, range]]:
+        """Every present date of the store, as blocks ``(dates, variables, members, store points
+        p0..)`` of this dataset's variables: ``(dates, p0, block, the block's span of dates)``.
+
+        Reads whole chunks, at most about ``block_bytes`` at a time (time first, then points when
+        one date alone is larger), so memory stays bounded for any store.
+        """
+        n_var, n_members, n_stored = self._data.shape[1], self.n_members, self._data.shape[-1]
         chunk_t, chunk_p = self._chunks[0], self._chunks[3]
         row_bytes = n_var * n_members * 4  # one point of one date, every member
         points_per_block = max(chunk_p, block_bytes // row_bytes // chunk_p * chunk_p)
-        points_per_block = min(points_per_block, self.n_points)
+        points_per_block = min(points_per_block, n_stored)
         dates_per_block = max(chunk_t, block_bytes // (row_bytes * points_per_block) // chunk_t * chunk_t)
         for t0 in range(0, self.n_times, dates_per_block):
             block_dates = range(t0, min(t0 + dates_per_block, self.n_times))
             for run in _runs(block_dates, self.missing):
-                for p0 in range(0, self.n_points, points_per_block):
-                    points = slice(p0, p0 + points_per_block)
-                    block = self._read_block(run, points)[:, self._index]  # (dates, variables, members, points)
-                    finite = np.isfinite(block)
-                    if not finite.all():
-                        self._report(block, finite, run, p0, block_dates)
+                for p0 in range(0, n_stored, points_per_block):
+                    block = self._read_block(run, slice(p0, p0 + points_per_block))[:, self._index]
+                    yield run, p0, block, block_dates
 
     def _report(self, block: np.ndarray, finite: np.ndarray, run: range, p0: int, block_dates: range) -> None:
         t, v, m, p = np.argwhere(~finite)[0]  # p: a store index (the store's own order)

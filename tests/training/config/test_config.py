@@ -35,7 +35,10 @@ def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
 
-@pytest.mark.parametrize("data", ["era5_uk_2t", "ncep_msl_daily", "inca_graz", "regional_t2m"])
+DATA_PRESETS = ["era5_uk_2t", "ncep_msl_daily", "inca_graz", "ncep_iberia_t850", "eobs_iberia_pr", "regional_t2m"]
+
+
+@pytest.mark.parametrize("data", DATA_PRESETS)
 def test_a_data_preset_names_a_store_and_nothing_of_the_model_or_trainer(data):
     """The store, its forcings and how it is scored; the run is derived from the store."""
     preset, plain = _typed(f"data={data}"), _typed()
