@@ -26,6 +26,9 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``eobs_iberia_pr``: E-OBS's daily precipitation over Iberia, the same 20 winters, 0.5 degrees
   (19 x 29 points, 35-44 N, 10 W-4 E), land only: its sea points have no value (NaN, the store
   built with anemoi-datasets' ``build.allow_nans``), from the same repository.
+- ``value_iberia_2t``: the VALUE project's 11 Iberian stations (ECA&D), daily mean 2 m
+  temperature, the same 20 winters: a point set, two stations without a value on 16 and 8 days,
+  from the same repository.
 """
 
 from __future__ import annotations
@@ -92,6 +95,43 @@ def climate4r_eobs_pr(rda: Path) -> Path:
     """E-OBS's daily precipitation (mm) of ``EOBS_Iberia_pr.rda``: NaN over the sea."""
     attrs = {"units": "mm", "standard_name": "precipitation_amount", "long_name": "daily total"}
     return climate4r_grid(rda, "tp", attrs)
+
+
+def climate4r_stations(rda: Path, name: str, attrs: dict) -> Path:
+    """The climate4R station data in ``rda`` (an R list: ``Data`` (time, station), ``xyCoords``
+    (station, lon/lat), ``Dates``) of daily means, written beside it as CF NetCDF (variable
+    ``name`` with ``attrs`` on a ``values`` dimension, the stations' coordinates on it): a point set."""
+    import numpy as np
+    import pandas as pd
+    import rdata
+    import xarray as xr
+
+    out = rda.with_suffix(".nc")
+    if out.exists():
+        return out
+    (stations,) = rdata.read_rda(str(rda)).values()
+    dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(stations["Dates"]["start"])])
+    xy = np.asarray(stations["xyCoords"], dtype="float64")
+    field = xr.DataArray(
+        np.asarray(stations["Data"], dtype="float32"),
+        dims=("time", "values"),
+        coords={
+            "time": dates,
+            "latitude": ("values", xy[:, 1], {"units": "degrees_north"}),
+            "longitude": ("values", xy[:, 0], {"units": "degrees_east"}),
+        },
+        attrs=attrs,
+    )
+    partial = out.with_suffix(".nc.part")
+    field.to_dataset(name=name).to_netcdf(partial)
+    partial.replace(out)
+    return out
+
+
+def climate4r_value_tas(rda: Path) -> Path:
+    """VALUE's stations' daily mean 2 m temperature (degrees C) of ``VALUE_Iberia_tas.rda``."""
+    attrs = {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"}
+    return climate4r_stations(rda, "2t", attrs)
 
 
 def winter_gaps(first: str, last: str) -> list[str]:
@@ -164,6 +204,18 @@ SOURCES = {
         "netcdf",
         {"param": ["tp"]},
         climate4r_eobs_pr,
+        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+        allow_nans=True,
+    ),
+    "value_iberia_2t": Source(
+        f"{CLIMATE4R}/data/VALUE_Iberia_tas.rda",
+        "8da27da509229a53d33780b985d8244e",
+        "VALUE's 11 Iberian stations (ECA&D), daily mean 2 m temperature, 20 winters (DJF 1982/83-2001/02): "
+        "a point set, 24 station-days without a value",
+        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
+        "netcdf",
+        {"param": ["2t"]},
+        climate4r_value_tas,
         tuple(winter_gaps("1982-12-01", "2002-02-28")),
         allow_nans=True,
     ),

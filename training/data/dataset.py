@@ -6,9 +6,9 @@ by earlier gridshard versions), the variable names in the ``variables`` attribut
 ``name_to_index``), per-variable statistics ``mean`` and ``stdev`` used to normalise, the
 ``frequency`` of its dates, and ``missing_dates``: dates anemoi-datasets had no data for, written
 as NaN. ``resolution`` and ``field_shape`` name its grid when present. A store built with
-anemoi-datasets' ``build.allow_nans`` (a land-only product) may hold NaN elsewhere too: the
-points without a value at every present date are left out of the grid
-(:mod:`training.data.gappy_points`).
+anemoi-datasets' ``build.allow_nans`` (a land-only product) may hold NaN elsewhere too: a point
+with no value at any date is left out of the grid, and a point's gaps on some dates are read as
+missing dates (:mod:`training.data.gappy_points`).
 
 The reader presents the points in the processor's order (:func:`processor.point_sets.point_set`
 read from the coordinates: rings or rows north to south, west to east; a Hilbert curve through
@@ -34,7 +34,7 @@ import zarr
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
 from training.data.forcings import VariableRoles
-from training.data.gappy_points import points_with_values
+from training.data.gappy_points import plan_gaps
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,13 @@ class ZarrDataset:
         self.resolution: str | None = attrs.get("resolution")
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
         if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
-            self._set_points(latitudes, longitudes, points_with_values(self.blocks(), len(latitudes), str(self.path)))
+            present = self.n_times - len(self.missing)
+            try:
+                plan = plan_gaps(self.blocks, len(latitudes), present, str(self.path))
+            except ValueError as exc:
+                raise DatasetError(str(exc)) from None
+            self.missing = self.missing | plan.missing
+            self._set_points(latitudes, longitudes, plan.kept)
             if self.n_points < self._data.shape[-1]:
                 self.field_shape = (self.n_points,)  # no longer the store's full field
 
@@ -187,9 +193,8 @@ class ZarrDataset:
         self._set_points(latitudes, longitudes, np.arange(n_points))
 
     def _set_points(self, latitudes: np.ndarray, longitudes: np.ndarray, stored: np.ndarray) -> None:
-        """The grid of the store's points ``stored`` (indices into the store's ``latitudes`` and
-        ``longitudes``, ascending): every store point, or those left after
-        :func:`~training.data.gappy_points.points_with_values`."""
+        """The grid of the store's points ``stored`` (ascending store indices): every point, or
+        those :func:`~training.data.gappy_points.plan_gaps` keeps."""
         lat, lon = np.asarray(latitudes, dtype=np.float64)[stored], np.asarray(longitudes, dtype=np.float64)[stored]
         try:
             self.point_set: PointSet = point_set(lat, lon)
@@ -319,8 +324,7 @@ class ZarrDataset:
         """Raise ``DatasetError`` naming the variable, member, date and point of the first NaN or
         inf outside the missing dates (anemoi writes NaN there; no sample reads them).
 
-        Points left out of the grid (:func:`~training.data.gappy_points.points_with_values`) are
-        not checked.
+        Points left out of the grid (:func:`~training.data.gappy_points.plan_gaps`) are not read.
         """
         for run, p0, block, block_dates in self.blocks(block_bytes):
             finite = np.isfinite(block)

@@ -1,35 +1,73 @@
 """Store points without a value at every date: the sea of a land-only product (E-OBS, ERA5-Land),
-a station that stopped reporting. anemoi-datasets writes them as NaN in a store built with
+a station that did not report some days. anemoi-datasets writes them as NaN in a store built with
 ``build.allow_nans`` (the store's ``allow_nans`` attribute says so); anemoi-training fills them
-(its imputers) and masks them out of the loss. Here they are left out of the grid: the model is
-given, trains on and is scored on the points that hold a value of every variable at every date
-that is not a missing date.
+(its imputers) and masks them out of the loss. Here nothing is filled; what has no value is not
+read (:func:`plan_gaps`):
 
-A point with values on some dates only is left out too while such points are few: where more
-than :data:`MAX_PARTIAL_SHARE` of the points lack a value on some dates only, those are dates
-with no data that the store's ``missing_dates`` should list, and the reader says so.
+- a point with no value of some variable at any date (the sea) is left out of the grid;
+- a point with no value on some dates only (a station's gaps) keeps its place, and those dates
+  are read as missing dates (no sample starts, ends or passes through them), while the dates so
+  lost are at most :data:`MAX_GAP_DATES` of the store's; past that, the points with the most gaps
+  are left out instead, the gappiest first, until they are.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-MAX_PARTIAL_SHARE = 0.1  # of the store's points: more lacking a value on some dates only is refused
+MAX_GAP_DATES = 0.1  # share of the present dates that a station's gaps may make missing
+MAX_GAP_CELLS = 2**27  # gappy points x dates tracked at once (a bool each): beyond, the store is refused
 
 
-def points_with_values(blocks: Iterable[tuple[range, int, np.ndarray, range]], n_stored: int, where: str) -> np.ndarray:
-    """Indices (ascending, the store's order) of the ``n_stored`` points with a finite value of
-    every variable at every present date, from ``blocks`` ``(dates, p0, (dates, variables,
-    members, points p0..), span)`` of the whole store (:meth:`ZarrDataset.blocks
-    <training.data.dataset.ZarrDataset.blocks>`); logs what is left out. Raises ``DatasetError``
-    naming ``where`` when the gaps are dates with no data, or fewer than 3 points are left."""
-    from training.data.dataset import DatasetError  # the reader imports this module
+@dataclass(frozen=True)
+class GapPlan:
+    """What a store with gaps is read as: ``kept`` (ascending store indices of the points in the
+    grid) and ``missing`` (the dates its kept points' gaps add to the missing dates)."""
 
+    kept: np.ndarray
+    missing: frozenset[int]
+
+
+Blocks = Iterable[tuple[range, int, np.ndarray, range]]  # ZarrDataset.blocks: (dates, p0, block, span)
+
+
+def plan_gaps(read_blocks, n_stored: int, n_present: int, where: str) -> GapPlan:
+    """The plan (see the module) for a store of ``n_stored`` points and ``n_present`` present
+    dates, ``read_blocks()`` giving its blocks ``(dates, p0, (dates, variables, members, points
+    p0..), span)`` (:meth:`ZarrDataset.blocks <training.data.dataset.ZarrDataset.blocks>`), read
+    once, twice where some points have gaps. Logs what it leaves out; ``ValueError`` naming
+    ``where`` when fewer than 3 points are left (the reader makes it a ``DatasetError``)."""
+    complete, never = _scan_points(read_blocks(), n_stored)
+    gappy = np.flatnonzero(~complete & ~never)
+    if len(gappy) * max(n_present, 1) > MAX_GAP_CELLS:
+        raise ValueError(f"{where}: {len(gappy)} points have no value on some dates: too many gaps to read around")
+    kept_gappy, missing = _kept_gappy(_gap_dates(read_blocks(), gappy), gappy, n_present)
+    kept = np.sort(np.concatenate([np.flatnonzero(complete), kept_gappy]))
+    if len(kept) < 3:
+        raise ValueError(f"{where}: only {len(kept)} of {n_stored} points have values to train on")
+    said = []
+    if len(kept) < n_stored:
+        said.append(
+            f"{n_stored - len(kept)} of {n_stored} points left out of the grid ({int(never.sum())} with no value of "
+            f"some variable at any date, e.g. the sea of a land-only product; {len(gappy) - len(kept_gappy)} with "
+            "the most gaps)"
+        )
+    if missing:
+        said.append(f"{len(missing)} dates with no value at a point kept read as missing dates")
+    if said:
+        log.info("%s: %s", where, "; ".join(said))
+    return GapPlan(kept, frozenset(missing))
+
+
+def _scan_points(blocks: Blocks, n_stored: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(complete, never)`` ``(n_stored,)``: points with a value of every variable at every
+    present date, and points with no value of some variable at any."""
     complete = np.ones(n_stored, dtype=bool)
     valued: np.ndarray | None = None  # (variables, points): any value at any date
     for _, p0, block, _ in blocks:
@@ -39,25 +77,35 @@ def points_with_values(blocks: Iterable[tuple[range, int, np.ndarray, range]], n
             valued = np.zeros((block.shape[1], n_stored), dtype=bool)
         valued[:, span] |= finite.any(axis=(0, 2))
     never = ~valued.all(axis=0) if valued is not None else np.zeros(n_stored, dtype=bool)
-    partial = ~complete & ~never
-    if partial.sum() > MAX_PARTIAL_SHARE * n_stored:
-        raise DatasetError(
-            f"{where}: {int(partial.sum())} of {n_stored} points (e.g. point {int(np.argmax(partial))}) have no value "
-            "on some dates only: dates with no data must be listed in the store's missing_dates"
-        )
-    kept = np.flatnonzero(complete)
-    if len(kept) < 3:
-        raise DatasetError(
-            f"{where}: only {len(kept)} of {n_stored} points have a value of every variable at every date"
-        )
-    if len(kept) < n_stored:
-        log.info(
-            "%s: %d of %d points left out of the grid: %d with no value of some variable at any date (e.g. the sea of "
-            "a land-only product), %d with none on some dates",
-            where,
-            n_stored - len(kept),
-            n_stored,
-            int(never.sum()),
-            int(partial.sum()),
-        )
-    return kept
+    return complete, never
+
+
+def _gap_dates(blocks: Blocks, gappy: np.ndarray) -> dict[int, np.ndarray]:
+    """``{date index: (len(gappy),) bool}``: at each date where one of the points ``gappy`` has no
+    value of some variable, which do not."""
+    gaps: dict[int, np.ndarray] = {}
+    if not len(gappy):
+        return gaps
+    for run, p0, block, _ in blocks:
+        inside = (gappy >= p0) & (gappy < p0 + block.shape[-1])
+        if not inside.any():
+            continue
+        lacking = ~np.isfinite(block[..., gappy[inside] - p0]).all(axis=(1, 2))  # (dates, those points)
+        for i in np.flatnonzero(lacking.any(axis=1)):
+            gaps.setdefault(run.start + int(i), np.zeros(len(gappy), dtype=bool))[inside] |= lacking[i]
+    return gaps
+
+
+def _kept_gappy(gaps: dict[int, np.ndarray], gappy: np.ndarray, n_present: int) -> tuple[np.ndarray, set[int]]:
+    """The points of ``gappy`` kept, and the dates their gaps make missing: every one while those
+    dates are at most :data:`MAX_GAP_DATES` of ``n_present``, else without the gappiest."""
+    if not len(gappy):
+        return gappy, set()
+    dates = np.array(sorted(gaps))
+    lacking = np.stack([gaps[t] for t in dates]) if len(dates) else np.zeros((0, len(gappy)), dtype=bool)
+    keep = np.ones(len(gappy), dtype=bool)
+    for worst in np.argsort(-lacking.sum(axis=0), kind="stable"):
+        if lacking[:, keep].any(axis=1).sum() <= MAX_GAP_DATES * n_present:
+            break
+        keep[worst] = False
+    return gappy[keep], {int(t) for t in dates[lacking[:, keep].any(axis=1)]}

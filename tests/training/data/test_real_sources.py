@@ -113,3 +113,25 @@ def test_a_land_only_grid_becomes_a_store_whose_sea_is_left_out(tmp_path, real_d
             assert len(found) == (0 if i == 0 and j < 2 else 1)
             if len(found):
                 np.testing.assert_allclose(mm[:, found[0]], data[:, i, j], rtol=1e-5)
+
+
+def test_climate4r_stations_become_a_point_set_whose_gaps_are_missing_dates(tmp_path, real_data):
+    """VALUE's stations: a point set, a station without a value on one day: that day is read as
+    a missing date, every other value at its station."""
+    rng = np.random.default_rng(1)
+    xy = np.array([[-6.7, 41.8], [-9.15, 38.7], [-3.6, 40.5], [2.6, 39.6]])  # (station, lon/lat)
+    data = rng.normal(8, 4, (20, len(xy)))
+    data[2, 1] = np.nan  # one day of 20: within the dates a station's gaps may cost
+    days = np.array([f"2001-01-{d + 1:02d} 00:00:00" for d in range(20)])
+    stations = {"Data": data, "xyCoords": xy, "Dates": {"start": days, "end": days}}
+    rda = tmp_path / "tas.rda"
+    rdata.write_rda(str(rda), {"VALUE_tas": stations})
+    recipe = real_data.recipe(real_data.SOURCES["value_iberia_2t"], real_data.climate4r_value_tas(rda))
+    recipe["dates"].update(start="2001-01-01T00:00:00", end="2001-01-20T00:00:00", missing=[])
+    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "tas.zarr"))
+    assert (ds.variables, ds.n_points, ds.missing) == (["2t"], 4, {2})
+    assert ds.point_set.kind == "unstructured"
+    for s, (lon, lat) in enumerate(xy):
+        (point,) = np.flatnonzero(np.isclose(ds.latitudes, lat) & np.isclose(ds.longitudes % 360, lon % 360))
+        for t in (0, 1, 3, 19):
+            assert ds.denormalise(ds.state(t))[point, 0] == pytest.approx(data[t, s], rel=1e-5)
