@@ -80,7 +80,7 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
         frequency_s=lead_s,
         mean=dataset.output_mean,
         stdev=dataset.output_stdev,
-        attributes={**attributes, "initial_date": str(start)},
+        attributes={**attributes, "initial_date": str(start), **_source_points(dataset)},
         layout=session.grids.data_layout,
         group=dims.mp_group,
         transport=session.transport,
@@ -97,6 +97,13 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
             store.write(k + 1, _physical(dataset, state[0]))
     store.close()
     return path
+
+
+def _source_points(dataset) -> dict[str, list[int]]:
+    """``source_points``: where the source store's points were partly left out
+    (:mod:`training.data.gappy_points`), the store indices of those the forecast holds, in order."""
+    kept = getattr(dataset, "stored_points", None)
+    return {} if kept is None else {"source_points": [int(i) for i in kept]}
 
 
 def _physical(dataset, state: torch.Tensor) -> torch.Tensor:

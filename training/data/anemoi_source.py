@@ -54,6 +54,7 @@ class AnemoiDataset(ZarrDataset):
         self._data = ds
         self._chunks = tuple(getattr(ds, "chunks", None) or (1, *ds.shape[1:]))
         self._setup(names, latitudes, longitudes, dates, statistics["mean"], statistics["stdev"], variables, missing)
+        self.constant_fields = tuple(getattr(ds, "constant_fields", None) or ())
         self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(frequency)
         self.resolution = _resolution(ds)

@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from training.data.climatology_input import HourlyClimatology
-from training.data.dataset import STATE_CACHE_BYTES, DatasetError, StateCache, ZarrDataset
+from training.data.dataset import DatasetError, ZarrDataset
 from training.data.forcings import computed_forcings
 from training.data.samples import Sample
+from training.data.state_cache import STATE_CACHE_BYTES, StateCache
 from training.distributed.device import to_device
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime
 import logging
 import re
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
 from training.data.forcings import VariableRoles
 from training.data.gappy_points import plan_gaps
+from training.data.state_cache import STATE_CACHE_BYTES, StateCache
 
 log = logging.getLogger(__name__)
 
@@ -63,37 +63,6 @@ def as_datetime64(dates: np.ndarray) -> np.ndarray:
     if np.issubdtype(dates.dtype, np.datetime64):
         return dates.astype("datetime64[s]")
     return dates.astype(np.int64).astype("datetime64[s]")
-
-
-# Normalised states kept in memory per dataset (each rank its own): a small store is read once
-# (a read of one date from Zarr costs about 1 ms, most of a small grid's batch); a large one keeps
-# the dates read last.
-STATE_CACHE_BYTES = 1 << 30
-
-
-class StateCache:
-    """The states read last, up to ``capacity`` bytes, each read-only (a caller's change would
-    reach the next reader)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.size = capacity, 0
-        self._states: OrderedDict[tuple, np.ndarray] = OrderedDict()
-
-    def get(self, key: tuple) -> np.ndarray | None:
-        state = self._states.get(key)
-        if state is not None:
-            self._states.move_to_end(key)
-        return state
-
-    def put(self, key: tuple, state: np.ndarray) -> np.ndarray:
-        """Keep ``state`` (made read-only), dropping the least recently read beyond capacity."""
-        state.setflags(write=False)
-        if state.nbytes <= self.capacity:
-            self._states[key] = state
-            self.size += state.nbytes
-            while self.size > self.capacity:
-                self.size -= self._states.popitem(last=False)[1].nbytes
-        return state
 
 
 class ZarrDataset:
@@ -139,6 +108,7 @@ class ZarrDataset:
         missing_dates = {np.datetime64(d, "s") for d in attrs.get("missing_dates", [])}
         missing = {i for i, d in enumerate(dates) if d in missing_dates}
         self._setup(names, latitudes, longitudes, dates, mean, stdev, variables, missing)
+        self.constant_fields = tuple(attrs.get("constant_fields") or ())  # given, never predicted
         self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(attrs.get("frequency"))
         self.resolution: str | None = attrs.get("resolution")
@@ -150,7 +120,7 @@ class ZarrDataset:
             except ValueError as exc:
                 raise DatasetError(str(exc)) from None
             self.missing = self.missing | plan.missing
-            self._set_points(latitudes, longitudes, plan.kept)
+            self._set_points(latitudes, longitudes, plan.kept, self.point_set.areas)  # the whole grid's cells
             if self.n_points < self._data.shape[-1]:
                 self.field_shape = (self.n_points,)  # no longer the store's full field
 
@@ -192,9 +162,13 @@ class ZarrDataset:
         self.n_times, self.n_members = n_time, n_members
         self._set_points(latitudes, longitudes, np.arange(n_points))
 
-    def _set_points(self, latitudes: np.ndarray, longitudes: np.ndarray, stored: np.ndarray) -> None:
-        """The grid of the store's points ``stored`` (ascending store indices): every point, or
-        those :func:`~training.data.gappy_points.plan_gaps` keeps."""
+    def _set_points(
+        self, latitudes: np.ndarray, longitudes: np.ndarray, stored: np.ndarray, areas: np.ndarray | None = None
+    ) -> None:
+        """The grid of the store's points ``stored`` ``(kept,)`` (ascending store indices): every
+        point, or those :func:`~training.data.gappy_points.plan_gaps` keeps. ``areas``: every
+        store point's cell area (None: those of ``stored`` alone), so that the land of a box
+        keeps its cells' areas rather than the triangles of the points left."""
         lat, lon = np.asarray(latitudes, dtype=np.float64)[stored], np.asarray(longitudes, dtype=np.float64)[stored]
         try:
             self.point_set: PointSet = point_set(lat, lon)
@@ -202,16 +176,17 @@ class ZarrDataset:
             raise DatasetError(f"{self.path}: its latitudes/longitudes are no usable point set: {exc}") from None
         order = stored[self.point_set.order]  # processor order -> store index
         self._order = None if np.array_equal(order, np.arange(self._data.shape[-1])) else order
-        self._stored = None if len(stored) == self._data.shape[-1] else stored
+        self.stored_points = None if len(stored) == self._data.shape[-1] else stored  # (kept,), None: every one
         self.latitudes, self.longitudes = lat[self.point_set.order], lon[self.point_set.order]
-        self.area_weights = self.point_set.area_weights()[self.point_set.order]
+        kept_areas = (self.point_set.areas if areas is None else areas[stored])[self.point_set.order]
+        self.area_weights = kept_areas / kept_areas.mean()
         self.n_points = len(stored)
 
     def assign_roles(self, forcing: list[str] | None, diagnostic: list[str] | None) -> None:
         """Which variables are forcings (inputs only) and diagnostics (outputs only): ``roles``
         (:class:`~training.data.forcings.VariableRoles`); a ``DatasetError`` naming the key."""
         try:
-            self.roles = VariableRoles.build(self.variables, forcing, diagnostic)
+            self.roles = VariableRoles.build(self.variables, forcing, diagnostic, self.constant_fields)
         except ValueError as exc:
             raise DatasetError(f"{exc} (in {self.path})") from None
         columns = self.roles.output_columns()
@@ -328,8 +303,8 @@ class ZarrDataset:
         """
         for run, p0, block, block_dates in self.blocks(block_bytes):
             finite = np.isfinite(block)
-            if self._stored is not None:
-                finite |= ~np.isin(np.arange(p0, p0 + block.shape[-1]), self._stored)
+            if self.stored_points is not None:
+                finite |= ~np.isin(np.arange(p0, p0 + block.shape[-1]), self.stored_points)
             if not finite.all():
                 self._report(block, finite, run, p0, block_dates)
 

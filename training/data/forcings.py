@@ -131,10 +131,18 @@ class VariableRoles:
     columns: dict[str, int]
 
     @classmethod
-    def build(cls, variables: list[str], forcing: list[str] | None, diagnostic: list[str] | None) -> VariableRoles:
-        """The roles of the dataset's ``variables`` under ``data.forcing`` and ``data.diagnostic``;
-        ``ValueError`` naming the key for a name that is neither a variable nor computed, a name
-        in both, or no prognostic variable left."""
+    def build(
+        cls,
+        variables: list[str],
+        forcing: list[str] | None,
+        diagnostic: list[str] | None,
+        constant: tuple[str, ...] = (),
+    ) -> VariableRoles:
+        """The roles of the dataset's ``variables`` under ``data.forcing`` and ``data.diagnostic``,
+        the store's ``constant`` fields (anemoi's ``constant_fields``: a land-sea mask, orography)
+        forcings too unless ``data.diagnostic`` names them: nothing to predict. ``ValueError``
+        naming the key for a name that is neither a variable nor computed, a name in both, or no
+        prognostic variable left."""
         forcing, diagnostic = list(forcing or []), list(diagnostic or [])
         for key, names in (("data.forcing", forcing), ("data.diagnostic", diagnostic)):
             if len(set(names)) != len(names):
@@ -151,9 +159,13 @@ class VariableRoles:
         both = sorted(set(forcing) & set(diagnostic))
         if both:
             raise ValueError(f"{both} are in both data.forcing and data.diagnostic: a variable is one or the other")
+        forcing += [v for v in constant if v in variables and v not in forcing and v not in diagnostic]
         prognostic = [v for v in variables if v not in forcing and v not in diagnostic]
         if not prognostic:
-            raise ValueError(f"no prognostic variable left in {variables} after data.forcing and data.diagnostic")
+            raise ValueError(
+                f"no prognostic variable left in {variables} after data.forcing, data.diagnostic and the store's "
+                f"constant fields {list(constant)}"
+            )
         return cls(
             tuple(prognostic),
             tuple(n for n in forcing if n in variables),  # a store variable wins over a computed name

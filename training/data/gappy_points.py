@@ -6,15 +6,17 @@ read (:func:`plan_gaps`):
 
 - a point with no value of some variable at any date (the sea) is left out of the grid;
 - a point with no value on some dates only (a station's gaps) keeps its place, and those dates
-  are read as missing dates (no sample starts, ends or passes through them), while the dates so
+  are read as missing dates (no sample reads them, as input or as target), while the dates so
   lost are at most :data:`MAX_GAP_DATES` of the store's; past that, the points with the most gaps
   are left out instead, the gappiest first, until they are.
+
+An inf is not a gap (``build.allow_nans`` allows NaN only): ``check_finite`` refuses it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,8 +29,9 @@ MAX_GAP_CELLS = 2**27  # gappy points x dates tracked at once (a bool each): bey
 
 @dataclass(frozen=True)
 class GapPlan:
-    """What a store with gaps is read as: ``kept`` (ascending store indices of the points in the
-    grid) and ``missing`` (the dates its kept points' gaps add to the missing dates)."""
+    """What a store with gaps is read as: ``kept`` ``(kept points,)`` (ascending store indices of
+    the points in the grid) and ``missing`` (the dates its kept points' gaps add to the missing
+    dates)."""
 
     kept: np.ndarray
     missing: frozenset[int]
@@ -37,7 +40,7 @@ class GapPlan:
 Blocks = Iterable[tuple[range, int, np.ndarray, range]]  # ZarrDataset.blocks: (dates, p0, block, span)
 
 
-def plan_gaps(read_blocks, n_stored: int, n_present: int, where: str) -> GapPlan:
+def plan_gaps(read_blocks: Callable[[], Blocks], n_stored: int, n_present: int, where: str) -> GapPlan:
     """The plan (see the module) for a store of ``n_stored`` points and ``n_present`` present
     dates, ``read_blocks()`` giving its blocks ``(dates, p0, (dates, variables, members, points
     p0..), span)`` (:meth:`ZarrDataset.blocks <training.data.dataset.ZarrDataset.blocks>`), read
@@ -46,7 +49,10 @@ def plan_gaps(read_blocks, n_stored: int, n_present: int, where: str) -> GapPlan
     complete, never = _scan_points(read_blocks(), n_stored)
     gappy = np.flatnonzero(~complete & ~never)
     if len(gappy) * max(n_present, 1) > MAX_GAP_CELLS:
-        raise ValueError(f"{where}: {len(gappy)} points have no value on some dates: too many gaps to read around")
+        raise ValueError(
+            f"{where}: {len(gappy)} points have no value on some dates: too many gaps to read around; select the "
+            "variables that have values (data.variables), or rebuild the store without those points"
+        )
     kept_gappy, missing = _kept_gappy(_gap_dates(read_blocks(), gappy), gappy, n_present)
     kept = np.sort(np.concatenate([np.flatnonzero(complete), kept_gappy]))
     if len(kept) < 3:
@@ -71,7 +77,7 @@ def _scan_points(blocks: Blocks, n_stored: int) -> tuple[np.ndarray, np.ndarray]
     complete = np.ones(n_stored, dtype=bool)
     valued: np.ndarray | None = None  # (variables, points): any value at any date
     for _, p0, block, _ in blocks:
-        finite, span = np.isfinite(block), slice(p0, p0 + block.shape[-1])
+        finite, span = ~np.isnan(block), slice(p0, p0 + block.shape[-1])  # an inf is an error: check_finite
         complete[span] &= finite.all(axis=(0, 1, 2))
         if valued is None:
             valued = np.zeros((block.shape[1], n_stored), dtype=bool)
@@ -90,7 +96,7 @@ def _gap_dates(blocks: Blocks, gappy: np.ndarray) -> dict[int, np.ndarray]:
         inside = (gappy >= p0) & (gappy < p0 + block.shape[-1])
         if not inside.any():
             continue
-        lacking = ~np.isfinite(block[..., gappy[inside] - p0]).all(axis=(1, 2))  # (dates, those points)
+        lacking = np.isnan(block[..., gappy[inside] - p0]).any(axis=(1, 2))  # (dates, those points)
         for i in np.flatnonzero(lacking.any(axis=1)):
             gaps.setdefault(run.start + int(i), np.zeros(len(gappy), dtype=bool))[inside] |= lacking[i]
     return gaps

@@ -35,8 +35,15 @@ def test_strategy_is_one_switch(name):
     assert _compose(f"strategy={name}").strategy.name == name
 
 
-DATA_PRESETS = ["era5_uk_2t", "ncep_msl_daily", "inca_graz", "ncep_iberia_t850", "eobs_iberia_pr", "value_iberia_2t"]
-DATA_PRESETS += ["regional_t2m"]
+DATA_PRESETS = [
+    "era5_uk_2t",
+    "ncep_msl_daily",
+    "inca_graz",
+    "ncep_iberia_t850",
+    "eobs_iberia_pr",
+    "value_iberia_2t",
+    "regional_t2m",
+]
 
 
 @pytest.mark.parametrize("data", DATA_PRESETS)

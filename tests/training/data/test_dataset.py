@@ -6,9 +6,9 @@ import zarr
 
 from training.config.schema import DataConfig
 from training.data import DatasetError, ZarrDataset
-from training.data.dataset import StateCache
 from training.data.generate import VARIABLES
 from training.data.open_store import open_dataset
+from training.data.state_cache import StateCache
 from training.data.zarr_compat import open_group_v2, write_array
 
 

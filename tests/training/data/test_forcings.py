@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from training.data import ZarrDataset
+from training.data.anemoi_layout import write_anemoi_store
 from training.data.forcings import COMPUTED, VariableRoles, computed_forcings, day_of_year
 
 
@@ -53,3 +55,25 @@ def test_roles_split_the_variables_and_name_bad_keys():
     with pytest.raises(ValueError, match="no prognostic variable left"):
         VariableRoles.build(["lsm"], ["lsm"], None)
     assert set(COMPUTED) >= {"cos_julian_day", "sin_local_time", "insolation"}
+
+
+def test_a_stores_constant_fields_are_given_never_predicted():
+    """anemoi's ``constant_fields`` (a land-sea mask, orography): forcings without being listed,
+    predicted by no one; ``data.diagnostic`` may still claim one, and a listed one is not doubled."""
+    roles = VariableRoles.build(["t2m", "lsm", "z"], ["cos_latitude"], None, ("lsm", "z", "absent"))
+    assert roles.prognostic == ("t2m",) and roles.forcing == ("lsm", "z") and roles.outputs == ["t2m"]
+    roles = VariableRoles.build(["t2m", "lsm", "z"], ["z"], ["lsm"], ("lsm", "z"))
+    assert roles.forcing == ("z",) and roles.diagnostic == ("lsm",)
+    with pytest.raises(ValueError, match=r"no prognostic variable left .* constant fields \['lsm'\]"):
+        VariableRoles.build(["lsm"], None, None, ("lsm",))
+
+
+def test_a_store_with_constant_fields_gives_them_as_inputs(tmp_path):
+    lat, lon = np.repeat(np.arange(50, 46, -1.0), 4), np.tile(np.arange(0, 4, 1.0), 4)
+    rng = np.random.default_rng(0)
+    data = np.stack([rng.normal(size=(8, 16)), np.tile(rng.normal(size=16), (8, 1))], axis=1)[:, :, None]
+    dates = np.arange("2020-01-01T00", "2020-01-03T00", 6, dtype="datetime64[h]")
+    store = write_anemoi_store(tmp_path / "s.zarr", data, dates, ["t2m", "lsm"], lat, lon, None)
+    dataset = ZarrDataset(store, forcing=["cos_latitude"])
+    assert dataset.constant_fields == ("lsm",) and dataset.roles.forcing == ("lsm",)
+    assert dataset.roles.outputs == ["t2m"] and dataset.roles.inputs == ["t2m", "lsm", "cos_latitude"]

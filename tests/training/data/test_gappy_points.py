@@ -1,6 +1,7 @@
 """A store with points that have no value (anemoi-datasets' ``build.allow_nans``: the sea of a
-land-only product, a station's gaps): the reader leaves the sea out of the grid and reads a
-station's gaps as missing dates, and a run trains on the rest, sharded as on one rank."""
+land-only product, a station's gaps): the reader leaves the sea out of the grid, weighs the land
+by its cells, and reads a station's gaps as missing dates; a run trains on the rest, sharded as
+on one rank (the same loss: the ranks' blocks of the kept points join up)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,26 @@ import pytest
 import zarr
 
 from tests.training.conftest import small_config
+from training import predict
 from training.app import run
 from training.data import ZarrDataset, write_rossby_haurwitz
 from training.data.dataset import DatasetError
 
 ROWS, COLUMNS, DATES = 12, 14, 24
-SEA_COLUMNS = 4  # the west of every row: no value at any date
+SEA_COLUMNS = 4  # the west of every row, and 3 more in the northern 3: no value at any date
 STATION = 5 * COLUMNS + 9  # a land point with no value on dates 3 and 10
-LAND = ROWS * (COLUMNS - SEA_COLUMNS)
+LAND = ROWS * (COLUMNS - SEA_COLUMNS) - 3 * 3
 
 
 def _gappy_store(path, gaps: dict[int, list[int]], allow_nans: bool = True, sea_columns: int = SEA_COLUMNS):
-    """A 12 x 14 regional box, 24 six-hourly dates, NaN on its western columns at every date and
-    at each point of ``gaps`` on its dates."""
+    """A 12 x 14 regional box, 24 six-hourly dates, NaN on its western columns (wider in the north)
+    at every date and at each point of ``gaps`` on its dates."""
     lats, lons = np.arange(56, 50.4, -0.5), np.arange(-4, 2.6, 0.5)
     store = write_rossby_haurwitz(path, np.repeat(lats, len(lons)), np.tile(lons, len(lats)) % 360, steps=DATES, seed=3)
     root = zarr.open_group(str(store), mode="a")
     data = root["data"][:]
-    sea = (np.arange(ROWS * COLUMNS) % COLUMNS) < sea_columns
+    row, column = np.divmod(np.arange(ROWS * COLUMNS), COLUMNS)
+    sea = (column < sea_columns) | ((row < 3) & (column < sea_columns + 3) & (sea_columns > 0))  # no box left
     data[..., sea] = np.nan
     for point, dates in gaps.items():
         data[dates, ..., point] = np.nan
@@ -43,7 +46,8 @@ def test_the_sea_is_left_out_and_a_stations_gaps_are_missing_dates(tmp_path):
     raw = zarr.open_group(str(store), mode="r")
     lat, lon = raw["latitudes"][:], raw["longitudes"][:]
     assert sorted(zip(dataset.latitudes, dataset.longitudes)) == sorted(zip(lat[land], lon[land]))
-    assert dataset.area_weights.mean() == pytest.approx(1.0)
+    cells = np.cos(np.radians(dataset.latitudes))  # the box's cells, not the triangles of the land left
+    np.testing.assert_allclose(dataset.area_weights, cells / cells.mean(), rtol=1e-3)
     dataset.check_finite()  # neither the sea nor the gaps are read
     with pytest.raises(DatasetError, match="missing date"):
         dataset.state(10)
@@ -61,6 +65,16 @@ def test_the_gappiest_stations_are_left_out_when_their_gaps_would_cost_too_many_
     assert (dataset.latitudes == zarr.open_group(str(store), mode="r")["latitudes"][other]).sum() == COLUMNS - 5
 
 
+def test_gaps_alone_keep_every_point_and_an_inf_is_still_an_error(tmp_path):
+    store, _ = _gappy_store(tmp_path / "gappy.zarr", {STATION: [3, 10]}, sea_columns=0)
+    dataset = ZarrDataset(store)
+    assert dataset.n_points == ROWS * COLUMNS and dataset.missing == {3, 10}
+    dataset.check_finite()
+    zarr.open_group(str(store), mode="a")["data"][7, 0, 0, 5] = np.inf  # allow_nans allows NaN, not inf
+    with pytest.raises(DatasetError, match=r"non-finite value inf .* \(index 7\), point 5 "):
+        ZarrDataset(store).check_finite()
+
+
 def test_without_allow_nans_a_nan_is_an_error(tmp_path):
     store, _ = _gappy_store(tmp_path / "gappy.zarr", {STATION: [3, 10]}, allow_nans=False)
     dataset = ZarrDataset(store)
@@ -75,7 +89,7 @@ def test_a_store_with_next_to_no_values_is_refused(tmp_path):
         ZarrDataset(store)
 
 
-def test_a_gappy_store_trains_sharded_as_on_one_rank(tmp_path):
+def test_a_gappy_store_trains_sharded_as_on_one_rank_and_forecasts_its_kept_points(tmp_path):
     store, _ = _gappy_store(tmp_path / "gappy.zarr", {STATION: [3, 10]})
     settings = ["data.grid=null", "trainer.steps=2", "trainer.val_interval=2", "data.val_fraction=0.25"]
     settings += ["model.hidden_grid=data", "evaluate.at_end_of_training=false", "logging.mlflow=false"]
@@ -88,3 +102,20 @@ def test_a_gappy_store_trains_sharded_as_on_one_rank(tmp_path):
     losses = [np.array([m["train/loss"] for _, m in result["history"]]) for result in (sharded, single)]
     assert len(losses[0]) == 2 and np.isfinite(losses[0]).all()
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    source = ZarrDataset(store)
+    forecast_cfg = small_config(
+        tmp_path / "single",
+        store,
+        "data.grid=null",
+        "predict.checkpoint=" + str(tmp_path / "single" / "checkpoints" / "latest.pt"),
+        f"predict.initial_dates=[{source.dates[12]}]",
+        "predict.steps=1",
+        f"predict.output={tmp_path / 'forecasts'}",
+    )
+    (path,) = predict.run(forecast_cfg)
+    written = zarr.open_group(str(path), mode="r")
+    kept = np.asarray(written.attrs["source_points"])
+    np.testing.assert_array_equal(kept, np.sort(source.stored_points))  # the source's order, the sea left out
+    raw = zarr.open_group(str(store), mode="r")
+    np.testing.assert_array_equal(written["latitudes"][:], raw["latitudes"][:][kept])
+    np.testing.assert_allclose(written["data"][0, :, 0], raw["data"][12, :, 0][:, kept], rtol=1e-6)  # the initial state
