@@ -20,11 +20,9 @@ that hold them (:class:`_Routes`).
 Point order: the source store's. The states come in the processor's order (the reader's);
 given the source's ``point_set.order``, each row goes to the rank whose region holds its store
 position, so a forecast lines up point by point with the source data in anemoi-datasets, its
-``latitudes``/``longitudes`` the source's (where the source's points were partly left out,
-:mod:`training.data.gappy_points`, its kept points in their order, their store indices in the
-``source_points`` attribute). In the layout's own order (no ``order``) a rank keeps
-its block but its first ``a_r - s_r`` rows and receives the fewer than ``c`` rows ``[e_r,
-a_{r+1})`` after it: no rank holds more than its block and fewer than ``c`` rows.
+``latitudes``/``longitudes`` the source's (or its kept points': ``source_points``). With no
+``order``, a rank keeps its block but its first ``a_r - s_r`` rows and receives the fewer than
+``c`` rows ``[e_r, a_{r+1})`` after it: no rank holds more than its block and ``c`` rows.
 
 The store is written at ``<path>.partial`` and renamed to ``path`` by :meth:`ForecastStore.close`:
 an interrupted run never leaves something that reads as a complete forecast, and an existing
