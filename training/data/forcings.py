@@ -140,7 +140,8 @@ class VariableRoles:
     ) -> VariableRoles:
         """The roles of the dataset's ``variables`` under ``data.forcing`` and ``data.diagnostic``,
         the store's ``constant`` fields (anemoi's ``constant_fields``: a land-sea mask, orography)
-        forcings too unless ``data.diagnostic`` names them: nothing to predict. ``ValueError``
+        forcings too, nothing to predict, unless ``data.diagnostic`` names them or they are all
+        there is (a store of one repeated field). ``ValueError``
         naming the key for a name that is neither a variable nor computed, a name in both, or no
         prognostic variable left."""
         forcing, diagnostic = list(forcing or []), list(diagnostic or [])
@@ -159,13 +160,12 @@ class VariableRoles:
         both = sorted(set(forcing) & set(diagnostic))
         if both:
             raise ValueError(f"{both} are in both data.forcing and data.diagnostic: a variable is one or the other")
-        forcing += [v for v in constant if v in variables and v not in forcing and v not in diagnostic]
+        static = [v for v in constant if v in variables and v not in forcing and v not in diagnostic]
+        if any(v not in forcing + diagnostic + static for v in variables):  # else nothing is left to predict
+            forcing += static
         prognostic = [v for v in variables if v not in forcing and v not in diagnostic]
         if not prognostic:
-            raise ValueError(
-                f"no prognostic variable left in {variables} after data.forcing, data.diagnostic and the store's "
-                f"constant fields {list(constant)}"
-            )
+            raise ValueError(f"no prognostic variable left in {variables} after data.forcing and data.diagnostic")
         return cls(
             tuple(prognostic),
             tuple(n for n in forcing if n in variables),  # a store variable wins over a computed name

@@ -64,8 +64,8 @@ def test_a_stores_constant_fields_are_given_never_predicted():
     assert roles.prognostic == ("t2m",) and roles.forcing == ("lsm", "z") and roles.outputs == ["t2m"]
     roles = VariableRoles.build(["t2m", "lsm", "z"], ["z"], ["lsm"], ("lsm", "z"))
     assert roles.forcing == ("z",) and roles.diagnostic == ("lsm",)
-    with pytest.raises(ValueError, match=r"no prognostic variable left .* constant fields \['lsm'\]"):
-        VariableRoles.build(["lsm"], None, None, ("lsm",))
+    roles = VariableRoles.build(["lsm", "z"], None, None, ("lsm", "z"))  # all there is: still predicted
+    assert roles.prognostic == ("lsm", "z") and not roles.forcing
 
 
 def test_a_store_with_constant_fields_gives_them_as_inputs(tmp_path):
