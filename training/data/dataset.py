@@ -120,8 +120,8 @@ class ZarrDataset:
             except ValueError as exc:
                 raise DatasetError(str(exc)) from None
             self.missing = self.missing | plan.missing
-            self._set_points(latitudes, longitudes, plan.kept, self.point_set.areas)  # the whole grid's cells
-            if self.n_points < self._data.shape[-1]:
+            if len(plan.kept) < self.n_points:  # else the grid stands as set up
+                self._set_points(latitudes, longitudes, plan.kept, self.point_set.areas)  # the whole grid's cells
                 self.field_shape = (self.n_points,)  # no longer the store's full field
 
     def _setup(
