@@ -55,26 +55,37 @@ def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
     """The climate4R grid in ``rda`` (an R list: ``Data`` (time, lat, lon), ``xyCoords``,
     ``Dates``) of daily means, written beside it as CF NetCDF (variable ``name`` with ``attrs``)
     for anemoi-datasets' netcdf source."""
+
+    def field(grid: dict, dates):
+        import numpy as np
+        import xarray as xr
+
+        lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
+        lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
+        return xr.DataArray(
+            np.asarray(grid["Data"], dtype="float32"),
+            dims=("time", "latitude", "longitude"),
+            coords={"time": dates, "latitude": lat, "longitude": lon},
+            attrs=attrs,
+        )
+
+    return _netcdf_beside(rda, name, field)
+
+
+def _netcdf_beside(rda: Path, name: str, field: Callable) -> Path:
+    """``rda``'s climate4R object (its ``Dates``, and the rest as ``field(object, dates)`` makes
+    an xarray DataArray of it) written once beside it as CF NetCDF, variable ``name``; its path."""
     import numpy as np
     import pandas as pd
     import rdata
-    import xarray as xr
 
     out = rda.with_suffix(".nc")
     if out.exists():
         return out
-    (grid,) = rdata.read_rda(str(rda)).values()
-    dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(grid["Dates"]["start"])])
-    lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
-    lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
-    field = xr.DataArray(
-        np.asarray(grid["Data"], dtype="float32"),
-        dims=("time", "latitude", "longitude"),
-        coords={"time": dates, "latitude": lat, "longitude": lon},
-        attrs=attrs,
-    )
+    (data,) = rdata.read_rda(str(rda)).values()
+    dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(data["Dates"]["start"])])
     partial = out.with_suffix(".nc.part")
-    field.to_dataset(name=name).to_netcdf(partial)
+    field(data, dates).to_dataset(name=name).to_netcdf(partial)
     partial.replace(out)
     return out
 
@@ -101,31 +112,24 @@ def climate4r_stations(rda: Path, name: str, attrs: dict) -> Path:
     """The climate4R station data in ``rda`` (an R list: ``Data`` (time, station), ``xyCoords``
     (station, lon/lat), ``Dates``) of daily means, written beside it as CF NetCDF (variable
     ``name`` with ``attrs`` on a ``values`` dimension, the stations' coordinates on it): a point set."""
-    import numpy as np
-    import pandas as pd
-    import rdata
-    import xarray as xr
 
-    out = rda.with_suffix(".nc")
-    if out.exists():
-        return out
-    (stations,) = rdata.read_rda(str(rda)).values()
-    dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(stations["Dates"]["start"])])
-    xy = np.asarray(stations["xyCoords"], dtype="float64")
-    field = xr.DataArray(
-        np.asarray(stations["Data"], dtype="float32"),
-        dims=("time", "values"),
-        coords={
-            "time": dates,
-            "latitude": ("values", xy[:, 1], {"units": "degrees_north"}),
-            "longitude": ("values", xy[:, 0], {"units": "degrees_east"}),
-        },
-        attrs=attrs,
-    )
-    partial = out.with_suffix(".nc.part")
-    field.to_dataset(name=name).to_netcdf(partial)
-    partial.replace(out)
-    return out
+    def field(stations: dict, dates):
+        import numpy as np
+        import xarray as xr
+
+        xy = np.asarray(stations["xyCoords"], dtype="float64")
+        return xr.DataArray(
+            np.asarray(stations["Data"], dtype="float32"),
+            dims=("time", "values"),
+            coords={
+                "time": dates,
+                "latitude": ("values", xy[:, 1], {"units": "degrees_north"}),
+                "longitude": ("values", xy[:, 0], {"units": "degrees_east"}),
+            },
+            attrs=attrs,
+        )
+
+    return _netcdf_beside(rda, name, field)
 
 
 def climate4r_value_tas(rda: Path) -> Path:
