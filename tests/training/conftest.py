@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -52,6 +53,25 @@ def small_config(run_dir: Path, dataset: Path, *overrides: str):
     """The default config shrunk to seconds (see :func:`small_overrides`)."""
     with initialize_config_module(config_module="configs", version_base="1.3"):
         return compose(config_name="config", overrides=[*small_overrides(run_dir, dataset), *overrides])
+
+
+def train_sharded_and_single(tmp_path: Path, store: Path, *settings: str) -> list[Path]:
+    """Two training runs of 2 steps on ``store`` under ``settings``: over 3 ranks in one model (in
+    ``tmp_path/sharded``) and on one rank (``tmp_path/single``); after checking that their losses
+    are finite and equal to fp32 tolerance, their checkpoints' folders ``[sharded, single]``."""
+    from training.app import run
+
+    settings = ("trainer.steps=2", *settings)
+    sharded = run(small_config(tmp_path / "sharded", store, *settings, "trainer.nprocs=3", "trainer.ranks_per_model=3"))
+    single = run(
+        small_config(
+            tmp_path / "single", store, *settings, "strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1"
+        )
+    )
+    losses = [np.array([m["train/loss"] for _, m in result["history"]]) for result in (sharded, single)]
+    assert len(losses[0]) == 2 and np.isfinite(losses[0]).all()
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    return [tmp_path / d / "checkpoints" for d in ("sharded", "single")]
 
 
 @pytest.fixture(scope="session")
