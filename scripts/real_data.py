@@ -29,6 +29,11 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``value_iberia_2t``: the VALUE project's 11 Iberian stations (ECA&D), daily mean 2 m
   temperature, the same 20 winters: a point set, two stations without a value on 16 and 8 days,
   from the same repository.
+- ``wfde5_uk_land``: WFDE5 (the WATCH forcing methodology applied to ERA5), hourly, January 2017,
+  six near-surface variables (air temperature, specific humidity, wind speed, precipitation,
+  downwelling short- and longwave radiation), 0.5 degrees over the British Isles (20 x 28
+  points), land only (NaN over the sea), from unifhy-org/unifhy's example data (six files, one a
+  variable, merged here into one NetCDF).
 """
 
 from __future__ import annotations
@@ -49,6 +54,16 @@ TEST_SAMPLE = ROOT / "tests" / "data" / "era5_uk_2t_2019-03_6h.grib"
 XARRAY_DATA = "https://github.com/pydata/xarray-data/raw/5b1bd4040d04f355446ea7f3d55ab3ca348512fa"
 PYET = "https://github.com/pyet-org/pyet/raw/2e857fe5dcc7cfe8d1ef990156dd6f153769de7b"
 CLIMATE4R = "https://github.com/SantanderMetGroup/climate4R.datasets/raw/ba034fb48a6ec7544d7f96f1d3fbe3d673828404"
+UNIFHY = "https://github.com/unifhy-org/unifhy/raw/487da4e70cb869e8a5a1bbc47750b439ab4afbc3"
+# WFDE5's files in unifhy's data/, their MD5s, and each one's variable: (file, md5, variable).
+WFDE5_FILES = (
+    ("air_temperature.nc", "dab41460fe520492714dcf46e5a058f2", "Tair"),
+    ("specific_humidity.nc", "8fc65507f68f35b721457f3a64e54437", "Qair"),
+    ("wind_speed.nc", "c4272907ac497dc6c4d32ce2fc0ee8f5", "Wind"),
+    ("precipitation_flux.nc", "ae062c0e4c417a0db0d9d43ee6d3953a", "pr"),
+    ("surface_downwelling_shortwave_flux_in_air.nc", "81d2f561a384c05460ea43cea68d50c0", "SWdown"),
+    ("surface_downwelling_longwave_flux_in_air.nc", "186716f157d16997d9267667502b3ad9", "LWdown"),
+)
 
 
 def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
@@ -138,6 +153,27 @@ def climate4r_value_tas(rda: Path) -> Path:
     return climate4r_stations(rda, "2t", attrs)
 
 
+def wfde5_merged(first: Path) -> Path:
+    """WFDE5's six files (``first`` and the others beside it) merged into one CF NetCDF beside
+    them, one variable each, on ``latitude``/``longitude``; written once."""
+    import xarray as xr
+
+    out = first.parent / "wfde5_uk_2017-01.nc"
+    if out.exists():
+        return out
+    fields = []
+    for file, _, variable in WFDE5_FILES:
+        with xr.open_dataset(first.parent / file) as ds:
+            fields.append(ds[[variable]].load())
+    merged = xr.merge(fields, join="exact").rename({"lat": "latitude", "lon": "longitude"})
+    merged["latitude"].attrs["units"] = "degrees_north"
+    merged["longitude"].attrs["units"] = "degrees_east"
+    partial = out.with_suffix(".nc.part")
+    merged.to_netcdf(partial)
+    partial.replace(out)
+    return out
+
+
 def winter_gaps(first: str, last: str) -> list[str]:
     """The days from ``first`` to ``last`` (ISO dates) outside December to February: the dates a
     store of winters records as missing."""
@@ -160,6 +196,7 @@ class Source:
     convert: Callable[[Path], Path] | None = None  # the downloaded file -> one anemoi-datasets reads
     missing: tuple[str, ...] = ()  # dates in the range that the file does not hold
     allow_nans: bool = False  # points with no value (a land-only product's sea): anemoi's build.allow_nans
+    companions: tuple[tuple[str, str], ...] = ()  # more files (url, md5) that convert reads beside the first
 
 
 SOURCES = {
@@ -223,20 +260,38 @@ SOURCES = {
         tuple(winter_gaps("1982-12-01", "2002-02-28")),
         allow_nans=True,
     ),
+    "wfde5_uk_land": Source(
+        f"{UNIFHY}/data/{WFDE5_FILES[0][0]}",
+        WFDE5_FILES[0][1],
+        "WFDE5 (WATCH forcing on ERA5), hourly, 2017-01, Tair, Qair, Wind, pr, SWdown, LWdown, 0.5 deg, British Isles "
+        "(20 x 28; land only: the sea has no value)",
+        ("2017-01-01T00:00:00", "2017-01-31T23:00:00", "1h"),
+        "netcdf",
+        {"param": [variable for _, _, variable in WFDE5_FILES]},
+        wfde5_merged,
+        allow_nans=True,
+        companions=tuple((f"{UNIFHY}/data/{file}", md5) for file, md5, _ in WFDE5_FILES[1:]),
+    ),
 }
 
 
 def download(source: Source, into: Path) -> Path:
-    """The source's file in ``into``, downloaded unless already there with the right MD5."""
-    path = into / source.url.rsplit("/", 1)[-1]
-    if not path.exists() or _md5(path) != source.md5:
+    """The source's file (and its companions) in ``into``, each downloaded unless already there
+    with the right MD5; the first file's path."""
+    paths = [_download(url, md5, into) for url, md5 in ((source.url, source.md5), *source.companions)]
+    return paths[0]
+
+
+def _download(url: str, md5: str, into: Path) -> Path:
+    path = into / url.rsplit("/", 1)[-1]
+    if not path.exists() or _md5(path) != md5:
         into.mkdir(parents=True, exist_ok=True)
-        print(f"downloading {source.url}", flush=True)
+        print(f"downloading {url}", flush=True)
         partial = path.with_suffix(path.suffix + ".part")
-        urllib.request.urlretrieve(source.url, partial)  # noqa: S310 - a fixed https URL
-        if _md5(partial) != source.md5:
+        urllib.request.urlretrieve(url, partial)  # noqa: S310 - a fixed https URL
+        if _md5(partial) != md5:
             partial.unlink()
-            sys.exit(f"error: {source.url} has MD5 {_md5(partial)}, expected {source.md5}: not the published file")
+            sys.exit(f"error: {url} has MD5 {_md5(partial)}, expected {md5}: not the published file")
         partial.replace(path)
     return path
 
@@ -262,7 +317,7 @@ def recipe(source: Source, file: Path) -> dict:
 def build(name: str, out: Path | None = None, overwrite: bool = False) -> Path:
     """Download ``name``'s file and build its store (``data/real/<name>.zarr`` by default)."""
     source = SOURCES[name]
-    file = download(source, DATA)
+    file = download(source, DATA / name if source.companions else DATA)
     if source.convert is not None:
         file = source.convert(file)
     store = out or DATA / f"{name}.zarr"

@@ -42,6 +42,7 @@ DATA_PRESETS = [
     "ncep_iberia_t850",
     "eobs_iberia_pr",
     "value_iberia_2t",
+    "wfde5_uk_land",
     "regional_t2m",
 ]
 

@@ -135,3 +135,27 @@ def test_climate4r_stations_become_a_point_set_whose_gaps_are_missing_dates(tmp_
         (point,) = np.flatnonzero(np.isclose(ds.latitudes, lat) & np.isclose(ds.longitudes % 360, lon % 360))
         for t in (0, 1, 3, 19):
             assert ds.denormalise(ds.state(t))[point, 0] == pytest.approx(data[t, s], rel=1e-5)
+
+
+def test_wfde5s_files_merge_into_one_land_only_store_of_six_variables(tmp_path, real_data):
+    """WFDE5 comes as one file a variable (``lat``/``lon``, hourly): merged into one NetCDF, the
+    store holds the six variables, the sea (NaN in every file) left out, every value in place."""
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(2)
+    times = np.array([f"2017-01-01T{h:02d}:00" for h in range(5)], dtype="datetime64[ns]")
+    fields = {}
+    for file, _, variable in real_data.WFDE5_FILES:
+        data = rng.uniform(1, 2, (len(times), len(LATITUDES), len(LONGITUDES))).astype("float32")
+        data[:, 2, 3] = np.nan  # the north-east: sea
+        fields[variable] = data
+        coords = {"time": times, "lat": LATITUDES, "lon": LONGITUDES}
+        xr.Dataset({variable: (("time", "lat", "lon"), data)}, coords=coords).to_netcdf(tmp_path / file)
+    netcdf = real_data.wfde5_merged(tmp_path / real_data.WFDE5_FILES[0][0])
+    recipe = real_data.recipe(real_data.SOURCES["wfde5_uk_land"], netcdf)
+    recipe["dates"].update(start="2017-01-01T00:00:00", end="2017-01-01T04:00:00")
+    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "wfde5.zarr"))
+    assert sorted(ds.variables) == sorted(fields) and (ds.n_times, ds.n_points) == (5, 11)
+    values = np.stack([ds.denormalise(ds.state(t)) for t in range(ds.n_times)])  # (dates, points, variables)
+    (point,) = np.flatnonzero((ds.latitudes == LATITUDES[1]) & (ds.longitudes == LONGITUDES[2]))
+    for v, name in enumerate(ds.variables):
+        np.testing.assert_allclose(values[:, point, v], fields[name][:, 1, 2], rtol=1e-6)
