@@ -10,6 +10,12 @@ read (:func:`plan_gaps`):
   lost are at most :data:`MAX_GAP_DATES` of the store's; past that, the points with the most gaps
   are left out instead, the gappiest first, until they are.
 
+A field with values over part of the grid only, where the store's other variables have values
+everywhere (a sea-surface temperature, NaN over land, in a store of the atmosphere), is a
+variable to leave out, not points: :func:`masked_fields` finds those that lack more than
+:data:`MAX_MASKED_POINTS` of the points, and the reader leaves them out of the variables it reads
+unless the run names them.
+
 An inf is not a gap (``build.allow_nans`` allows NaN only): ``check_finite`` refuses it.
 """
 
@@ -24,6 +30,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MAX_GAP_DATES = 0.1  # share of the present dates that a station's gaps may make missing
+MAX_MASKED_POINTS = 0.1  # share of the points a field may lack before it, not they, is left out
 MAX_GAP_CELLS = 2**27  # gappy points x dates tracked at once (a bool each): beyond, the store is refused
 
 
@@ -46,7 +53,8 @@ def plan_gaps(read_blocks: Callable[[], Blocks], n_stored: int, n_present: int, 
     p0..), span)`` (:meth:`ZarrDataset.blocks <training.data.dataset.ZarrDataset.blocks>`), read
     once, twice where some points have gaps. Logs what it leaves out; ``ValueError`` naming
     ``where`` when fewer than 3 points are left (the reader makes it a ``DatasetError``)."""
-    complete, never = _scan_points(read_blocks(), n_stored)
+    complete, valued = _scan_points(read_blocks(), n_stored)
+    never = ~valued.all(axis=0)
     gappy = np.flatnonzero(~complete & ~never)
     if len(gappy) * max(n_present, 1) > MAX_GAP_CELLS:
         raise ValueError(
@@ -71,19 +79,30 @@ def plan_gaps(read_blocks: Callable[[], Blocks], n_stored: int, n_present: int, 
     return GapPlan(kept, frozenset(missing))
 
 
+def masked_fields(read_blocks: Callable[[], Blocks], n_stored: int) -> dict[int, int]:
+    """``{variable index: points it lacks}`` of the fields (:func:`plan_gaps` gives their blocks)
+    with no value at any date at more than :data:`MAX_MASKED_POINTS` of the points where some
+    variable has one: an SST over land. Fewer such points (a coast drawn apart by two products)
+    are left to the plan, which leaves those points out."""
+    _, valued = _scan_points(read_blocks(), n_stored)
+    covered = valued.any(axis=0)
+    lacking = (covered & ~valued).sum(axis=1)
+    return {int(v): int(n) for v, n in enumerate(lacking) if n > MAX_MASKED_POINTS * covered.sum()}
+
+
 def _scan_points(blocks: Blocks, n_stored: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(complete, never)`` ``(n_stored,)``: points with a value of every variable at every
-    present date, and points with no value of some variable at any."""
+    """``(complete, valued)``: ``(n_stored,)`` points with a value of every variable at every
+    present date, and ``(variables, n_stored)`` whether a variable has a value at a point at
+    any date."""
     complete = np.ones(n_stored, dtype=bool)
-    valued: np.ndarray | None = None  # (variables, points): any value at any date
-    for _, p0, block, _ in blocks:
+    valued = np.ones((1, n_stored), dtype=bool)  # no date present: nothing is lacking
+    for i, (_, p0, block, _) in enumerate(blocks):
         finite, span = ~np.isnan(block), slice(p0, p0 + block.shape[-1])  # an inf is an error: check_finite
         complete[span] &= finite.all(axis=(0, 1, 2))
-        if valued is None:
+        if i == 0:
             valued = np.zeros((block.shape[1], n_stored), dtype=bool)
         valued[:, span] |= finite.any(axis=(0, 2))
-    never = ~valued.all(axis=0) if valued is not None else np.zeros(n_stored, dtype=bool)
-    return complete, never
+    return complete, valued
 
 
 def _gap_dates(blocks: Blocks, gappy: np.ndarray) -> dict[int, np.ndarray]:

@@ -82,6 +82,34 @@ def test_without_allow_nans_a_nan_is_an_error(tmp_path):
         dataset.check_finite()
 
 
+def _store_with_a_partial_field(path, lacking_columns: int):
+    """The box with every value, but its ``tracer`` (the last variable) without one on the
+    ``lacking_columns`` western columns: a field over part of the grid (an SST over land)."""
+    store, _ = _gappy_store(path, {}, sea_columns=0)
+    root = zarr.open_group(str(store), mode="a")
+    data = root["data"][:]
+    data[:, -1, :, np.arange(ROWS * COLUMNS) % COLUMNS < lacking_columns] = np.nan
+    root["data"][:] = data
+    return store
+
+
+def test_a_field_over_part_of_the_grid_is_left_out_not_the_points(tmp_path):
+    store = _store_with_a_partial_field(tmp_path / "sst.zarr", lacking_columns=4)  # 48 of 168 points
+    dataset = ZarrDataset(store)
+    assert dataset.variables == ["psi", "zeta", "u", "v"] and dataset.n_points == ROWS * COLUMNS
+    dataset.check_finite()
+    named = ZarrDataset(store, variables=["psi", "tracer"])  # asked for: its points go instead
+    assert named.variables == ["psi", "tracer"] and named.n_points == ROWS * (COLUMNS - 4)
+    as_input = ZarrDataset(store, forcing=["tracer"])
+    assert "tracer" in as_input.variables and as_input.n_points == ROWS * (COLUMNS - 4)
+
+
+def test_a_field_lacking_a_few_points_keeps_its_place_and_they_are_left_out(tmp_path):
+    store = _store_with_a_partial_field(tmp_path / "coast.zarr", lacking_columns=1)  # 12 of 168: under 10%
+    dataset = ZarrDataset(store)
+    assert "tracer" in dataset.variables and dataset.n_points == ROWS * (COLUMNS - 1)
+
+
 def test_a_store_with_next_to_no_values_is_refused(tmp_path):
     store, _ = _gappy_store(tmp_path / "gappy.zarr", {}, sea_columns=COLUMNS)
     with pytest.raises(DatasetError, match=r"only 0 of 168 points have values to train on"):
