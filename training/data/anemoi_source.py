@@ -7,7 +7,9 @@ The mapping is passed as is, so every option of anemoi-datasets works: one store
 
 The result reads like a :class:`~training.data.dataset.ZarrDataset`: the same normalisation (by
 the combined dataset's ``statistics``), missing dates (anemoi's ``missing``), frequency and
-members. Needs the ``anemoi-datasets`` package (and so zarr 2.18).
+members; where one of its stores was built with ``allow_nans``, its points and fields without a
+value are read around as in a store (:mod:`training.data.gappy_points`). Needs the
+``anemoi-datasets`` package (and so zarr 2.18).
 """
 
 from __future__ import annotations
@@ -59,10 +61,26 @@ class AnemoiDataset(ZarrDataset):
         self.frequency_s = self._frequency(frequency)
         self.resolution = _resolution(ds)
         self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))
+        if _allows_nans(ds.metadata()):
+            setup = (names, latitudes, longitudes, dates, statistics["mean"], statistics["stdev"])
+            self._read_around_nans(setup, variables, missing, forcing, diagnostic)
 
     def _read(self, index: tuple) -> np.ndarray:
         """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""
         return np.asarray(self._data[index])
+
+
+def _allows_nans(metadata: Any) -> bool:
+    """Whether a store under an anemoi dataset's ``metadata()`` (its ``attrs``, however deep a
+    combination nests them) was built with ``allow_nans``."""
+    if isinstance(metadata, dict):
+        attrs = metadata.get("attrs")
+        if isinstance(attrs, dict) and attrs.get("allow_nans"):
+            return True
+        return any(_allows_nans(value) for key, value in metadata.items() if key != "attrs")
+    if isinstance(metadata, list):
+        return any(_allows_nans(value) for value in metadata)
+    return False
 
 
 def _resolution(ds: Any) -> str | None:

@@ -33,7 +33,7 @@ import zarr
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
 from training.data.forcings import VariableRoles
-from training.data.gappy_points import masked_fields, plan_gaps
+from training.data.gappy_points import partial_fields, plan_gaps
 from training.data.state_cache import STATE_CACHE_BYTES, StateCache
 
 log = logging.getLogger(__name__)
@@ -108,44 +108,41 @@ class ZarrDataset:
         missing_dates = {np.datetime64(d, "s") for d in attrs.get("missing_dates", [])}
         missing = {i for i, d in enumerate(dates) if d in missing_dates}
         self._setup(names, latitudes, longitudes, dates, mean, stdev, variables, missing)
-        if attrs.get("allow_nans") and variables is None:  # every variable, so a partial field may go
-            left_out = self._partial_fields(set(forcing or ()) | set(diagnostic or ()))
-            if left_out:
-                kept = [name for name in names if name not in left_out]
-                self._setup(names, latitudes, longitudes, dates, mean, stdev, kept, missing)
         self.constant_fields = tuple(attrs.get("constant_fields") or ())  # given, never predicted
         self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(attrs.get("frequency"))
         self.resolution: str | None = attrs.get("resolution")
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
         if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
-            present = self.n_times - len(self.missing)
-            try:
-                plan = plan_gaps(self.blocks, len(latitudes), present, str(self.path))
-            except ValueError as exc:
-                raise DatasetError(str(exc)) from None
-            self.missing = self.missing | plan.missing
-            if len(plan.kept) < self.n_points:  # else the grid stands as set up
-                self._set_points(latitudes, longitudes, plan.kept, self.point_set.areas)  # the whole grid's cells
-                self.field_shape = (self.n_points,)  # no longer the store's full field
+            setup = (names, latitudes, longitudes, dates, mean, stdev)
+            self._read_around_nans(setup, variables, missing, forcing, diagnostic)
 
-    def _partial_fields(self, named: set[str]) -> list[str]:
-        """The variables, none of them in ``named``, that :func:`~training.data.gappy_points.masked_fields`
-        finds with values over part of the grid only (logged): left out rather than the points."""
-        lacking = masked_fields(self.blocks, self._data.shape[-1])
-        left_out = [self.variables[v] for v in lacking if self.variables[v] not in named]
-        if len(left_out) == len(self.variables):
-            return []  # nothing would be left: the plan leaves points out instead
-        for name in left_out:
-            log.info(
-                "%s: %s left out of the variables read: no value at %d points where the other variables have one "
-                "(a field over part of the grid, e.g. a sea-surface temperature); name it in data.variables to "
-                "read it, and those points are left out instead",
-                self.path,
-                name,
-                lacking[self.variables.index(name)],
-            )
-        return left_out
+    def _read_around_nans(
+        self,
+        setup: tuple,
+        variables: list[str] | None,
+        missing: set[int],
+        forcing: list[str] | None,
+        diagnostic: list[str] | None,
+    ) -> None:
+        """In a store that allows NaN (:mod:`~training.data.gappy_points`): leave out the fields
+        over part of the grid when ``variables`` is None (every variable; ``setup``: the first
+        six arguments of :meth:`_setup`), then the points and dates with no value."""
+        names, latitudes, longitudes = setup[:3]
+        if variables is None:
+            named = set(forcing or ()) | set(diagnostic or ())
+            left_out = partial_fields(self.blocks, len(latitudes), self.variables, named, str(self.path))
+            if left_out:
+                self._setup(*setup, [name for name in names if name not in left_out], missing)
+                self.assign_roles(forcing, diagnostic)
+        try:
+            plan = plan_gaps(self.blocks, len(latitudes), self.n_times - len(self.missing), str(self.path))
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from None
+        self.missing = self.missing | plan.missing
+        if len(plan.kept) < self.n_points:  # else the grid stands as set up
+            self._set_points(latitudes, longitudes, plan.kept, self.point_set.areas)  # the whole grid's cells
+            self.field_shape = (self.n_points,)  # no longer the store's full field
 
     def _setup(
         self,

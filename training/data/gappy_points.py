@@ -79,6 +79,27 @@ def plan_gaps(read_blocks: Callable[[], Blocks], n_stored: int, n_present: int, 
     return GapPlan(kept, frozenset(missing))
 
 
+def partial_fields(
+    read_blocks: Callable[[], Blocks], n_stored: int, variables: list[str], named: set[str], where: str
+) -> list[str]:
+    """The ``variables`` (those of the blocks), none in ``named``, to leave out as fields over part
+    of the grid (:func:`masked_fields`), each logged; none where that would leave none."""
+    lacking = masked_fields(read_blocks, n_stored)
+    left_out = {variables[v]: n for v, n in lacking.items() if variables[v] not in named}
+    if len(left_out) == len(variables):
+        return []  # nothing would be left: the plan leaves the points out instead
+    for name, n in left_out.items():
+        log.info(
+            "%s: %s left out of the variables read: no value at %d points where other variables have one (a field "
+            "over part of the grid, e.g. a sea-surface temperature); name it in data.variables to read it, and "
+            "those points are left out instead",
+            where,
+            name,
+            n,
+        )
+    return list(left_out)
+
+
 def masked_fields(read_blocks: Callable[[], Blocks], n_stored: int) -> dict[int, int]:
     """``{variable index: points it lacks}`` of the fields (:func:`plan_gaps` gives their blocks)
     with no value at any date at more than :data:`MAX_MASKED_POINTS` of the points where some

@@ -110,6 +110,24 @@ def test_a_field_lacking_a_few_points_keeps_its_place_and_they_are_left_out(tmp_
     assert "tracer" in dataset.variables and dataset.n_points == ROWS * (COLUMNS - 1)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # anemoi-utils' settings
+def test_through_open_dataset_the_nans_are_read_around_as_in_the_store(tmp_path):
+    pytest.importorskip("anemoi.datasets")
+    from training.data.anemoi_source import AnemoiDataset
+
+    gappy, _ = _gappy_store(tmp_path / "gappy.zarr", {STATION: [3, 10]})
+    partial = _store_with_a_partial_field(tmp_path / "sst.zarr", lacking_columns=4)
+    for store in (gappy, partial):
+        direct, through = ZarrDataset(store), AnemoiDataset({"dataset": str(store), "start": 2020})
+        assert (through.variables, through.n_points, through.missing) == (
+            direct.variables,
+            direct.n_points,
+            direct.missing,
+        )
+        np.testing.assert_allclose(through.state(11), direct.state(11), rtol=1e-6)
+        through.check_finite()
+
+
 def test_a_store_with_next_to_no_values_is_refused(tmp_path):
     store, _ = _gappy_store(tmp_path / "gappy.zarr", {}, sea_columns=COLUMNS)
     with pytest.raises(DatasetError, match=r"only 0 of 168 points have values to train on"):
