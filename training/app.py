@@ -66,5 +66,3 @@ def _hydra_main(cfg: DictConfig) -> float:
     if torchrun_rank() == 0:
         log_skill(result.get("skill"), cfg.run_dir, cfg.logging.plots)
     return report_end(result, cfg.run_dir)
-
-

@@ -53,8 +53,7 @@ def describe_choice(points: int, ranks: int, machine: str, pick: Any, table: lis
     """The candidates' predictions as a table, the pick first."""
     lines = [
         f"strategy=auto on {machine}: {points} points over {ranks} ranks; picked {pick.label}",
-        f"  {'strategy':<34} {'step (s)':>9} {'compute':>9} {'comm':>9} {'exposed':>9} {'MiB sent':>9} "
-        f"{'MiB/rank':>9}",
+        f"  {'strategy':<34} {'step (s)':>9} {'compute':>9} {'comm':>9} {'exposed':>9} {'MiB sent':>9} {'MiB/rank':>9}",
     ]
     for p in table:
         lines.append(

@@ -69,12 +69,9 @@ def cos_solar_zenith(dates: np.ndarray, latitudes: np.ndarray, longitudes: np.nd
         - 0.002697 * np.cos(3 * gamma)
         + 0.00148 * np.sin(3 * gamma)
     )
-    equation_of_time_h = (
-        229.18
-        / 60
-        * (0.000075 + 0.001868 * np.cos(gamma) - 0.032077 * np.sin(gamma) - 0.014615 * np.cos(2 * gamma))
-        - 229.18 / 60 * 0.040849 * np.sin(2 * gamma)
-    )
+    equation_of_time_h = 229.18 / 60 * (
+        0.000075 + 0.001868 * np.cos(gamma) - 0.032077 * np.sin(gamma) - 0.014615 * np.cos(2 * gamma)
+    ) - 229.18 / 60 * 0.040849 * np.sin(2 * gamma)
     solar_hours = local_solar_hours(dates, longitudes) + equation_of_time_h[:, None]
     hour_angle = np.radians(15.0 * (solar_hours - 12.0))
     lat = np.radians(np.asarray(latitudes))[None, :]
