@@ -33,7 +33,7 @@ import zarr
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
 from training.data.forcings import VariableRoles
-from training.data.gappy_points import partial_fields, plan_gaps
+from training.data.gappy_points import partial_fields, plan_gaps, scan_points
 from training.data.state_cache import STATE_CACHE_BYTES, StateCache
 
 log = logging.getLogger(__name__)
@@ -129,14 +129,16 @@ class ZarrDataset:
         over part of the grid when ``variables`` is None (every variable; ``setup``: the first
         six arguments of :meth:`_setup`), then the points and dates with no value."""
         names, latitudes, longitudes = setup[:3]
+        scan = scan_points(self.blocks(), len(latitudes))
         if variables is None:
             named = set(forcing or ()) | set(diagnostic or ())
-            left_out = partial_fields(self.blocks, len(latitudes), self.variables, named, str(self.path))
+            left_out = partial_fields(scan, self.variables, named, str(self.path))
             if left_out:
+                scan = scan.select([i for i, name in enumerate(self.variables) if name not in left_out])
                 self._setup(*setup, [name for name in names if name not in left_out], missing)
                 self.assign_roles(forcing, diagnostic)
         try:
-            plan = plan_gaps(self.blocks, len(latitudes), self.n_times - len(self.missing), str(self.path))
+            plan = plan_gaps(self.blocks, scan, self.n_times - len(self.missing), str(self.path))
         except ValueError as exc:
             raise DatasetError(str(exc)) from None
         self.missing = self.missing | plan.missing

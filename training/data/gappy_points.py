@@ -12,7 +12,7 @@ read (:func:`plan_gaps`):
 
 A field with values over part of the grid only, where the store's other variables have values
 everywhere (a sea-surface temperature, NaN over land, in a store of the atmosphere), is a
-variable to leave out, not points: :func:`masked_fields` finds those that lack more than
+variable to leave out, not points: :func:`partial_fields` finds those that lack more than
 :data:`MAX_MASKED_POINTS` of the points, and the reader leaves them out of the variables it reads
 unless the run names them.
 
@@ -47,14 +47,27 @@ class GapPlan:
 Blocks = Iterable[tuple[range, int, np.ndarray, range]]  # ZarrDataset.blocks: (dates, p0, block, span)
 
 
-def plan_gaps(read_blocks: Callable[[], Blocks], n_stored: int, n_present: int, where: str) -> GapPlan:
-    """The plan (see the module) for a store of ``n_stored`` points and ``n_present`` present
-    dates, ``read_blocks()`` giving its blocks ``(dates, p0, (dates, variables, members, points
-    p0..), span)`` (:meth:`ZarrDataset.blocks <training.data.dataset.ZarrDataset.blocks>`), read
-    once, twice where some points have gaps. Logs what it leaves out; ``ValueError`` naming
-    ``where`` when fewer than 3 points are left (the reader makes it a ``DatasetError``)."""
-    complete, valued = _scan_points(read_blocks(), n_stored)
-    never = ~valued.all(axis=0)
+@dataclass(frozen=True)
+class PointScan:
+    """Which variable has a value at which store point: ``complete`` ``(variables, points)`` at
+    every present date, ``valued`` at some date (:func:`scan_points`)."""
+
+    complete: np.ndarray
+    valued: np.ndarray
+
+    def select(self, variables: list[int]) -> PointScan:
+        """The scan of those variables (indices) alone."""
+        return PointScan(self.complete[variables], self.valued[variables])
+
+
+def plan_gaps(read_blocks: Callable[[], Blocks], scan: PointScan, n_present: int, where: str) -> GapPlan:
+    """The plan (see the module) for a store of ``n_present`` present dates and its ``scan``,
+    ``read_blocks()`` giving its blocks ``(dates, p0, (dates, variables, members, points p0..),
+    span)`` (:meth:`ZarrDataset.blocks <training.data.dataset.ZarrDataset.blocks>`), read again
+    only where some points have gaps. Logs what it leaves out; ``ValueError`` naming ``where``
+    when fewer than 3 points are left (the reader makes it a ``DatasetError``)."""
+    n_stored = scan.valued.shape[1]
+    complete, never = scan.complete.all(axis=0), ~scan.valued.all(axis=0)
     gappy = np.flatnonzero(~complete & ~never)
     if len(gappy) * max(n_present, 1) > MAX_GAP_CELLS:
         raise ValueError(
@@ -79,13 +92,15 @@ def plan_gaps(read_blocks: Callable[[], Blocks], n_stored: int, n_present: int, 
     return GapPlan(kept, frozenset(missing))
 
 
-def partial_fields(
-    read_blocks: Callable[[], Blocks], n_stored: int, variables: list[str], named: set[str], where: str
-) -> list[str]:
-    """The ``variables`` (those of the blocks), none in ``named``, to leave out as fields over part
-    of the grid (:func:`masked_fields`), each logged; none where that would leave none."""
-    lacking = masked_fields(read_blocks, n_stored)
-    left_out = {variables[v]: n for v, n in lacking.items() if variables[v] not in named}
+def partial_fields(scan: PointScan, variables: list[str], named: set[str], where: str) -> list[str]:
+    """The ``variables`` (those of ``scan``), none in ``named``, with no value at any date at more
+    than :data:`MAX_MASKED_POINTS` of the points where some variable has one (an SST over land),
+    to leave out, each logged; none where that would leave none. Fewer such points (a coast drawn
+    apart by two products) are left to the plan, which leaves those points out."""
+    covered = scan.valued.any(axis=0)
+    lacking = (covered & ~scan.valued).sum(axis=1)
+    most = MAX_MASKED_POINTS * covered.sum()
+    left_out = {name: int(n) for name, n in zip(variables, lacking) if n > most and name not in named}
     if len(left_out) == len(variables):
         return []  # nothing would be left: the plan leaves the points out instead
     for name, n in left_out.items():
@@ -100,30 +115,18 @@ def partial_fields(
     return list(left_out)
 
 
-def masked_fields(read_blocks: Callable[[], Blocks], n_stored: int) -> dict[int, int]:
-    """``{variable index: points it lacks}`` of the fields (:func:`plan_gaps` gives their blocks)
-    with no value at any date at more than :data:`MAX_MASKED_POINTS` of the points where some
-    variable has one: an SST over land. Fewer such points (a coast drawn apart by two products)
-    are left to the plan, which leaves those points out."""
-    _, valued = _scan_points(read_blocks(), n_stored)
-    covered = valued.any(axis=0)
-    lacking = (covered & ~valued).sum(axis=1)
-    return {int(v): int(n) for v, n in enumerate(lacking) if n > MAX_MASKED_POINTS * covered.sum()}
-
-
-def _scan_points(blocks: Blocks, n_stored: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(complete, valued)``: ``(n_stored,)`` points with a value of every variable at every
-    present date, and ``(variables, n_stored)`` whether a variable has a value at a point at
-    any date."""
-    complete = np.ones(n_stored, dtype=bool)
-    valued = np.ones((1, n_stored), dtype=bool)  # no date present: nothing is lacking
+def scan_points(blocks: Blocks, n_stored: int) -> PointScan:
+    """The :class:`PointScan` of a store of ``n_stored`` points from its ``blocks`` (see
+    :func:`plan_gaps`): one read of every present date."""
+    complete = valued = np.ones((1, n_stored), dtype=bool)  # no date present: nothing is lacking
     for i, (_, p0, block, _) in enumerate(blocks):
         finite, span = ~np.isnan(block), slice(p0, p0 + block.shape[-1])  # an inf is an error: check_finite
-        complete[span] &= finite.all(axis=(0, 1, 2))
         if i == 0:
+            complete = np.ones((block.shape[1], n_stored), dtype=bool)
             valued = np.zeros((block.shape[1], n_stored), dtype=bool)
+        complete[:, span] &= finite.all(axis=(0, 2))
         valued[:, span] |= finite.any(axis=(0, 2))
-    return complete, valued
+    return PointScan(complete, valued)
 
 
 def _gap_dates(blocks: Blocks, gappy: np.ndarray) -> dict[int, np.ndarray]:
