@@ -283,15 +283,17 @@ def download(source: Source, into: Path) -> Path:
 
 
 def _download(url: str, md5: str, into: Path) -> Path:
+    """``url``'s file in ``into``, downloaded unless already there with MD5 ``md5``."""
     path = into / url.rsplit("/", 1)[-1]
     if not path.exists() or _md5(path) != md5:
         into.mkdir(parents=True, exist_ok=True)
         print(f"downloading {url}", flush=True)
         partial = path.with_suffix(path.suffix + ".part")
         urllib.request.urlretrieve(url, partial)  # noqa: S310 - a fixed https URL
-        if _md5(partial) != md5:
+        got = _md5(partial)
+        if got != md5:
             partial.unlink()
-            sys.exit(f"error: {url} has MD5 {_md5(partial)}, expected {md5}: not the published file")
+            sys.exit(f"error: {url} has MD5 {got}, expected {md5}: not the published file")
         partial.replace(path)
     return path
 

@@ -61,25 +61,33 @@ class AnemoiDataset(ZarrDataset):
         self.frequency_s = self._frequency(frequency)
         self.resolution = _resolution(ds)
         self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))
-        if _allows_nans(ds.metadata()):
-            setup = (names, latitudes, longitudes, dates, statistics["mean"], statistics["stdev"])
-            self._read_around_nans(setup, variables, missing, forcing, diagnostic)
+        if _allows_nans(ds):
+            self._read_around_nans(latitudes, longitudes, variables is None, forcing, diagnostic)
 
     def _read(self, index: tuple) -> np.ndarray:
         """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""
         return np.asarray(self._data[index])
 
 
-def _allows_nans(metadata: Any) -> bool:
-    """Whether a store under an anemoi dataset's ``metadata()`` (its ``attrs``, however deep a
-    combination nests them) was built with ``allow_nans``."""
+def _allows_nans(ds: Any) -> bool:
+    """Whether a store under the anemoi dataset ``ds`` was built with ``allow_nans``: its ``attrs``
+    in ``ds.metadata()``, however deep a combination nests them (False where there is none)."""
+    try:
+        metadata = ds.metadata()
+    except Exception:  # a combination anemoi cannot describe: its NaN, if any, are refused as before
+        return False
+    return _attrs_allow_nans(metadata)
+
+
+def _attrs_allow_nans(metadata: Any) -> bool:
+    """Whether any ``attrs`` in the nested ``metadata`` says ``allow_nans``."""
     if isinstance(metadata, dict):
         attrs = metadata.get("attrs")
         if isinstance(attrs, dict) and attrs.get("allow_nans"):
             return True
-        return any(_allows_nans(value) for key, value in metadata.items() if key != "attrs")
+        return any(_attrs_allow_nans(value) for key, value in metadata.items() if key != "attrs")
     if isinstance(metadata, list):
-        return any(_allows_nans(value) for value in metadata)
+        return any(_attrs_allow_nans(value) for value in metadata)
     return False
 
 

@@ -114,28 +114,27 @@ class ZarrDataset:
         self.resolution: str | None = attrs.get("resolution")
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
         if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
-            setup = (names, latitudes, longitudes, dates, mean, stdev)
-            self._read_around_nans(setup, variables, missing, forcing, diagnostic)
+            self._read_around_nans(latitudes, longitudes, variables is None, forcing, diagnostic)
 
     def _read_around_nans(
         self,
-        setup: tuple,
-        variables: list[str] | None,
-        missing: set[int],
+        latitudes: np.ndarray,
+        longitudes: np.ndarray,
+        every_variable: bool,
         forcing: list[str] | None,
         diagnostic: list[str] | None,
     ) -> None:
         """In a store that allows NaN (:mod:`~training.data.gappy_points`): leave out the fields
-        over part of the grid when ``variables`` is None (every variable; ``setup``: the first
-        six arguments of :meth:`_setup`), then the points and dates with no value."""
-        names, latitudes, longitudes = setup[:3]
-        scan = scan_points(self.blocks(), len(latitudes))
-        if variables is None:
+        over part of the grid when the run reads ``every_variable`` (``data.variables`` unset),
+        then the points and dates with no value. ``latitudes``/``longitudes``: every store point's."""
+        scan = scan_points(self.blocks(), len(self.variables), len(latitudes))
+        if every_variable:
             named = set(forcing or ()) | set(diagnostic or ())
-            left_out = partial_fields(scan, self.variables, named, str(self.path))
+            left_out = partial_fields(scan, self.variables, named, set(self.constant_fields), str(self.path))
             if left_out:
-                scan = scan.select([i for i, name in enumerate(self.variables) if name not in left_out])
-                self._setup(*setup, [name for name in names if name not in left_out], missing)
+                kept = [i for i, name in enumerate(self.variables) if name not in left_out]
+                scan = scan.select(kept)
+                self._select_variables([self.variables[i] for i in kept])
                 self.assign_roles(forcing, diagnostic)
         try:
             plan = plan_gaps(self.blocks, scan, self.n_times - len(self.missing), str(self.path))
@@ -170,19 +169,24 @@ class ZarrDataset:
             raise DatasetError(f"{self.path}: coordinates do not have one entry per point ({n_points})")
         if len(dates) != n_time:
             raise DatasetError(f"{self.path}: {len(dates)} dates for {n_time} states in 'data'")
-        wanted = names if variables is None else list(variables)
+        self._stored_variables = (list(names), np.asarray(mean), np.asarray(stdev))
+        self._select_variables(names if variables is None else list(variables))
+        self.dates = dates
+        self.missing = frozenset(missing)
+        self.n_times, self.n_members = n_time, n_members
+        self._set_points(latitudes, longitudes, np.arange(n_points))
+
+    def _select_variables(self, wanted: list[str]) -> None:
+        """Read the store's variables ``wanted``, in that order, with their statistics."""
+        names, mean, stdev = self._stored_variables
         unknown = [v for v in wanted if v not in names]
         if unknown:
             raise DatasetError(f"variables {unknown} are not in {self.path}; it has {names}")
         self.variables = wanted
         self._index = [names.index(v) for v in wanted]
         self._states = StateCache(STATE_CACHE_BYTES)
-        self.mean = np.asarray(mean)[self._index].astype(np.float32)
-        self.stdev = np.maximum(np.asarray(stdev)[self._index], 1e-12).astype(np.float32)
-        self.dates = dates
-        self.missing = frozenset(missing)
-        self.n_times, self.n_members = n_time, n_members
-        self._set_points(latitudes, longitudes, np.arange(n_points))
+        self.mean = mean[self._index].astype(np.float32)
+        self.stdev = np.maximum(stdev[self._index], 1e-12).astype(np.float32)
 
     def _set_points(
         self, latitudes: np.ndarray, longitudes: np.ndarray, stored: np.ndarray, areas: np.ndarray | None = None

@@ -56,7 +56,7 @@ class PointScan:
     valued: np.ndarray
 
     def select(self, variables: list[int]) -> PointScan:
-        """The scan of those variables (indices) alone."""
+        """The scan ``(len(variables), points)`` of those variables (indices) alone."""
         return PointScan(self.complete[variables], self.valued[variables])
 
 
@@ -92,22 +92,29 @@ def plan_gaps(read_blocks: Callable[[], Blocks], scan: PointScan, n_present: int
     return GapPlan(kept, frozenset(missing))
 
 
-def partial_fields(scan: PointScan, variables: list[str], named: set[str], where: str) -> list[str]:
-    """The ``variables`` (those of ``scan``), none in ``named``, with no value at any date at more
-    than :data:`MAX_MASKED_POINTS` of the points where some variable has one (an SST over land),
-    to leave out, each logged; none where that would leave none. Fewer such points (a coast drawn
-    apart by two products) are left to the plan, which leaves those points out."""
-    covered = scan.valued.any(axis=0)
-    lacking = (covered & ~scan.valued).sum(axis=1)
+def partial_fields(scan: PointScan, variables: list[str], kept: set[str], constant: set[str], where: str) -> list[str]:
+    """The ``variables`` (those of ``scan``) to leave out as fields over part of the grid (an SST
+    over land), each logged: those with no value at any date at more than
+    :data:`MAX_MASKED_POINTS` of the points where at least half of the varying variables (not in
+    ``constant``: a land-sea mask has a value everywhere) have one, unless in ``kept`` (named by
+    the run) or ``constant``. None where no varying variable outside ``kept`` would be left to
+    predict: the plan then leaves the points out instead, as it does where a field lacks fewer."""
+    varying = [i for i, name in enumerate(variables) if name not in constant]
+    if not varying:
+        return []
+    covered = scan.valued[varying].mean(axis=0) >= 0.5  # (points,): where most fields have values
+    lacking = (covered & ~scan.valued).sum(axis=1)  # (variables,)
     most = MAX_MASKED_POINTS * covered.sum()
-    left_out = {name: int(n) for name, n in zip(variables, lacking) if n > most and name not in named}
-    if len(left_out) == len(variables):
-        return []  # nothing would be left: the plan leaves the points out instead
+    left_out = {
+        name: int(n) for name, n in zip(variables, lacking) if n > most and name not in kept and name not in constant
+    }
+    if all(name in left_out or name in kept or name in constant for name in variables):
+        return []
     for name, n in left_out.items():
-        log.info(
-            "%s: %s left out of the variables read: no value at %d points where other variables have one (a field "
-            "over part of the grid, e.g. a sea-surface temperature); name it in data.variables to read it, and "
-            "those points are left out instead",
+        log.warning(
+            "%s: %s left out of the variables read: no value at %d points where most variables have one (a field over "
+            "part of the grid, e.g. a sea-surface temperature); name it in data.variables, data.forcing or "
+            "data.diagnostic to read it, and those points are left out instead",
             where,
             name,
             n,
@@ -115,18 +122,18 @@ def partial_fields(scan: PointScan, variables: list[str], named: set[str], where
     return list(left_out)
 
 
-def scan_points(blocks: Blocks, n_stored: int) -> PointScan:
-    """The :class:`PointScan` of a store of ``n_stored`` points from its ``blocks`` (see
-    :func:`plan_gaps`): one read of every present date."""
-    complete = valued = np.ones((1, n_stored), dtype=bool)  # no date present: nothing is lacking
-    for i, (_, p0, block, _) in enumerate(blocks):
+def scan_points(blocks: Blocks, n_variables: int, n_stored: int) -> PointScan:
+    """The :class:`PointScan` ``(n_variables, n_stored)`` of a store from its ``blocks`` (see
+    :func:`plan_gaps`): one read of every present date (none: every point complete)."""
+    complete = np.ones((n_variables, n_stored), dtype=bool)
+    valued = np.zeros((n_variables, n_stored), dtype=bool)
+    any_date = False
+    for _, p0, block, _ in blocks:
         finite, span = ~np.isnan(block), slice(p0, p0 + block.shape[-1])  # an inf is an error: check_finite
-        if i == 0:
-            complete = np.ones((block.shape[1], n_stored), dtype=bool)
-            valued = np.zeros((block.shape[1], n_stored), dtype=bool)
         complete[:, span] &= finite.all(axis=(0, 2))
         valued[:, span] |= finite.any(axis=(0, 2))
-    return PointScan(complete, valued)
+        any_date = True
+    return PointScan(complete, valued if any_date else complete.copy())
 
 
 def _gap_dates(blocks: Blocks, gappy: np.ndarray) -> dict[int, np.ndarray]:

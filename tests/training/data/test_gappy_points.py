@@ -83,12 +83,12 @@ def test_without_allow_nans_a_nan_is_an_error(tmp_path):
 
 
 def _store_with_a_partial_field(path, lacking_columns: int):
-    """The box with every value, but its ``tracer`` (the last variable) without one on the
+    """The box with every value, but its ``u`` (the third of five variables) without one on the
     ``lacking_columns`` western columns: a field over part of the grid (an SST over land)."""
     store, _ = _gappy_store(path, {}, sea_columns=0)
     root = zarr.open_group(str(store), mode="a")
     data = root["data"][:]
-    data[:, -1, :, np.arange(ROWS * COLUMNS) % COLUMNS < lacking_columns] = np.nan
+    data[:, 2, :, np.arange(ROWS * COLUMNS) % COLUMNS < lacking_columns] = np.nan
     root["data"][:] = data
     return store
 
@@ -96,18 +96,39 @@ def _store_with_a_partial_field(path, lacking_columns: int):
 def test_a_field_over_part_of_the_grid_is_left_out_not_the_points(tmp_path):
     store = _store_with_a_partial_field(tmp_path / "sst.zarr", lacking_columns=4)  # 48 of 168 points
     dataset = ZarrDataset(store)
-    assert dataset.variables == ["psi", "zeta", "u", "v"] and dataset.n_points == ROWS * COLUMNS
+    assert dataset.variables == ["psi", "zeta", "v", "tracer"] and dataset.n_points == ROWS * COLUMNS
     dataset.check_finite()
-    named = ZarrDataset(store, variables=["psi", "tracer"])  # asked for: its points go instead
-    assert named.variables == ["psi", "tracer"] and named.n_points == ROWS * (COLUMNS - 4)
-    as_input = ZarrDataset(store, forcing=["tracer"])
-    assert "tracer" in as_input.variables and as_input.n_points == ROWS * (COLUMNS - 4)
+    root = zarr.open_group(str(store), mode="r")
+    at = {(a, b): i for i, (a, b) in enumerate(zip(root["latitudes"][:], root["longitudes"][:]))}
+    order = [at[(a, b)] for a, b in zip(dataset.latitudes, dataset.longitudes)]  # processor -> store order
+    raw = np.asarray(root["data"][5])[[0, 1, 3, 4], 0][:, order]  # (variables, points): u left out
+    np.testing.assert_allclose(dataset.denormalise(dataset.state(5)), raw.T, rtol=1e-5)
+    named = ZarrDataset(store, variables=["psi", "u"])  # asked for: its points go instead
+    assert named.variables == ["psi", "u"] and named.n_points == ROWS * (COLUMNS - 4)
+    as_input = ZarrDataset(store, forcing=["u"])
+    assert "u" in as_input.variables and as_input.n_points == ROWS * (COLUMNS - 4)
 
 
 def test_a_field_lacking_a_few_points_keeps_its_place_and_they_are_left_out(tmp_path):
     store = _store_with_a_partial_field(tmp_path / "coast.zarr", lacking_columns=1)  # 12 of 168: under 10%
     dataset = ZarrDataset(store)
-    assert "tracer" in dataset.variables and dataset.n_points == ROWS * (COLUMNS - 1)
+    assert "u" in dataset.variables and dataset.n_points == ROWS * (COLUMNS - 1)
+
+
+@pytest.mark.parametrize("constant", [True, False])
+def test_a_land_store_with_a_field_valued_everywhere_keeps_its_land_variables(tmp_path, constant):
+    """A land-only product with a land-sea mask over the whole grid (one of anemoi's constant
+    fields, or not listed as one): the sea is left out, not the land's variables."""
+    store, land = _gappy_store(tmp_path / "land.zarr", {})
+    root = zarr.open_group(str(store), mode="a")
+    data = root["data"][:]
+    data[:, 4] = np.where(np.isin(np.arange(ROWS * COLUMNS), land), 1.0, 0.0)  # "tracer": a mask
+    root["data"][:] = data
+    if constant:
+        root.attrs["constant_fields"] = ["tracer"]
+    dataset = ZarrDataset(store)
+    assert dataset.variables == ["psi", "zeta", "u", "v", "tracer"] and dataset.n_points == LAND
+    assert ("tracer" in dataset.roles.forcing) == constant
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # anemoi-utils' settings
