@@ -96,13 +96,13 @@ def open_session(cfg: RunConfig, dims: ParallelDims, horizon: int = 1) -> Sessio
     return Session(cfg, dims, dataset, hidden, grids, model, samples, batches, counter, transport, model_group, device)
 
 
-def open_data(cfg: RunConfig) -> tuple[ZarrDataset, HiddenGrid]:
+def open_data(cfg: RunConfig, store: ZarrDataset | None = None) -> tuple[ZarrDataset, HiddenGrid]:
     """The run's dataset, checked against ``cfg`` (:func:`training.data.open_store.open_dataset`,
     for samples of the rollout's horizon), and the processor's grid of ``cfg.model`` for it
     (:mod:`training.model.hidden_grid`): what the launcher checks before any rank starts, and
-    each rank opens again."""
+    each rank opens again (``store``: opened already, see :func:`~training.data.open_store.open_dataset`)."""
     m = cfg.model
-    dataset = open_dataset(cfg.data, rollout_horizon(cfg.trainer), m.multistep_input - 1)
+    dataset = open_dataset(cfg.data, rollout_horizon(cfg.trainer), m.multistep_input - 1, store)
     hidden = hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, dataset.latitudes, dataset.longitudes)
     return dataset, hidden
 

@@ -10,16 +10,17 @@ from training.data.grid_check import check_grid, infer_grid
 from training.data.samples import Samples, build_samples, lead_steps, select_members
 
 
-def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0) -> ZarrDataset:
+def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0, store: ZarrDataset | None = None) -> ZarrDataset:
     """Open the configured dataset (``data.open_dataset`` through anemoi-datasets, else the store at
     ``data.path``) and check it against the configuration: its grid by coordinates, the lead
     time against its frequency, the members, and that there are samples of ``horizon``
     forecast steps (:func:`training.model.rollout.rollout_horizon`).
 
     ``data.grid: null`` is inferred from the store and written into ``data`` (the resolved
-    configuration records the grid it trained on).
+    configuration records the grid it trained on). ``store``: the store :func:`open_store` opened
+    already for ``data`` (the launcher's, so that it is read once), else opened here.
     """
-    dataset = open_store(data)
+    dataset = store if store is not None else open_store(data)
     coordinates = (dataset.point_set, dataset.latitudes, dataset.longitudes)
     if data.grid is None:
         data.grid = infer_grid(*coordinates, dataset.resolution)

@@ -55,6 +55,7 @@ from training.config.checks import check_config
 from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_config
 from training.config.settings import check_ranges, flatten, write_settings
 from training.data.generate import check_built_in_path, generate_built_in
+from training.data.open_store import open_store
 from training.distributed.device import (
     backend_for,
     check_local_ranks,
@@ -103,7 +104,8 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     if data.path is not None and not data.open_dataset:
         data.path = str(Path(data.path).resolve())
     write_built_in_if_asked(data)
-    derived = derive_from_store(cfg)  # every key left null, from what the store says
+    store = open_store(data)  # once: a store with NaN is scanned whole to read around them
+    derived = derive_from_store(cfg, store)  # every key left null, from what the store says
     if derived:
         log.info(describe(derived))
     trainer = cfg.trainer  # after adopt, which may replace the section
@@ -116,7 +118,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if under_torchrun() else trainer.nprocs
     check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
     trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
-    dataset, hidden = open_data(cfg)  # fails here, clearly, on data or a hidden grid that does not suit it
+    dataset, hidden = open_data(cfg, store)  # fails here, clearly, on data or a hidden grid that does not suit it
     resolve_run_matmul(cfg)  # auto: measured (or cached) here, before the cost model times the GEMM
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow

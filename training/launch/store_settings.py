@@ -225,8 +225,9 @@ def derive_ranks(cfg: RunConfig, hidden_points: int) -> list[Derived]:
     return out
 
 
-def derive_from_store(cfg: RunConfig) -> list[Derived]:
-    """Fill every derived key ``cfg`` leaves null (in place) from its store; what was derived."""
+def derive_from_store(cfg: RunConfig, store: ZarrDataset | None = None) -> list[Derived]:
+    """Fill every derived key ``cfg`` leaves null (in place) from its store (``store``: opened
+    already, else opened here); what was derived."""
     needed = (
         cfg.model.hidden_grid == AUTO,
         cfg.model.hidden_stride is None,
@@ -243,7 +244,7 @@ def derive_from_store(cfg: RunConfig) -> list[Derived]:
     )
     if not any(needed):
         return []
-    dataset = open_store(cfg.data)
+    dataset = store if store is not None else open_store(cfg.data)
     derived = [
         *derive_hidden_grid(cfg, dataset),
         *derive_recipe(cfg, dataset.point_set),  # before the validation: the input states shape its samples
