@@ -13,7 +13,7 @@ from omegaconf import MISSING
 
 from processor.matmul import BACKENDS as MATMUL_BACKENDS
 from processor.runtime.placement import PLACEMENTS
-from training.config.settings import above, at_least, one_of, or_null, setting, within
+from training.config.settings import Range, above, at_least, one_of, or_null, setting, within
 
 
 @dataclass
@@ -206,6 +206,9 @@ class LoggingConfig:
     CPU runs without ``trainer.compile``)."""
 
 
+AREA_EXPECTED = "[north, west, south, east] in degrees, -90 <= south < north <= 90, or null"
+
+
 @dataclass
 class EvaluateConfig:
     """Skill by lead time (``python -m training.evaluate``, and at the end of a training run)."""
@@ -225,6 +228,12 @@ class EvaluateConfig:
     """A training run evaluates its final model."""
     at_stop: bool = False
     """... also when it stops early (``trainer.stop_at_step``, Ctrl-C, SIGTERM)."""
+    area: list[float] | None = setting(None, Range(lambda v: v is None or _is_area(v), AREA_EXPECTED))
+    """Score only the points inside this box, ``[north, west, south, east]`` in degrees (anemoi's
+    and MARS's order; west > east crosses the antimeridian): the region of interest of a larger
+    domain the model runs on, as a limited-area model is judged on its inner region. The skill
+    table, its plots, the calibration's fit and the validation's RMSE weigh those points alone;
+    the loss still weighs every point. None: every point."""
     centroid_variable: str | None = "tracer"
     """The variable whose centroid position error is scored (training/skill/centroid.py); null:
     none. The default is skipped on a dataset without it; another name must be a dataset variable."""
@@ -242,3 +251,12 @@ class PredictConfig:
     """Forecast steps of the data's lead time."""
     output: str | None = None
     """The stores' directory; None: ``predictions/`` in the checkpoint's run directory."""
+
+
+def _is_area(value: Any) -> bool:
+    """Whether ``value`` is ``[north, west, south, east]``: four numbers, -90 <= south < north <= 90."""
+    try:
+        north, _, south, _ = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return False
+    return -90 <= south < north <= 90

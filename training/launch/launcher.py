@@ -76,6 +76,7 @@ from training.launch.run_start import startup_line
 from training.launch.store_settings import derive_from_store, describe
 from training.reporting.mlflow_store import local_store_uri
 from training.session import open_data
+from training.skill.area import check_area
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     check_local_ranks(trainer.device, local_ranks, cfg.debug.share_gpu)
     trainer.threads_per_rank = threads_per_rank(trainer.threads_per_rank, local_ranks)
     dataset, hidden = open_data(cfg, store)  # fails here, clearly, on data or a hidden grid that does not suit it
+    check_area(cfg.evaluate.area, dataset.latitudes, dataset.longitudes)
     resolve_run_matmul(cfg)  # auto: measured (or cached) here, before the cost model times the GEMM
     if cfg.strategy.name == "auto":
         cfg = resolve_auto(cfg, hidden.n_points)  # the cost model's pick, printed and kept for MLflow

@@ -23,6 +23,7 @@ from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
 from training.model.rollout import rollout
 from training.session import Session
+from training.skill.area import scored_weights
 from training.skill.baselines import training_baselines
 from training.skill.calibration import UNCALIBRATED, describe, fit_calibration
 from training.skill.centroid import CentroidAccumulator
@@ -67,7 +68,7 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
     outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
-    weights = dataset.area_weights[session.points]
+    weights = scored_weights(session)
     baselines = training_baselines(session, steps, [t + k * lead for t, _ in mine for k in range(steps + 1)])
     leads = lead_hours(session, steps)
     plain = baselines.climatologies.plain

@@ -26,6 +26,7 @@ import torch
 from training.data.samples import Sample, evenly_spread
 from training.model.rollout import rollout
 from training.session import Session
+from training.skill.area import scored_weights
 from training.skill.baselines import Baselines, fit_samples
 from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
@@ -110,7 +111,7 @@ def fit_calibration(session: Session, baselines: Baselines) -> list[LeadCalibrat
         return None
     references = tuple(r for r in REFERENCES if r in baselines.kinds)
     kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds))
-    weights = dataset.area_weights[session.points]
+    weights = scored_weights(session)
     sums = np.zeros((steps, len(references), len(kinds) + 1, len(kinds) + 1, len(dataset.roles.outputs)))
     was_training = session.model.training
     session.model.eval()

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from training.data.samples import Sample, evenly_spread
 from training.session import Session
+from training.skill.area import scored_weights
 from training.skill.baselines import training_baselines
 from training.skill.by_lead import lead_hours
 from training.skill.scores import SkillAccumulator, SkillTable, metric_part
@@ -67,7 +68,7 @@ class ValidationSkill:
 
     def _accumulator(self, kinds: tuple[str, ...]) -> SkillAccumulator:
         s = self.session
-        weights = s.dataset.area_weights[s.points]
+        weights = scored_weights(s)
         return SkillAccumulator(self.variables, lead_hours(s, 1), kinds, weights, self.reference.climatologies.plain)
 
     def _score_baselines(self) -> SkillTable:
