@@ -4,6 +4,7 @@ refused, naming the key."""
 
 from __future__ import annotations
 
+import csv
 from types import SimpleNamespace
 
 import numpy as np
@@ -59,3 +60,22 @@ def test_a_box_the_data_does_not_reach_is_refused_before_the_run(tmp_path):
     cfg = small_config(tmp_path / "run", store, "evaluate.area=[-89.9,0,-90,1]")
     with pytest.raises(ConfigValueError, match=r"evaluate\.area = \[-89\.9, 0.*holds none of the data's"):
         prepare(run_config(cfg))
+
+
+def test_a_run_scored_on_a_box_scores_its_points_alone(tmp_path):
+    """Two 2-rank runs of the same model, one scored on the northern hemisphere: the tracer's
+    persistence score is the hemisphere's own, the losses are the same (the loss keeps every point)."""
+    from training.app import run
+
+    store = generate_rossby_haurwitz(tmp_path / "rh.zarr", grid="o16", steps=24)
+    tables, losses = [], []
+    for name, area in (("whole", []), ("north", ["evaluate.area=[90,0,0,360]"])):
+        cfg = small_config(tmp_path / name, store, "trainer.steps=2", "evaluate.steps=1", "evaluate.samples=2", *area)
+        result = run(cfg)
+        losses.append([m["train/loss"] for _, m in result["history"]])
+        with open(tmp_path / name / "skill.csv") as f:
+            tables.append({(r["kind"], r["variable"]): float(r["rmse"]) for r in csv.DictReader(f)})
+    assert losses[0] == losses[1]
+    # the Rossby-Haurwitz wave's fields are the same in both hemispheres; the tracer is not
+    assert tables[1]["persistence", "tracer"] < 0.9 * tables[0]["persistence", "tracer"]
+    assert tables[1]["persistence", "psi"] == pytest.approx(tables[0]["persistence", "psi"], rel=1e-6)
