@@ -39,6 +39,8 @@ def check_area(area: list[float] | None, latitudes: np.ndarray, longitudes: np.n
 def scored_weights(session: Session) -> np.ndarray:
     """``(local points,)`` the area weights of ``session``'s rank's points inside its
     ``evaluate.area``, zero outside: what its scores weigh."""
-    dataset, points = session.dataset, session.points
-    inside = in_area(session.cfg.evaluate.area, dataset.latitudes[points], dataset.longitudes[points])
+    dataset, points, area = session.dataset, session.points, session.cfg.evaluate.area
+    if area is None:
+        return dataset.area_weights[points]
+    inside = in_area(area, dataset.latitudes[points], dataset.longitudes[points])
     return np.where(inside, dataset.area_weights[points], 0.0)

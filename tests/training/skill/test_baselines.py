@@ -64,6 +64,7 @@ def _session(store: FakeStore, train: list[int]) -> SimpleNamespace:
     """One rank's session over every point of ``store``, training samples from ``train``, lead 1."""
     dims = SimpleNamespace(rank=0, mp_group=None, dp_group=None, dp=1, dp_rank=0)
     return SimpleNamespace(
+        cfg=SimpleNamespace(evaluate=SimpleNamespace(area=None)),
         dataset=store,
         points=slice(None),
         dims=dims,
