@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from training.data.dataset import DatasetError, ZarrDataset, as_datetime64
+from training.data.dataset import DatasetError, ZarrDataset
+from training.data.dates import as_datetime64
 
 
 class AnemoiDataset(ZarrDataset):

@@ -20,9 +20,7 @@ order; forecasts written from it carry their coordinates in it too.
 
 from __future__ import annotations
 
-import datetime
 import logging
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ import zarr
 
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
+from training.data.dates import as_datetime64, frequency_seconds
 from training.data.forcings import VariableRoles
 from training.data.gappy_points import partial_fields, plan_gaps, scan_points
 from training.data.state_cache import STATE_CACHE_BYTES, StateCache
@@ -41,28 +40,6 @@ log = logging.getLogger(__name__)
 
 class DatasetError(UserError):
     """The dataset is missing, malformed, or does not fit the configuration."""
-
-
-_FREQUENCY = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "": 3600}
-
-
-def frequency_seconds(value: Any) -> int:
-    """Seconds of an anemoi frequency: ``"6h"``, ``"1d"``, ``"30m"``, ``6`` (hours) or a timedelta."""
-    if isinstance(value, datetime.timedelta):
-        return int(value.total_seconds())
-    match = _FREQUENCY.match(str(value).lower())
-    if not match or int(match.group(1)) <= 0:
-        raise ValueError(f"cannot read the frequency {value!r}: expected e.g. '6h', '1d', '30m' or hours")
-    return int(match.group(1)) * _UNIT_S[match.group(2)]
-
-
-def as_datetime64(dates: np.ndarray) -> np.ndarray:
-    """``(time,)`` dates as ``datetime64[s]`` (integers are seconds since 1970, as gridshard once wrote)."""
-    dates = np.asarray(dates)
-    if np.issubdtype(dates.dtype, np.datetime64):
-        return dates.astype("datetime64[s]")
-    return dates.astype(np.int64).astype("datetime64[s]")
 
 
 class ZarrDataset:
