@@ -40,7 +40,6 @@ from processor.runtime.torchrun import under_torchrun
 from training.config.checks import AUTO, DATA
 from training.config.schema import RunConfig
 from training.data import DatasetError, ZarrDataset
-from training.data.open_store import open_store
 from training.data.samples import build_samples, lead_steps, select_members
 from training.model.hidden_grid import hidden_grid
 from training.model.linear_baseline import LINEAR_REGRESSION, PERSISTENCE
@@ -225,9 +224,9 @@ def derive_ranks(cfg: RunConfig, hidden_points: int) -> list[Derived]:
     return out
 
 
-def derive_from_store(cfg: RunConfig, store: ZarrDataset | None = None) -> list[Derived]:
-    """Fill every derived key ``cfg`` leaves null (in place) from its store (``store``: opened
-    already, else opened here); what was derived."""
+def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
+    """Fill every derived key ``cfg`` leaves null (in place) from its store, ``dataset``
+    (:func:`~training.data.open_store.open_store` of ``cfg.data``); what was derived."""
     needed = (
         cfg.model.hidden_grid == AUTO,
         cfg.model.hidden_stride is None,
@@ -244,7 +243,6 @@ def derive_from_store(cfg: RunConfig, store: ZarrDataset | None = None) -> list[
     )
     if not any(needed):
         return []
-    dataset = store if store is not None else open_store(cfg.data)
     derived = [
         *derive_hidden_grid(cfg, dataset),
         *derive_recipe(cfg, dataset.point_set),  # before the validation: the input states shape its samples
