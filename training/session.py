@@ -16,7 +16,7 @@ from training.config.schema import RunConfig
 from training.data import ZarrDataset
 from training.data.batches import Batches
 from training.data.climatology_input import HourlyClimatology
-from training.data.open_store import dataset_samples, open_dataset
+from training.data.open_store import dataset_samples, open_dataset, open_store
 from training.data.samples import Sample, Samples, select_members
 from training.data.tendencies import tendency_statistics
 from training.distributed.device import rank_device
@@ -102,6 +102,8 @@ def open_data(cfg: RunConfig, store: ZarrDataset | None = None) -> tuple[ZarrDat
     (:mod:`training.model.hidden_grid`): what the launcher checks before any rank starts, and
     each rank opens again (``store``: opened already, see :func:`~training.data.open_store.open_dataset`)."""
     m = cfg.model
+    if store is None:  # a rank: read as the launcher planned, where it left a plan
+        store = open_store(cfg.data, plan_dir=cfg.run_dir)
     dataset = open_dataset(cfg.data, rollout_horizon(cfg.trainer), m.multistep_input - 1, store)
     hidden = hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, dataset.latitudes, dataset.longitudes)
     return dataset, hidden

@@ -14,6 +14,7 @@ value are read around as in a store (:mod:`training.data.gappy_points`). Needs t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ class AnemoiDataset(ZarrDataset):
         variables: list[str] | None = None,
         forcing: list[str] | None = None,
         diagnostic: list[str] | None = None,
+        plan_dir: str | Path | None = None,
     ) -> None:
         try:
             from anemoi.datasets import open_dataset  # deferred: optional anemoi-datasets
@@ -62,8 +64,9 @@ class AnemoiDataset(ZarrDataset):
         self.frequency_s = self._frequency(frequency)
         self.resolution = _resolution(ds)
         self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))
+        self.read_plan = None  # set where a store under it allows NaN
         if _allows_nans(ds):
-            self._read_around_nans(latitudes, longitudes, variables is None, forcing, diagnostic)
+            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir)
 
     def _read(self, index: tuple) -> np.ndarray:
         """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""

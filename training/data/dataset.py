@@ -33,6 +33,7 @@ from processor.point_sets import PointSet, point_set
 from training.data.dates import as_datetime64, frequency_seconds
 from training.data.forcings import VariableRoles
 from training.data.gappy_points import partial_fields, plan_gaps, scan_points
+from training.data.read_plan import ReadPlan, load_plan, plan_key
 from training.data.state_cache import STATE_CACHE_BYTES, StateCache
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ZarrDataset:
         variables: list[str] | None = None,
         forcing: list[str] | None = None,
         diagnostic: list[str] | None = None,
+        plan_dir: str | Path | None = None,
     ) -> None:
         self.path = Path(path)
         if not self.path.exists():
@@ -90,37 +92,48 @@ class ZarrDataset:
         self.frequency_s = self._frequency(attrs.get("frequency"))
         self.resolution: str | None = attrs.get("resolution")
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
+        self.read_plan: ReadPlan | None = None  # set where the store allows NaN
         if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
-            self._read_around_nans(latitudes, longitudes, variables is None, forcing, diagnostic)
+            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir)
 
     def _read_around_nans(
-        self,
-        latitudes: np.ndarray,
-        longitudes: np.ndarray,
-        every_variable: bool,
-        forcing: list[str] | None,
-        diagnostic: list[str] | None,
+        self, latitudes: np.ndarray, longitudes: np.ndarray, chosen: tuple, plan_dir: str | Path | None
     ) -> None:
-        """In a store that allows NaN (:mod:`~training.data.gappy_points`): leave out the fields
-        over part of the grid when the run reads ``every_variable`` (``data.variables`` unset),
-        then the points and dates with no value. ``latitudes``/``longitudes``: every store point's."""
-        scan = scan_points(self.blocks(), len(self.variables), len(latitudes))
-        if every_variable:
-            named = set(forcing or ()) | set(diagnostic or ())
-            left_out = partial_fields(scan, self.variables, named, set(self.constant_fields), str(self.path))
-            if left_out:
-                kept = [i for i, name in enumerate(self.variables) if name not in left_out]
-                scan = scan.select(kept)
-                self._select_variables([self.variables[i] for i in kept])
-                self.assign_roles(forcing, diagnostic)
-        try:
-            plan = plan_gaps(self.blocks, scan, self.n_times - len(self.missing), str(self.path))
-        except ValueError as exc:
-            raise DatasetError(str(exc)) from None
+        """In a store that allows NaN (:mod:`~training.data.gappy_points`): read by the plan the
+        launcher left in ``plan_dir`` (:mod:`~training.data.read_plan`), else by one made here.
+        ``latitudes``/``longitudes``: every store point's; ``chosen``: the run's ``data.variables``,
+        ``data.forcing`` and ``data.diagnostic``."""
+        self.read_plan_key = plan_key(str(self.path), tuple(self._data.shape), *chosen)
+        plan = load_plan(self.read_plan_key, plan_dir) or self._plan_reads(*chosen)
+        if list(plan.variables) != self.variables:
+            self._select_variables(list(plan.variables))
+            self.assign_roles(*chosen[1:])
         self.missing = self.missing | plan.missing
         if len(plan.kept) < self.n_points:  # else the grid stands as set up
             self._set_points(latitudes, longitudes, plan.kept, self.point_set.areas)  # the whole grid's cells
             self.field_shape = (self.n_points,)  # no longer the store's full field
+        self.read_plan = plan
+
+    def _plan_reads(
+        self, variables: list[str] | None, forcing: list[str] | None, diagnostic: list[str] | None
+    ) -> ReadPlan:
+        """The plan from a scan of the store: leave out the fields over part of the grid when the run
+        reads every variable (``data.variables`` unset), then the points and dates with no value."""
+        scan = scan_points(self.blocks(), len(self.variables), self._data.shape[-1])
+        wanted = list(self.variables)
+        if variables is None:
+            named = set(forcing or ()) | set(diagnostic or ())
+            left_out = partial_fields(scan, self.variables, named, set(self.constant_fields), str(self.path))
+            if left_out:
+                kept = [i for i, name in enumerate(self.variables) if name not in left_out]
+                scan, wanted = scan.select(kept), [self.variables[i] for i in kept]
+                self._select_variables(wanted)  # the gap plan reads these alone
+                self.assign_roles(forcing, diagnostic)
+        try:
+            gaps = plan_gaps(self.blocks, scan, self.n_times - len(self.missing), str(self.path))
+        except ValueError as exc:
+            raise DatasetError(str(exc)) from None
+        return ReadPlan(tuple(wanted), gaps.kept, gaps.missing, scan.finite)
 
     def _setup(
         self,
@@ -302,8 +315,11 @@ class ZarrDataset:
         """Raise ``DatasetError`` naming the variable, member, date and point of the first NaN or
         inf outside the missing dates (anemoi writes NaN there; no sample reads them).
 
-        Points left out of the grid (:func:`~training.data.gappy_points.plan_gaps`) are not read.
+        Points left out of the grid (:func:`~training.data.gappy_points.plan_gaps`) are not read;
+        a store read by a plan whose scan saw no inf is not read again (every NaN is read around).
         """
+        if self.read_plan is not None and self.read_plan.finite:
+            return
         for run, p0, block, block_dates in self.blocks(block_bytes):
             finite = np.isfinite(block)
             if self.stored_points is not None:

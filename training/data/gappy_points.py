@@ -50,14 +50,16 @@ Blocks = Iterable[tuple[range, int, np.ndarray, range]]  # ZarrDataset.blocks: (
 @dataclass(frozen=True)
 class PointScan:
     """Which variable has a value at which store point: ``complete`` ``(variables, points)`` at
-    every present date, ``valued`` at some date (:func:`scan_points`)."""
+    every present date, ``valued`` at some date (:func:`scan_points`); ``finite``: no inf seen."""
 
     complete: np.ndarray
     valued: np.ndarray
+    finite: bool = True
 
     def select(self, variables: list[int]) -> PointScan:
-        """The scan ``(len(variables), points)`` of those variables (indices) alone."""
-        return PointScan(self.complete[variables], self.valued[variables])
+        """The scan ``(len(variables), points)`` of those variables (indices) alone (an inf seen in
+        any variable is still reported: ``check_finite`` then finds it)."""
+        return PointScan(self.complete[variables], self.valued[variables], self.finite)
 
 
 def plan_gaps(read_blocks: Callable[[], Blocks], scan: PointScan, n_present: int, where: str) -> GapPlan:
@@ -127,13 +129,14 @@ def scan_points(blocks: Blocks, n_variables: int, n_stored: int) -> PointScan:
     :func:`plan_gaps`): one read of every present date (none: every point complete)."""
     complete = np.ones((n_variables, n_stored), dtype=bool)
     valued = np.zeros((n_variables, n_stored), dtype=bool)
-    any_date = False
+    any_date, no_inf = False, True
     for _, p0, block, _ in blocks:
-        finite, span = ~np.isnan(block), slice(p0, p0 + block.shape[-1])  # an inf is an error: check_finite
-        complete[:, span] &= finite.all(axis=(0, 2))
-        valued[:, span] |= finite.any(axis=(0, 2))
+        valid, span = ~np.isnan(block), slice(p0, p0 + block.shape[-1])  # an inf is an error: check_finite
+        complete[:, span] &= valid.all(axis=(0, 2))
+        valued[:, span] |= valid.any(axis=(0, 2))
+        no_inf = no_inf and not np.isinf(block).any()
         any_date = True
-    return PointScan(complete, valued if any_date else complete.copy())
+    return PointScan(complete, valued if any_date else complete.copy(), no_inf)
 
 
 def _gap_dates(blocks: Blocks, gappy: np.ndarray) -> dict[int, np.ndarray]:

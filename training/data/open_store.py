@@ -3,6 +3,8 @@ its grid, its dates, and the samples the lead time, members and rollout leave.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from training.config.schema import DataConfig
 from training.data.anemoi_source import AnemoiDataset
 from training.data.dataset import DatasetError, ZarrDataset
@@ -32,16 +34,18 @@ def open_dataset(data: DataConfig, horizon: int = 1, history: int = 0, store: Za
     return dataset
 
 
-def open_store(data: DataConfig) -> ZarrDataset:
+def open_store(data: DataConfig, plan_dir: str | Path | None = None) -> ZarrDataset:
     """The configured store as it is, unchecked: ``data.open_dataset`` through anemoi-datasets,
-    else the store at ``data.path``."""
+    else the store at ``data.path``. A store that allows NaN is read by the plan the launcher
+    left in ``plan_dir`` (the run directory) where there is one for it, else scanned
+    (:mod:`training.data.read_plan`)."""
     if data.open_dataset:
-        return AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic)
+        return AnemoiDataset(data.open_dataset, data.variables, data.forcing, data.diagnostic, plan_dir)
     if data.path is None:
         raise DatasetError(
             "data.path is not set: give an anemoi-datasets store (data.path=/path/to/store.zarr) or data.open_dataset"
         )
-    return ZarrDataset(data.path, data.variables, data.forcing, data.diagnostic)
+    return ZarrDataset(data.path, data.variables, data.forcing, data.diagnostic, plan_dir)
 
 
 def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1, history: int = 0) -> Samples:

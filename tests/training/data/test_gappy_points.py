@@ -13,6 +13,7 @@ from tests.training.conftest import small_config, train_sharded_and_single
 from training import predict
 from training.data import ZarrDataset, write_rossby_haurwitz
 from training.data.dataset import DatasetError
+from training.data.read_plan import load_plan
 
 ROWS, COLUMNS, DATES = 12, 14, 24
 SEA_COLUMNS = 4  # the west of every row, and 3 more in the northern 3: no value at any date
@@ -161,6 +162,8 @@ def test_a_gappy_store_trains_sharded_as_on_one_rank_and_forecasts_its_kept_poin
     settings += ["model.hidden_grid=data", "evaluate.at_end_of_training=false", "logging.mlflow=false"]
     _, single = train_sharded_and_single(tmp_path, store, *settings)
     source = ZarrDataset(store)
+    plan = load_plan(source.read_plan_key, tmp_path / "sharded")  # what the ranks read by
+    assert plan is not None and plan.missing == {3, 10} and len(plan.kept) == source.n_points
     forecast_cfg = small_config(
         tmp_path / "single",
         store,
