@@ -49,6 +49,7 @@ def test_the_table_gives_each_pair_its_ratio_and_how_far_the_losses_are_apart():
     assert "median pair: **2.50x**" in text
 
 
+@pytest.mark.slow  # two runs in subprocesses: the slow tier's kind
 def test_a_run_of_the_working_tree_is_read_back(tmp_path, one_rank_small_run):
     run = train(ROOT, tmp_path / "run", [*one_rank_small_run, "trainer.steps=3", "logging.mlflow=false"], skip=1)
     assert run.step_s > 0 and len(run.losses) == 3

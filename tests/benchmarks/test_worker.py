@@ -17,19 +17,25 @@ def point(**changes: Any) -> BenchmarkConfig:
     return BenchmarkConfig(**settings, model=dataclasses.replace(BenchModelConfig(), **model))
 
 
+def slow(case: dict) -> Any:
+    """A case of the slow tier: a variant (bf16's halved bytes, 4 ranks on 2 cores) of a formula
+    the default tier checks on 2-3 ranks in fp32."""
+    return pytest.param(case, marks=pytest.mark.slow)
+
+
 CASES = [
     dict(strategy="shard_heads", ranks=2, grid="o8"),
     dict(strategy="shard_heads", ranks=3, grid="o8", model=dict(num_heads=8, num_channels=32)),
-    dict(strategy="shard_heads", ranks=4, grid="f6", precision="bf16"),
+    slow(dict(strategy="shard_heads", ranks=4, grid="f6", precision="bf16")),
     dict(strategy="shard_sequence", ranks=2, grid="o8"),
     dict(strategy="shard_sequence", ranks=3, grid="o8", batch_size=2),
     dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(window_size=200)),  # wider than a shard
-    dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(num_chunks=1), precision="bf16"),
+    slow(dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(num_chunks=1), precision="bf16")),
     dict(strategy="shard_heads", ranks=2, grid="o8", model=dict(num_chunks=2)),
     dict(strategy="shard_sequence", ranks=3, grid="o8", target="train_step", data_grid="o12"),
     dict(strategy="shard_heads", ranks=2, grid="o8", target="train_step"),
     dict(strategy="shard_channels", ranks=2, grid="o8"),
-    dict(strategy="shard_channels", ranks=3, grid="o8", model=dict(num_chunks=1), precision="bf16"),
+    slow(dict(strategy="shard_channels", ranks=3, grid="o8", model=dict(num_chunks=1), precision="bf16")),
     dict(strategy="shard_channels", ranks=2, grid="o8", target="train_step"),
     dict(strategy="shard_sequence", ranks=3, grid="o8", segments=4, model=dict(num_chunks=1)),
     dict(strategy="shard_heads", ranks=2, grid="o8", segments=3),
@@ -48,14 +54,18 @@ CASES = [
     ),
     # An attention wider or narrower than C (anemoi's attn_channels): q, k, v and outputs move A values.
     dict(strategy="shard_heads", ranks=3, grid="o8", model=dict(attn_channels=40)),
-    dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(window_size=200, attn_channels=8)),
+    slow(dict(strategy="shard_sequence", ranks=4, grid="o8", model=dict(window_size=200, attn_channels=8))),
     dict(strategy="shard_hybrid", ranks=4, grid="o8", head_group_size=2, model=dict(attn_channels=24, num_chunks=1)),
     # A strategy of your own, swept by import path: counted like the built-ins.
     dict(strategy="tests.processor.plan.test_own_strategy:GatherKeys", ranks=3, grid="o8", model=dict(num_chunks=1)),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{v}" for v in c.values() if not isinstance(v, dict)))
+def _case_id(case: Any) -> str:
+    return "-".join(f"{v}" for v in case.values() if not isinstance(v, dict))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_counted_bytes_match_the_analytic_model(rank_pool, case):
     cfg = point(**case)
     row = summarise(cfg, rank_pool.run_ok(measure, cfg.ranks, cfg))

@@ -61,8 +61,9 @@ CASES = [  # n_q, left, right, window, batch, ids
     (300, 0, 0, 17, 1, None),
     (300, 25, 40, 30, 2, "shared"),  # q_offset into a halo-padded key block
     (129, 128, 3, 200, 2, "per_member"),  # a window wider than the queries
-    (257, 0, 0, 0, 1, None),  # each query sees itself only
-    (640, 100, 0, 128, 1, "shared"),  # an edge rank: halo on one side
+    # Each shape compiles anew (about 5 s cold): these two in the slow tier.
+    pytest.param(257, 0, 0, 0, 1, None, marks=pytest.mark.slow),  # each query sees itself only
+    pytest.param(640, 100, 0, 128, 1, "shared", marks=pytest.mark.slow),  # an edge rank: halo on one side
 ]
 
 
