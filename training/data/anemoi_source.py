@@ -66,21 +66,27 @@ class AnemoiDataset(ZarrDataset):
         self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))
         self.read_plan = None  # set where a store under it allows NaN
         if _allows_nans(ds):
-            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir)
+            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir, _metadata(ds))
 
     def _read(self, index: tuple) -> np.ndarray:
         """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""
         return np.asarray(self._data[index])
 
 
+def _metadata(ds: Any) -> Any:
+    """``ds.metadata()``, None where anemoi cannot describe the combination."""
+    try:
+        return ds.metadata()
+    except Exception:  # anemoi raises many kinds
+        return None
+
+
 def _allows_nans(ds: Any) -> bool:
     """Whether a store under the anemoi dataset ``ds`` was built with ``allow_nans``: its ``attrs``
-    in ``ds.metadata()``, however deep a combination nests them (False where there is none)."""
-    try:
-        metadata = ds.metadata()
-    except Exception:  # a combination anemoi cannot describe: its NaN, if any, are refused as before
-        return False
-    return _attrs_allow_nans(metadata)
+    in ``ds.metadata()``, however deep a combination nests them (False where there is none; and
+    where anemoi cannot describe the combination: its NaN, if any, are refused as before)."""
+    metadata = _metadata(ds)
+    return metadata is not None and _attrs_allow_nans(metadata)
 
 
 def _attrs_allow_nans(metadata: Any) -> bool:

@@ -30,10 +30,10 @@ import zarr
 
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
-from training.data.dates import as_datetime64, frequency_seconds
+from training.data.dates import as_datetime64, frequency_seconds, present_runs
 from training.data.forcings import VariableRoles
 from training.data.gappy_points import partial_fields, plan_gaps, scan_points
-from training.data.read_plan import ReadPlan, load_plan, plan_key
+from training.data.read_plan import ReadPlan, load_plan, plan_key, save_plan
 from training.data.state_cache import STATE_CACHE_BYTES, StateCache
 
 log = logging.getLogger(__name__)
@@ -94,17 +94,17 @@ class ZarrDataset:
         self.field_shape = tuple(attrs.get("field_shape", (self.n_points,)))
         self.read_plan: ReadPlan | None = None  # set where the store allows NaN
         if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
-            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir)
+            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir, attrs)
 
     def _read_around_nans(
-        self, latitudes: np.ndarray, longitudes: np.ndarray, chosen: tuple, plan_dir: str | Path | None
+        self, latitudes: np.ndarray, longitudes: np.ndarray, chosen: tuple, plan_dir: str | Path | None, attrs: Any
     ) -> None:
         """In a store that allows NaN (:mod:`~training.data.gappy_points`): read by the plan the
         launcher left in ``plan_dir`` (:mod:`~training.data.read_plan`), else by one made here.
         ``latitudes``/``longitudes``: every store point's; ``chosen``: the run's ``data.variables``,
-        ``data.forcing`` and ``data.diagnostic``."""
-        self.read_plan_key = plan_key(str(self.path), tuple(self._data.shape), *chosen)
-        plan = load_plan(self.read_plan_key, plan_dir) or self._plan_reads(*chosen)
+        ``data.forcing`` and ``data.diagnostic``; ``attrs``: the store's attributes."""
+        self.read_plan_key = plan_key(str(self.path), tuple(self._data.shape), attrs, chosen)
+        plan = load_plan(self.read_plan_key, plan_dir, self.variables, self._data.shape[-1]) or self._plan_reads(chosen)
         if list(plan.variables) != self.variables:
             self._select_variables(list(plan.variables))
             self.assign_roles(*chosen[1:])
@@ -114,12 +114,18 @@ class ZarrDataset:
             self.field_shape = (self.n_points,)  # no longer the store's full field
         self.read_plan = plan
 
-    def _plan_reads(
-        self, variables: list[str] | None, forcing: list[str] | None, diagnostic: list[str] | None
-    ) -> ReadPlan:
+    def save_read_plan(self, run_dir: str | Path) -> None:
+        """Leave the plan this store is read by in ``run_dir`` for the ranks (none without NaN)."""
+        if self.read_plan is not None:
+            save_plan(self.read_plan, self.read_plan_key, run_dir, self._data.shape[-1])
+
+    def _plan_reads(self, chosen: tuple) -> ReadPlan:
         """The plan from a scan of the store: leave out the fields over part of the grid when the run
         reads every variable (``data.variables`` unset), then the points and dates with no value."""
-        scan = scan_points(self.blocks(), len(self.variables), self._data.shape[-1])
+        (variables, forcing, diagnostic), scan = (
+            chosen,
+            scan_points(self.blocks(), len(self.variables), self._data.shape[-1]),
+        )
         wanted = list(self.variables)
         if variables is None:
             named = set(forcing or ()) | set(diagnostic or ())
@@ -342,7 +348,7 @@ class ZarrDataset:
         dates_per_block = max(chunk_t, block_bytes // (row_bytes * points_per_block) // chunk_t * chunk_t)
         for t0 in range(0, self.n_times, dates_per_block):
             block_dates = range(t0, min(t0 + dates_per_block, self.n_times))
-            for run in _runs(block_dates, self.missing):
+            for run in present_runs(block_dates, self.missing):
                 for p0 in range(0, n_stored, points_per_block):
                     block = self._read_block(run, slice(p0, p0 + points_per_block))[:, self._index]
                     yield run, p0, block, block_dates
@@ -379,15 +385,3 @@ def _variable_names(attrs: dict[str, Any]) -> list[str]:
         return list(attrs["variables"])
     mapping = attrs["name_to_index"]
     return sorted(mapping, key=mapping.get)
-
-
-def _runs(dates: range, missing: frozenset[int]) -> list[range]:
-    """The runs of consecutive indices of ``dates`` that are not ``missing``."""
-    runs, start = [], None
-    for t in [*dates, None]:
-        if t is not None and t not in missing:
-            start = t if start is None else start
-        elif start is not None:
-            runs.append(range(start, t if t is not None else dates.stop))
-            start = None
-    return runs

@@ -1,5 +1,5 @@
-"""The dates of an anemoi-datasets store: its ``frequency`` attribute in seconds, and its ``dates``
-as ``datetime64[s]`` whatever they were written as."""
+"""The dates of an anemoi-datasets store: its ``frequency`` attribute in seconds, its ``dates``
+as ``datetime64[s]`` whatever they were written as, and the runs of dates present."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def as_datetime64(dates: np.ndarray) -> np.ndarray:
     if np.issubdtype(dates.dtype, np.datetime64):
         return dates.astype("datetime64[s]")
     return dates.astype(np.int64).astype("datetime64[s]")
+
+
+def present_runs(dates: range, missing: frozenset[int]) -> list[range]:
+    """The runs of consecutive indices of ``dates`` that are not ``missing``."""
+    runs, start = [], None
+    for t in [*dates, None]:
+        if t is not None and t not in missing:
+            start = t if start is None else start
+        elif start is not None:
+            runs.append(range(start, t if t is not None else dates.stop))
+            start = None
+    return runs

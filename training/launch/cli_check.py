@@ -128,7 +128,7 @@ def check_creatable(name: str, directory: Path) -> None:
 
 
 # What Hydra and the app put in a run directory before any work: a refused run leaves only these.
-BOOKKEEPING = (".hydra", "app.log", ".run.lock")
+BOOKKEEPING = (".hydra", "app.log", ".run.lock", "store_read_plan.npz")  # the last: training/data/read_plan.py
 
 
 def discard_refused_run_dir(run_dir: str | Path) -> None:

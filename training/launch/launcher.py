@@ -56,7 +56,6 @@ from training.config.schema import ConfigValueError, DataConfig, RunConfig, run_
 from training.config.settings import check_ranges, flatten, write_settings
 from training.data.generate import check_built_in_path, generate_built_in
 from training.data.open_store import open_store
-from training.data.read_plan import save_plan
 from training.distributed.device import (
     backend_for,
     check_local_ranks,
@@ -131,8 +130,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     if data.check_finite:
         dataset.check_finite()  # and here, naming variable, date and point, on a NaN or inf
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    if dataset.read_plan is not None:  # the ranks read by it, not the whole store again
-        save_plan(dataset.read_plan, dataset.read_plan_key, cfg.run_dir)
+    dataset.save_read_plan(cfg.run_dir)  # a store with NaN: the ranks read by it, not the whole store again
     if command.continues_run:
         check_resumable(cfg)  # and here on a checkpoint of another model
         if saved is not None:

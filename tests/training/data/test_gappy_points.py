@@ -162,7 +162,7 @@ def test_a_gappy_store_trains_sharded_as_on_one_rank_and_forecasts_its_kept_poin
     settings += ["model.hidden_grid=data", "evaluate.at_end_of_training=false", "logging.mlflow=false"]
     _, single = train_sharded_and_single(tmp_path, store, *settings)
     source = ZarrDataset(store)
-    plan = load_plan(source.read_plan_key, tmp_path / "sharded")  # what the ranks read by
+    plan = load_plan(source.read_plan_key, tmp_path / "sharded", source.variables, ROWS * COLUMNS)  # the ranks' plan
     assert plan is not None and plan.missing == {3, 10} and len(plan.kept) == source.n_points
     forecast_cfg = small_config(
         tmp_path / "single",
