@@ -65,8 +65,9 @@ class AnemoiDataset(ZarrDataset):
         self.resolution = _resolution(ds)
         self.field_shape = tuple(getattr(ds, "field_shape", (self.n_points,)))
         self.read_plan = None  # set where a store under it allows NaN
-        if _allows_nans(ds):
-            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir, _metadata(ds))
+        metadata = _metadata(ds)
+        if _allows_nans(metadata):
+            self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir, metadata)
 
     def _read(self, index: tuple) -> np.ndarray:
         """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""
@@ -81,11 +82,10 @@ def _metadata(ds: Any) -> Any:
         return None
 
 
-def _allows_nans(ds: Any) -> bool:
-    """Whether a store under the anemoi dataset ``ds`` was built with ``allow_nans``: its ``attrs``
-    in ``ds.metadata()``, however deep a combination nests them (False where there is none; and
-    where anemoi cannot describe the combination: its NaN, if any, are refused as before)."""
-    metadata = _metadata(ds)
+def _allows_nans(metadata: Any) -> bool:
+    """Whether a store under an anemoi dataset of ``metadata`` (:func:`_metadata`) was built with
+    ``allow_nans``: its ``attrs``, however deep a combination nests them (False where there is
+    none; and where anemoi cannot describe the combination: its NaN, if any, are refused as before)."""
     return metadata is not None and _attrs_allow_nans(metadata)
 
 

@@ -122,10 +122,8 @@ class ZarrDataset:
     def _plan_reads(self, chosen: tuple) -> ReadPlan:
         """The plan from a scan of the store: leave out the fields over part of the grid when the run
         reads every variable (``data.variables`` unset), then the points and dates with no value."""
-        (variables, forcing, diagnostic), scan = (
-            chosen,
-            scan_points(self.blocks(), len(self.variables), self._data.shape[-1]),
-        )
+        variables, forcing, diagnostic = chosen
+        scan = scan_points(self.blocks(), len(self.variables), self._data.shape[-1])
         wanted = list(self.variables)
         if variables is None:
             named = set(forcing or ()) | set(diagnostic or ())

@@ -95,11 +95,12 @@ def load_plan(key: str, run_dir: str | Path | None, names: list[str], n_stored: 
     ``n_stored`` points; None where there is none, or it is another launch's, another store's or
     other variables', or cannot be read."""
     path = Path(run_dir) / PLAN_FILE if run_dir is not None else None
-    if path is None or not path.exists() or not _launch_line(run_dir):
+    launch = _launch_line(run_dir) if path is not None and path.exists() else ""
+    if not launch:  # no plan, or no launcher's lock
         return None
     try:
         with np.load(path, allow_pickle=False) as saved:
-            if str(saved["key"]) != key or str(saved["launch"]) != _launch_line(run_dir):
+            if str(saved["key"]) != key or str(saved["launch"]) != launch:
                 log.warning("%s was written for another store, variables or launch: scanning the store", path)
                 return None
             packed, variables = saved["kept"], tuple(str(v) for v in saved["variables"])
