@@ -288,7 +288,9 @@ def main(hydra_main: Callable[[], Any], training_schema: bool = True) -> None:
             raise
     scratch = None
     if torchrun_rank() != 0:
-        scratch = tempfile.mkdtemp(prefix="gridshard-hydra-")
+        # Not made here: Hydra makes it only for a --multirun sweep, so a follower that torchrun
+        # stops with SIGTERM (its finally never runs) leaves nothing behind in a plain run.
+        scratch = os.path.join(tempfile.gettempdir(), f"gridshard-hydra-{os.getpid()}")
         sys.argv += follower_overrides(scratch)
     try:
         hydra_main()

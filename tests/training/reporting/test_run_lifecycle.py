@@ -220,6 +220,19 @@ def test_a_configuration_error_under_torchrun_is_reported_once(tmp_path, small_d
     assert "exitcode  : 2" in err
 
 
+@pytest.mark.slow
+def test_a_data_error_under_torchrun_leaves_no_scratch_behind(tmp_path, small_dataset):
+    """torchrun stops the follower with SIGTERM while it waits for rank 0's line: its cleanup never
+    runs, so it must have made nothing in the temporary directory."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "training"]
+    rc, out, err = _launch([*torchrun, *_tiny(small_dataset), "data.grid=o8"], tmp_path, TMPDIR=str(scratch))
+    assert rc != 0
+    assert re.findall(r"^error: data.grid = o8 .*", out + err, re.MULTILINE), err[-3000:]
+    assert not list(scratch.glob("gridshard-hydra-*")), sorted(p.name for p in scratch.iterdir())
+
+
 def _fail_by_rank() -> None:
     """Rank 0 has a bug; rank 1 finds the data wrong (as each rank checks its own data)."""
     import torch.distributed as dist
