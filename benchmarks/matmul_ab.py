@@ -114,10 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     print(layers_table(args.rounds))
     if args.layers_only:
         return
-    run_dir = tempfile.mkdtemp(prefix="gridshard-matmul-ab-")
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
-    result = launcher.run(composed, TRAIN, _RankBody(args.warmup, args.steps, args.blocks))
+    with tempfile.TemporaryDirectory(prefix="gridshard-matmul-ab-") as run_dir:
+        with initialize_config_module(config_module="configs", version_base="1.3"):
+            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
+        result = launcher.run(composed, TRAIN, _RankBody(args.warmup, args.steps, args.blocks))
     aten, onednn = (result["median_s"][b] for b in BACKENDS)
     print(
         f"\nthe training step, `{' '.join(args.overrides) or '(defaults)'}`: {result['setup']}; median of"

@@ -131,11 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=0, help="also list the operators of most self time")
     parser.add_argument("overrides", nargs="*", help="python -m training's overrides")
     args = parser.parse_args(argv)
-    run_dir = tempfile.mkdtemp(prefix="gridshard-step-profile-")
-    with initialize_config_module(config_module="configs", version_base="1.3"):
-        composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
     body: Callable[[RunConfig], dict[str, Any]] = _RankBody(args.warmup, args.steps, args.profiled, args.top)
-    print(report(launcher.run(composed, TRAIN, body), args.overrides))
+    with tempfile.TemporaryDirectory(prefix="gridshard-step-profile-") as run_dir:
+        with initialize_config_module(config_module="configs", version_base="1.3"):
+            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
+        result = launcher.run(composed, TRAIN, body)
+    print(report(result, args.overrides))
 
 
 class _RankBody:
