@@ -21,6 +21,7 @@ import numpy as np
 
 from training.data.dataset import DatasetError, ZarrDataset
 from training.data.dates import as_datetime64
+from training.data.forcings import store_given_fields
 
 
 class AnemoiDataset(ZarrDataset):
@@ -60,6 +61,7 @@ class AnemoiDataset(ZarrDataset):
         self._chunks = tuple(getattr(ds, "chunks", None) or (1, *ds.shape[1:]))
         self._setup(names, latitudes, longitudes, dates, statistics["mean"], statistics["stdev"], variables, missing)
         self.constant_fields = tuple(getattr(ds, "constant_fields", None) or ())
+        self.given_fields = store_given_fields(names, self.constant_fields, getattr(ds, "variables_metadata", None))
         self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(frequency)
         self.resolution = _resolution(ds)

@@ -31,7 +31,7 @@ import zarr
 from processor.errors import UserError
 from processor.point_sets import PointSet, point_set
 from training.data.dates import as_datetime64, frequency_seconds, present_runs
-from training.data.forcings import VariableRoles
+from training.data.forcings import VariableRoles, store_given_fields
 from training.data.gappy_points import partial_fields, plan_gaps, scan_points
 from training.data.read_plan import ReadPlan, load_plan, plan_key, save_plan
 from training.data.state_cache import STATE_CACHE_BYTES, StateCache
@@ -87,7 +87,8 @@ class ZarrDataset:
         missing_dates = {np.datetime64(d, "s") for d in attrs.get("missing_dates", [])}
         missing = {i for i, d in enumerate(dates) if d in missing_dates}
         self._setup(names, latitudes, longitudes, dates, mean, stdev, variables, missing)
-        self.constant_fields = tuple(attrs.get("constant_fields") or ())  # given, never predicted
+        self.constant_fields = tuple(attrs.get("constant_fields") or ())
+        self.given_fields = store_given_fields(names, self.constant_fields, attrs.get("variables_metadata"))
         self.assign_roles(forcing, diagnostic)
         self.frequency_s = self._frequency(attrs.get("frequency"))
         self.resolution: str | None = attrs.get("resolution")
@@ -206,7 +207,7 @@ class ZarrDataset:
         """Which variables are forcings (inputs only) and diagnostics (outputs only): ``roles``
         (:class:`~training.data.forcings.VariableRoles`); a ``DatasetError`` naming the key."""
         try:
-            self.roles = VariableRoles.build(self.variables, forcing, diagnostic, self.constant_fields)
+            self.roles = VariableRoles.build(self.variables, forcing, diagnostic, self.given_fields)
         except ValueError as exc:
             raise DatasetError(f"{exc} (in {self.path})") from None
         columns = self.roles.output_columns()

@@ -21,6 +21,7 @@ which is which.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,9 @@ COMPUTED = (
     "cos_solar_zenith_angle",
 )
 YEAR_DAYS = 365.25
+# anemoi's two names of one field: computed under one while the store holds the other, it would be
+# given twice.
+_SAME_FIELD = {"insolation": "cos_solar_zenith_angle", "cos_solar_zenith_angle": "insolation"}
 
 
 def day_of_year(dates: np.ndarray) -> np.ndarray:
@@ -109,6 +113,29 @@ def computed_forcings(
     return np.stack(columns, axis=-1).astype(np.float32)
 
 
+def store_given_fields(variables: list[str], constant_fields: Any, variables_metadata: Any) -> tuple[str, ...]:
+    """The store variables that are inputs only by the store's own record, as anemoi-datasets
+    writes it: its ``constant_fields`` (a land-sea mask, orography) and its computed forcings
+    (``variables_metadata[v]["computed_forcing"]``, or a name of :data:`COMPUTED` where the store
+    has no such record: ``cos_solar_zenith_angle``, ``cos_julian_day``, ... from its ``forcings``
+    source). Not a variable to predict, and not one to score."""
+    metadata = variables_metadata if isinstance(variables_metadata, dict) else {}
+    constant = set(constant_fields or ())
+
+    def computed(name: str) -> bool:
+        record = metadata.get(name)
+        return bool(record.get("computed_forcing")) if isinstance(record, dict) else name in COMPUTED
+
+    return tuple(v for v in variables if v in constant or computed(v))
+
+
+def _store_names(forcing: list[str], variables: list[str]) -> list[str]:
+    """``forcing`` with a name the store holds under anemoi's other name of it read as the
+    store's (``insolation`` where the store has ``cos_solar_zenith_angle``), given once."""
+    named = [_SAME_FIELD[n] if n not in variables and _SAME_FIELD.get(n) in variables else n for n in forcing]
+    return list(dict.fromkeys(named))
+
+
 @dataclass(frozen=True)
 class VariableRoles:
     """What each variable is to the model, by name.
@@ -133,18 +160,19 @@ class VariableRoles:
         variables: list[str],
         forcing: list[str] | None,
         diagnostic: list[str] | None,
-        constant: tuple[str, ...] = (),
+        given: tuple[str, ...] = (),
     ) -> VariableRoles:
         """The roles of the dataset's ``variables`` under ``data.forcing`` and ``data.diagnostic``,
-        the store's ``constant`` fields (anemoi's ``constant_fields``: a land-sea mask, orography)
-        forcings too, nothing to predict, unless ``data.diagnostic`` names them or they are all
-        there is (a store of one repeated field). ``ValueError``
+        the store's ``given`` fields (:func:`store_given_fields`: its constant fields and computed
+        forcings) forcings too, nothing to predict, unless ``data.diagnostic`` names them or they
+        are all there is (a store of one repeated field). ``ValueError``
         naming the key for a name that is neither a variable nor computed, a name in both, or no
         prognostic variable left."""
         forcing, diagnostic = list(forcing or []), list(diagnostic or [])
         for key, names in (("data.forcing", forcing), ("data.diagnostic", diagnostic)):
             if len(set(names)) != len(names):
                 raise ValueError(f"{key} = {names} names a variable twice")
+        forcing = _store_names(forcing, variables)
         unknown = [n for n in forcing if n not in variables and n not in COMPUTED]
         if unknown:
             raise ValueError(
@@ -157,9 +185,9 @@ class VariableRoles:
         both = sorted(set(forcing) & set(diagnostic))
         if both:
             raise ValueError(f"{both} are in both data.forcing and data.diagnostic: a variable is one or the other")
-        static = [v for v in constant if v in variables and v not in forcing and v not in diagnostic]
-        if any(v not in forcing + diagnostic + static for v in variables):  # else nothing is left to predict
-            forcing += static
+        inputs_only = [v for v in given if v in variables and v not in forcing and v not in diagnostic]
+        if any(v not in forcing + diagnostic + inputs_only for v in variables):  # else nothing is left to predict
+            forcing += inputs_only
         prognostic = [v for v in variables if v not in forcing and v not in diagnostic]
         if not prognostic:
             raise ValueError(f"no prognostic variable left in {variables} after data.forcing and data.diagnostic")

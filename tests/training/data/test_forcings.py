@@ -7,7 +7,7 @@ import pytest
 
 from training.data import ZarrDataset
 from training.data.anemoi_layout import write_anemoi_store
-from training.data.forcings import COMPUTED, VariableRoles, computed_forcings, day_of_year
+from training.data.forcings import COMPUTED, VariableRoles, computed_forcings, day_of_year, store_given_fields
 
 
 def _at(*dates: str) -> np.ndarray:
@@ -77,3 +77,26 @@ def test_a_store_with_constant_fields_gives_them_as_inputs(tmp_path):
     dataset = ZarrDataset(store, forcing=["cos_latitude"])
     assert dataset.constant_fields == ("lsm",) and dataset.roles.forcing == ("lsm",)
     assert dataset.roles.outputs == ["t2m"] and dataset.roles.inputs == ["t2m", "lsm", "cos_latitude"]
+
+
+def test_a_stores_own_record_says_which_variables_are_given():
+    """anemoi-datasets records its ``forcings`` source's fields as computed forcings; a store
+    without the record is read by the names; a record that says otherwise wins over the name."""
+    variables = ["t2m", "lsm", "cos_solar_zenith_angle", "toa_flux", "insolation", "sin_julian_day"]
+    metadata = {
+        "t2m": {"units": "K"},
+        "toa_flux": {"computed_forcing": True, "constant_in_time": False},
+        "insolation": {"units": "W m-2"},  # a field of the data under a forcing's name: predicted
+    }
+    given = store_given_fields(variables, ["lsm"], metadata)
+    assert given == ("lsm", "cos_solar_zenith_angle", "toa_flux", "sin_julian_day")
+    assert store_given_fields(variables, None, None) == ("cos_solar_zenith_angle", "insolation", "sin_julian_day")
+    roles = VariableRoles.build(variables, None, None, given)
+    assert roles.outputs == ["t2m", "insolation"] and roles.forcing == given
+
+
+def test_one_field_under_anemois_two_names_is_given_once():
+    roles = VariableRoles.build(["t2m", "cos_solar_zenith_angle"], ["insolation", "cos_julian_day"], None)
+    assert roles.forcing == ("cos_solar_zenith_angle",) and roles.computed == ("cos_julian_day",)
+    roles = VariableRoles.build(["t2m", "cos_solar_zenith_angle"], ["insolation", "cos_solar_zenith_angle"], None)
+    assert roles.forcing == ("cos_solar_zenith_angle",) and not roles.computed
