@@ -54,3 +54,10 @@ def test_the_readme_forcings_are_the_stores_where_it_holds_them(store: Path) -> 
 def test_a_forcing_may_still_be_asked_for_as_a_diagnostic(store: Path) -> None:
     dataset = ZarrDataset(store, diagnostic=["cos_julian_day"])
     assert dataset.roles.outputs == ["2t", "cos_julian_day"] and "cos_julian_day" not in dataset.roles.forcing
+
+
+def test_open_dataset_reads_the_same_record(store: Path) -> None:
+    from training.data.anemoi_source import AnemoiDataset
+
+    dataset = AnemoiDataset({"dataset": str(store), "select": ["2t", "cos_solar_zenith_angle"]})
+    assert dataset.roles.outputs == ["2t"] and dataset.roles.forcing == ("cos_solar_zenith_angle",)
