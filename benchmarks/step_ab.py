@@ -79,7 +79,6 @@ def baseline_tree(revision: str) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, capture_output=True)
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
         shutil.rmtree(where.parent, ignore_errors=True)
-        shutil.rmtree(where.parent, ignore_errors=True)
 
 
 def train(tree: Path, run_dir: Path, overrides: list[str], skip: int) -> Run:

@@ -79,8 +79,9 @@ class Batches:
         needed = steps if self.valid_time_forcing else steps - 1  # the last date whose forcings are given
         if roles.forcing and t + needed * self.lead >= dataset.n_times:
             raise DatasetError(
-                f"a forecast of {steps} steps from {dataset.date(t)} needs data.forcing's store variables "
-                f"{list(roles.forcing)} after the store's last date {dataset.date(dataset.n_times - 1)}"
+                f"a forecast of {steps} steps from {dataset.date(t)} needs the store's forcings {list(roles.forcing)}"
+                " (data.forcing's, or given by the store's record) after its last date"
+                f" {dataset.date(dataset.n_times - 1)}"
             )
         given = [dataset.state(t + k * self.lead, self.points, member) for k in range(-self.history, 1)]
         # Later states are read only for store forcings, and only at dates whose forcings are

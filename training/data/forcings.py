@@ -13,13 +13,15 @@ anemoi-datasets' ``forcings`` source computes them (earthkit-data's definitions)
   good to a few minutes of solar time).
 
 They are in [-1, 1] already and are not normalised. Store variables can be forcings too
-(land-sea mask, orography: ``data.forcing``), normalised like every store variable; and store
+(land-sea mask, orography: ``data.forcing``), normalised like every store variable; those the
+store records as given (:func:`store_given_fields`) are forcings without being listed; and store
 variables can be diagnostic (``data.diagnostic``: outputs only). :class:`VariableRoles` says
 which is which.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,18 +115,24 @@ def computed_forcings(
     return np.stack(columns, axis=-1).astype(np.float32)
 
 
-def store_given_fields(variables: list[str], constant_fields: Any, variables_metadata: Any) -> tuple[str, ...]:
+def store_given_fields(
+    variables: list[str], constant_fields: Sequence[str] | None, variables_metadata: Mapping[str, Any] | None
+) -> tuple[str, ...]:
     """The store variables that are inputs only by the store's own record, as anemoi-datasets
     writes it: its ``constant_fields`` (a land-sea mask, orography) and its computed forcings
-    (``variables_metadata[v]["computed_forcing"]``, or a name of :data:`COMPUTED` where the store
-    has no such record: ``cos_solar_zenith_angle``, ``cos_julian_day``, ... from its ``forcings``
-    source). Not a variable to predict, and not one to score."""
-    metadata = variables_metadata if isinstance(variables_metadata, dict) else {}
+    (``variables_metadata[v]["computed_forcing"]``: ``cos_solar_zenith_angle``,
+    ``cos_julian_day``, ... from its ``forcings`` source). A store whose record of ``v`` does
+    not say (an older anemoi-datasets; none at all) is read by the name, a name of
+    :data:`COMPUTED` being a forcing unless the record says where the field came from (``mars``),
+    as anemoi-inference reads old metadata. Not a variable to predict, and not one to score."""
+    metadata = variables_metadata if isinstance(variables_metadata, Mapping) else {}
     constant = set(constant_fields or ())
 
     def computed(name: str) -> bool:
         record = metadata.get(name)
-        return bool(record.get("computed_forcing")) if isinstance(record, dict) else name in COMPUTED
+        if not isinstance(record, Mapping):
+            return name in COMPUTED
+        return bool(record.get("computed_forcing", "mars" not in record and name in COMPUTED))
 
     return tuple(v for v in variables if v in constant or computed(v))
 

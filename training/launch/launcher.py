@@ -25,6 +25,7 @@ import contextlib
 import copy
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -290,7 +291,7 @@ def main(hydra_main: Callable[[], Any], training_schema: bool = True) -> None:
     if torchrun_rank() != 0:
         # Not made here: Hydra makes it only for a --multirun sweep, so a follower that torchrun
         # stops with SIGTERM (its finally never runs) leaves nothing behind in a plain run.
-        scratch = os.path.join(tempfile.gettempdir(), f"gridshard-hydra-{os.getpid()}")
+        scratch = os.path.join(tempfile.gettempdir(), f"gridshard-hydra-{os.getpid()}-{secrets.token_hex(4)}")
         sys.argv += follower_overrides(scratch)
     try:
         hydra_main()

@@ -20,10 +20,6 @@ exact under any split for free, once the source rows have arrived by halo.
 from __future__ import annotations
 
 import math
-import multiprocessing.util
-import os
-import sys
-import tempfile
 
 import torch
 from torch import Tensor, nn
@@ -32,28 +28,7 @@ from torch_geometric.utils import softmax
 
 from processor.attention.edge import EdgeLists, fused_edge_attention, fused_edge_attention_serves
 from processor.matmul import Linear
-
-_GENERATED_SOURCES: set[str] = set()
-
-
-def _remove_generated_source_at_exit(cls: type[MessagePassing]) -> None:
-    """torch_geometric writes the ``propagate`` it generates for a class into a file in the
-    temporary directory, once a process, and never removes it (``module_from_template``,
-    ``delete=False``): thousands of files in /tmp after a day of runs. The module is loaded by
-    then, so the file is removed when this process exits (multiprocessing's finalizers run at
-    the exit of a spawned rank too, where ``atexit`` does not)."""
-    path = getattr(sys.modules.get(cls.propagate.__module__), "__file__", None)
-    if path is None or path in _GENERATED_SOURCES or os.path.dirname(path) != tempfile.gettempdir():
-        return
-    _GENERATED_SOURCES.add(path)
-    multiprocessing.util.Finalize(None, _remove_quietly, args=(path,), exitpriority=0)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:  # already gone (a forked process removed it first)
-        pass
+from training.model.generated_sources import remove_generated_source_at_exit
 
 
 class GraphTransformerMapper(MessagePassing):
@@ -72,7 +47,7 @@ class GraphTransformerMapper(MessagePassing):
         self, channels: int, edge_dim: int, num_heads: int, mlp_ratio: float = 2.0, fused_edges: bool = True
     ) -> None:
         super().__init__(aggr="add", node_dim=0)  # points first: see forward
-        _remove_generated_source_at_exit(type(self))
+        remove_generated_source_at_exit(type(self))
         if channels % num_heads:
             raise ValueError(f"mapper: channels ({channels}) must be divisible by num_heads ({num_heads})")
         self.num_heads, self.head_dim = num_heads, channels // num_heads

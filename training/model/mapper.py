@@ -8,6 +8,7 @@ from torch_geometric.nn import MessagePassing
 
 from processor.attention.edge import EdgeLists
 from processor.matmul import Linear
+from training.model.generated_sources import remove_generated_source_at_exit
 
 
 def mlp(c_in: int, c_hidden: int, c_out: int) -> nn.Sequential:
@@ -23,6 +24,7 @@ class GraphMapper(MessagePassing):
 
     def __init__(self, channels: int, edge_channels: int) -> None:
         super().__init__(aggr="mean", node_dim=-2)
+        remove_generated_source_at_exit(type(self))
         self.edge_mlp = mlp(2 * channels + edge_channels, channels, channels)
         self.node_mlp = mlp(2 * channels, channels, channels)
 

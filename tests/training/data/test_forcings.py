@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import zarr
 
 from training.data import ZarrDataset
 from training.data.anemoi_layout import write_anemoi_store
@@ -79,6 +80,23 @@ def test_a_store_with_constant_fields_gives_them_as_inputs(tmp_path):
     assert dataset.roles.outputs == ["t2m"] and dataset.roles.inputs == ["t2m", "lsm", "cos_latitude"]
 
 
+def test_a_store_that_records_a_computed_forcing_gives_it_as_an_input(tmp_path):
+    """As anemoi-datasets' ``forcings`` source records its fields (tests/training/data/
+    test_store_forcings.py builds such a store with anemoi-datasets itself)."""
+    lat, lon = np.repeat(np.arange(50, 46, -1.0), 4), np.tile(np.arange(0, 4, 1.0), 4)
+    data = np.random.default_rng(0).normal(size=(8, 2, 1, 16))
+    dates = np.arange("2020-01-01T00", "2020-01-03T00", 6, dtype="datetime64[h]")
+    store = write_anemoi_store(tmp_path / "s.zarr", data, dates, ["t2m", "cos_solar_zenith_angle"], lat, lon, None)
+    assert ZarrDataset(store).roles.outputs == ["t2m", "cos_solar_zenith_angle"]  # recorded as a MARS field
+    root = zarr.open_group(str(store), mode="r+")
+    metadata = dict(root.attrs["variables_metadata"])
+    metadata["cos_solar_zenith_angle"] = {"computed_forcing": True, "constant_in_time": False}
+    root.attrs["variables_metadata"] = metadata
+    dataset = ZarrDataset(store, forcing=["insolation", "cos_julian_day"])
+    assert dataset.roles.outputs == ["t2m"] and dataset.roles.forcing == ("cos_solar_zenith_angle",)
+    assert dataset.roles.computed == ("cos_julian_day",)
+
+
 def test_a_stores_own_record_says_which_variables_are_given():
     """anemoi-datasets records its ``forcings`` source's fields as computed forcings; a store
     without the record is read by the names; a record that says otherwise wins over the name."""
@@ -86,10 +104,15 @@ def test_a_stores_own_record_says_which_variables_are_given():
     metadata = {
         "t2m": {"units": "K"},
         "toa_flux": {"computed_forcing": True, "constant_in_time": False},
-        "insolation": {"units": "W m-2"},  # a field of the data under a forcing's name: predicted
+        "insolation": {"mars": {"param": "insolation"}},  # a field from MARS under a forcing's name: predicted
+        "sin_julian_day": {"units": "dimensionless"},  # an older record, silent: read by the name
     }
     given = store_given_fields(variables, ["lsm"], metadata)
     assert given == ("lsm", "cos_solar_zenith_angle", "toa_flux", "sin_julian_day")
+    assert store_given_fields(variables, (), {"sin_julian_day": {"computed_forcing": False}}) == (
+        "cos_solar_zenith_angle",
+        "insolation",
+    )
     assert store_given_fields(variables, None, None) == ("cos_solar_zenith_angle", "insolation", "sin_julian_day")
     roles = VariableRoles.build(variables, None, None, given)
     assert roles.outputs == ["t2m", "insolation"] and roles.forcing == given
