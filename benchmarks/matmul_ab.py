@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_module
 
 import training.config.schema  # noqa: F401 - registers the schema
-from benchmarks.rank_trainer import rank_trainer
+from benchmarks.rank_trainer import on_run_ranks, rank_trainer
 from processor.host import cpu_name
 from processor.matmul import BACKENDS, linear, set_matmul_backend
 from processor.matmul.backends import large_enough_for_onednn
 from processor.matmul.probe import alternating_medians
 from training.config.schema import RunConfig
-from training.launch import launcher
-from training.launch.command import TRAIN
 
 # (rows, in, out): the default run's processor on one of 2 ranks (800 points, C = 64: qkv, MLP)
 # and on one (1,600: its attention's projection), its decoder's data points, and o96's processor
@@ -114,10 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     print(layers_table(args.rounds))
     if args.layers_only:
         return
-    with tempfile.TemporaryDirectory(prefix="gridshard-matmul-ab-") as run_dir:
-        with initialize_config_module(config_module="configs", version_base="1.3"):
-            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
-        result = launcher.run(composed, TRAIN, _RankBody(args.warmup, args.steps, args.blocks))
+    result = on_run_ranks(args.overrides, _RankBody(args.warmup, args.steps, args.blocks), "matmul-ab")
     aten, onednn = (result["median_s"][b] for b in BACKENDS)
     print(
         f"\nthe training step, `{' '.join(args.overrides) or '(defaults)'}`: {result['setup']}; median of"

@@ -1,14 +1,21 @@
 """A training run's own trainer on this rank, for the benchmarks that time its steps
-(``step_profile``, ``matmul_ab``): the run's set-up as ``python -m training`` makes it."""
+(``step_profile``, ``matmul_ab``, ``step_toggle``): the run's set-up as ``python -m training``
+makes it, launched on the run's ranks in a run directory of its own (:func:`on_run_ranks`)."""
 
 from __future__ import annotations
 
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hydra import compose, initialize_config_module
+
+import training.config.schema  # noqa: F401 - registers the schema
 from training.config.schema import RunConfig
+from training.launch import launcher
+from training.launch.command import TRAIN
 
 if TYPE_CHECKING:
     from training.distributed.parallel import ParallelDims
@@ -51,3 +58,12 @@ def new_trainer(cfg: RunConfig, dims: ParallelDims) -> Trainer:
     from training.session import open_session
 
     return Trainer(open_session(cfg, dims, rollout_horizon(cfg.trainer)))
+
+
+def on_run_ranks(overrides: list[str], body: Callable[[RunConfig], Any], name: str) -> Any:
+    """``body`` on each rank of ``python -m training <overrides>`` (MLflow off), in a temporary
+    run directory (prefix ``gridshard-<name>-``) removed after; rank 0's result."""
+    with tempfile.TemporaryDirectory(prefix=f"gridshard-{name}-") as run_dir:
+        with initialize_config_module(config_module="configs", version_base="1.3"):
+            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *overrides])
+        return launcher.run(composed, TRAIN, body)

@@ -21,22 +21,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_module
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 import training.config.schema  # noqa: F401 - registers the schema
-from benchmarks.rank_trainer import rank_trainer
+from benchmarks.rank_trainer import on_run_ranks, rank_trainer
 from processor.host import cpu_name
 from training.config.schema import RunConfig
-from training.launch import launcher
-from training.launch.command import TRAIN
 from training.loop import step
 from training.reporting.step_split import (
     KINDS,
@@ -132,11 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="python -m training's overrides")
     args = parser.parse_args(argv)
     body: Callable[[RunConfig], dict[str, Any]] = _RankBody(args.warmup, args.steps, args.profiled, args.top)
-    with tempfile.TemporaryDirectory(prefix="gridshard-step-profile-") as run_dir:
-        with initialize_config_module(config_module="configs", version_base="1.3"):
-            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
-        result = launcher.run(composed, TRAIN, body)
-    print(report(result, args.overrides))
+    print(report(on_run_ranks(args.overrides, body, "step-profile"), args.overrides))
 
 
 class _RankBody:

@@ -23,21 +23,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import shutil
 import statistics
-import tempfile
 import time
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_module
 
 import training.config.schema  # noqa: F401 - registers the schema
-from benchmarks.rank_trainer import new_trainer, rank_trainer
+from benchmarks.rank_trainer import new_trainer, on_run_ranks, rank_trainer
 from processor.host import cpu_name
 from training.config.schema import RunConfig
-from training.launch import launcher
-from training.launch.command import TRAIN
 
 
 def steps_in_turn(cfg: RunConfig, switch: str, values: list[str], warmup: int, steps: int) -> dict[str, float]:
@@ -154,14 +149,8 @@ def main(argv: list[str] | None = None) -> None:
             compile(value, "<value>", "eval")
         except SyntaxError as error:
             parser.error(f"--values {value!r}: {error.msg}")
-    run_dir = tempfile.mkdtemp(prefix="gridshard-step-toggle-")
-    try:
-        with initialize_config_module(config_module="configs", version_base="1.3"):
-            composed = compose("config", [f"run_dir={run_dir}", "logging.mlflow=false", *args.overrides])
-        body = _RankBody(args.at, args.switch, args.values, args.warmup, args.steps)
-        print(report(launcher.run(composed, TRAIN, body), args.switch, args.overrides))
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    body = _RankBody(args.at, args.switch, args.values, args.warmup, args.steps)
+    print(report(on_run_ranks(args.overrides, body, "step-toggle"), args.switch, args.overrides))
 
 
 class _RankBody:
