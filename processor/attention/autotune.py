@@ -30,7 +30,7 @@ from types import MappingProxyType
 
 import torch
 
-from processor.attention.dispatch import AttentionCall, path_problem
+from processor.attention.dispatch import AttentionCall, path_problem, sees_every_key
 from processor.attention.kernel import sliding_window_attention
 from processor.attention.native_build import build_stamp
 from processor.host import cache_dir, cpu_name, device_name
@@ -41,6 +41,8 @@ from processor.host import cache_dir, cpu_name, device_name
 CANDIDATES = MappingProxyType(
     {"cpu": ("native", "banded", "sdpa_blocks"), "cuda": ("flash_attn", "flex", "sdpa_blocks")}
 )
+# When every query sees every key: the fused dense call, or on CPU the native kernel over all keys.
+GLOBAL_CANDIDATES = MappingProxyType({"cpu": ("native", "dense")})
 CACHE_NAME = "attention_paths.json"
 
 
@@ -125,11 +127,14 @@ def default_cache_file() -> Path:
 
 
 def eligible_paths(shape: ProbeShape, device: torch.device) -> list[str]:
-    """The candidates that can run this call here (``dense`` alone when the window holds every key)."""
+    """The candidates that can run this call here (:data:`GLOBAL_CANDIDATES` when the window
+    holds every key)."""
     call = shape.call(device)
-    if call.window >= call.n_k:
-        return ["dense"]
-    return [path for path in CANDIDATES.get(device.type, ()) if path_problem(path, call) is None] or ["sdpa_blocks"]
+    every_key = sees_every_key(call.n_q, call.n_k, call.window, call.q_offset)
+    candidates = (GLOBAL_CANDIDATES if every_key else CANDIDATES).get(device.type, ())
+    return [path for path in candidates if path_problem(path, call) is None] or [
+        "dense" if every_key else "sdpa_blocks"
+    ]
 
 
 def time_paths(shape: ProbeShape, paths: list[str], device: torch.device, rounds: int = 3) -> dict[str, float]:

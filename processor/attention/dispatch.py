@@ -3,9 +3,10 @@
 The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` of
 :func:`~processor.attention.sliding_window_attention`):
 
-- ``dense``: one fused ``scaled_dot_product_attention`` call. Always taken when every query's
-  window holds every key (global attention), whatever is asked for; forced on a window that
-  cuts, it is one call under an ``(n_q, n_k)`` boolean mask (anemoi's approach, ``O(N^2)``).
+- ``dense``: one fused ``scaled_dot_product_attention`` call. Taken when every query's window
+  holds every key (global attention), whatever is asked for, but ``native`` (below,
+  :func:`choose_global_path`); forced on a window that cuts, it is one call under an
+  ``(n_q, n_k)`` boolean mask (anemoi's approach, ``O(N^2)``).
 - ``flash_attn``: flash-attn's native sliding window (CUDA, fp16/bf16, head_dim a multiple of
   8 up to 256, no segment ids), when the package is installed.
 - ``flex``: compiled FlexAttention with a block-sparse ``BlockMask`` (:mod:`.flex`). CUDA
@@ -27,7 +28,11 @@ A run's launcher replaces ``auto`` by the path it measured fastest on its host
 library call). ``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, else ``flex``, else
 ``sdpa_blocks``; on CPU ``native`` where it is built (fp32/bf16, no dropout), else ``banded``
 when a gradient is needed (fp32/fp64, no dropout), else ``sdpa_blocks``. With a softcap or
-ALiBi (global windows too): ``flex`` where it runs, else ``scored``. The CPU rules are measured
+ALiBi (global windows too): ``flex`` where it runs, else ``scored``. A global window on CPU runs
+``native`` where it is built (fp32/bf16, no dropout) and there are at least
+:data:`GLOBAL_NATIVE_MIN_KEYS` keys, else ``dense``: the fused kernel over every key took
+0.42-0.84 of SDPA's time, forward and forward+backward, in all 14 cases measured at 326-10,000
+points and head dims 16-64 (2 threads, AMD Zen 4). The CPU rules are measured
 (``python -m benchmarks.attention_paths``, 2-core VM, N = 8192, 8 heads of 32 or 64, W =
 64/256/1024, forward only): FlexAttention's compiled CPU forward was 2.3–5.8x slower than the
 best path in all 12 cases, fp32 and bf16, so ``auto`` never takes it on CPU; without the fused
@@ -48,6 +53,9 @@ from processor.attention.native import native_available
 
 PATHS = ("auto", "dense", "flash_attn", "flex", "native", "banded", "sdpa_blocks", "scored")
 SCORE_MOD_PATHS = ("auto", "flex", "scored")  # the paths that apply a softcap or ALiBi
+# Fewer keys than this, and the native kernel's fixed cost outweighs what it saves over SDPA on a
+# global window (8 x 4 heads x 16 channels, fwd+bwd, Zen 4: 11 keys 0.36x, 35 keys 1.01x, 100 keys 1.47x).
+GLOBAL_NATIVE_MIN_KEYS = 32
 _HALF = (torch.float16, torch.bfloat16)
 _FULL = (torch.float32, torch.float64)
 
@@ -176,3 +184,23 @@ def choose_path(call: AttentionCall, path: str = "auto") -> str:
     if call.device_type == "cpu" and call.needs_grad and path_problem("banded", call) is None:
         return "banded"
     return "sdpa_blocks"
+
+
+def sees_every_key(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:
+    """Whether every query's window holds every key: global attention, whatever ``window`` says."""
+    # The last query must reach key 0 and the first query the last key.
+    return window is None or (q_offset + n_q - 1 - window <= 0 and q_offset + window >= n_k - 1)
+
+
+def choose_global_path(call: AttentionCall, path: str = "auto") -> str:
+    """The path for a call whose every query sees every key: ``native`` when forced (a
+    ``ValueError`` naming ``attention_path`` when it cannot run), or under ``auto`` where it runs;
+    else ``dense``, one fused SDPA call, whatever else is forced (the windowed paths would only
+    run it slower)."""
+    if path not in PATHS:
+        raise ValueError(f"attention_path = {path!r}: {path_problem(path, call)}")
+    if path == "native":
+        return choose_path(call, "native")
+    if path == "auto" and call.n_k >= GLOBAL_NATIVE_MIN_KEYS and not call.score_mods:
+        return "native" if path_problem("native", call) is None else "dense"
+    return "dense"

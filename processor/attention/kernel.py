@@ -11,9 +11,9 @@ kernel (:mod:`processor.attention.banded`), SDPA on blocks of queries against vi
 bands (:mod:`processor.attention.sdpa_blocks`), flash-attn's sliding window
 (:mod:`processor.attention.flash`), FlexAttention's block-sparse kernel
 (:mod:`processor.attention.flex`), and the score-modifying ``scored`` path
-(:mod:`processor.attention.scored`). When every query's window holds every key, one dense SDPA
-call (per segment id, with ids). Autograd saves only q, k, v, the output and its log-sum-exp
-(or what the path's docstring says).
+(:mod:`processor.attention.scored`). When every query's window holds every key, the fused C++
+kernel over all keys on CPU, else one dense SDPA call (per segment id, with ids). Autograd saves
+only q, k, v, the output and its log-sum-exp (or what the path's docstring says).
 
 Segment ids (``segment_ids``, ``(batch or 1, n_k)`` integers aligned with the keys) further
 restrict each query to keys of its own id; flash-attn (no ids support) is skipped when ids are
@@ -27,7 +27,7 @@ import math
 import torch.nn.functional as F
 from torch import Tensor
 
-from processor.attention.dispatch import AttentionCall, choose_path
+from processor.attention.dispatch import AttentionCall, choose_global_path, choose_path, sees_every_key
 from processor.attention.flash import flash_window_attention
 from processor.attention.flex import flex_window_attention
 from processor.attention.native import NativeBandAttention
@@ -65,9 +65,8 @@ def _segment_ids(ids: Tensor, q: Tensor, k: Tensor) -> Tensor:
     return segment_id_rows(ids)
 
 
-def _sees_every_key(n_q: int, n_k: int, window: int | None, q_offset: int) -> bool:
-    # The last query must reach key 0 and the first query the last key.
-    return window is None or (q_offset + n_q - 1 - window <= 0 and q_offset + window >= n_k - 1)
+def _native_scale(q: Tensor, scale: float | None) -> float:
+    return 1 / math.sqrt(q.shape[-1]) if scale is None else scale
 
 
 def sliding_window_attention(
@@ -97,8 +96,10 @@ def sliding_window_attention(
             ``q_offset + i``; a query sees only keys of its own id (it always sees itself).
         path: the kernel (:data:`processor.attention.dispatch.PATHS`); ``auto`` picks by
             :func:`~processor.attention.dispatch.choose_path`, any other is forced (a
-            ``ValueError`` when it cannot run these tensors). Global windows always run ``dense``
-            (or, with ``mods``, what ``auto`` picks for them).
+            ``ValueError`` when it cannot run these tensors). Global windows run ``native`` (forced,
+            or ``auto`` on CPU where it is built) or ``dense``
+            (:func:`~processor.attention.dispatch.choose_global_path`; with ``mods``, what ``auto``
+            picks for them).
         mods: a softcap and the ALiBi slopes of ``q``'s heads
             (:class:`~processor.attention.score_mods.ScoreMods`): run by ``scored`` or ``flex`` only.
     Returns:
@@ -111,10 +112,8 @@ def sliding_window_attention(
         ids = None
     if mods is not None and mods.active:
         return _modified(q, k, v, window, q_offset, dropout_p, scale, ids, mods, path)
-    if _sees_every_key(n_q, n_k, window, q_offset):
-        if ids is not None:
-            return per_segment(q, k, v, ids, q_offset, dropout_p, scale)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    if sees_every_key(n_q, n_k, window, q_offset):
+        return _global(q, k, v, q_offset, dropout_p, scale, ids, path)
     assert window is not None
     chosen = choose_path(AttentionCall.of(q, k, v, window, q_offset, ids is not None, dropout_p), path)
     if chosen == "flash_attn":
@@ -124,12 +123,25 @@ def sliding_window_attention(
     if chosen == "scored":
         return scored_window_attention(q, k, v, window, q_offset, scale, ids)
     if chosen == "native":  # every query, edges included, in one call
-        native_scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-        return NativeBandAttention.apply(q, k, v, window, q_offset, native_scale, ids)
+        return NativeBandAttention.apply(q, k, v, window, q_offset, _native_scale(q, scale), ids)
     block = block_size or default_block_size(window)
     if chosen == "dense" or n_q <= 2 * block:  # one masked call: forced, or too short to block
         return band_attention(q, k, v, window, q_offset, dropout_p, scale, ids)
     return blocked_attention(q, k, v, window, q_offset, block, dropout_p, scale, ids, banded=chosen == "banded")
+
+
+def _global(
+    q: Tensor, k: Tensor, v: Tensor, q_offset: int, dropout_p: float, scale: float | None, ids: Tensor | None, path: str
+) -> Tensor:
+    """Attention of every query over every key (of its segment id, with ``ids``): the native
+    kernel with a window of all the keys, or SDPA (:func:`~processor.attention.dispatch.choose_global_path`)."""
+    n_q, n_k = q.shape[2], k.shape[2]
+    call = AttentionCall.of(q, k, v, n_k, q_offset, ids is not None, dropout_p)
+    if n_q > 0 and choose_global_path(call, path) == "native":
+        return NativeBandAttention.apply(q, k, v, n_k, q_offset, _native_scale(q, scale), ids)
+    if ids is not None:
+        return per_segment(q, k, v, ids, q_offset, dropout_p, scale)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
 
 
 def _modified(

@@ -34,7 +34,7 @@ def rank_probe_shape(
     channels = model.attn_channels or model.num_channels
     window = model.window_size
     n_q = math.ceil(points / dims.points)
-    halo = 0 if dims.points == 1 or window is None else 2 * window
+    halo = 0 if dims.points == 1 else points if window is None else 2 * window  # global: every key
     heads = math.ceil(model.num_heads / (dims.heads * dims.channels))
     dtype = "bfloat16" if precision == "bf16" else "float32"
     n_k = min(points, n_q + halo)
@@ -42,11 +42,12 @@ def rank_probe_shape(
 
 
 def wants_probe(model: Any) -> bool:
-    """Whether this model's attention path is to be measured: ``auto``, a window that cuts (a
-    global one has one path, the fused dense kernel) and ``model.attention_probe``, unless the
-    environment says ``GRIDSHARD_ATTENTION_PROBE=0``."""
+    """Whether this model's attention path is to be measured: ``auto`` and
+    ``model.attention_probe``, unless the environment says ``GRIDSHARD_ATTENTION_PROBE=0``. A
+    global window is measured too (the native kernel over every key against the fused dense
+    call, on CPU)."""
     probing = bool(model.attention_probe) and os.environ.get("GRIDSHARD_ATTENTION_PROBE", "1") != "0"
-    return model.attention_path == "auto" and model.window_size is not None and probing
+    return model.attention_path == "auto" and probing
 
 
 def resolve_attention_path(model: Any, shape: ProbeShape, device: str, threads: int) -> PathChoice | None:

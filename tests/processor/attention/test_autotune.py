@@ -70,10 +70,24 @@ def test_a_cached_path_this_host_can_no_longer_run_is_measured_again(tmp_path):
     assert not choice.cached and choice.path in eligible_paths(SHAPE, CPU)
 
 
-def test_a_window_that_holds_every_key_has_one_path_and_no_probe(tmp_path):
+@pytest.mark.parametrize("window", [None, 100, 99])
+def test_a_window_that_holds_every_key_times_the_native_kernel_against_dense(tmp_path, window):
     cache = tmp_path / "paths.json"
-    whole = ProbeShape(batch=1, heads=2, n_q=100, n_k=100, head_dim=16, window=100)
+    whole = ProbeShape(batch=1, heads=2, n_q=100, n_k=100, head_dim=16, window=window)
     choice = fastest_path(whole, CPU, cache)
+    if not native_available():
+        assert choice.path == "dense" and not choice.seconds and "only path" in choice.describe()
+        return
+    assert set(choice.seconds) == {"native", "dense"} and choice.path == min(choice.seconds, key=choice.seconds.get)
+    assert cache.exists()
+
+
+def test_a_window_that_holds_every_key_has_one_path_without_the_native_kernel(tmp_path, monkeypatch):
+    from processor.attention import dispatch
+
+    monkeypatch.setattr(dispatch, "native_available", lambda: False)
+    cache = tmp_path / "paths.json"
+    choice = fastest_path(ProbeShape(batch=1, heads=2, n_q=100, n_k=100, head_dim=16, window=None), CPU, cache)
     assert choice.path == "dense" and not choice.seconds and not cache.exists()
     assert "only path" in choice.describe()
 

@@ -107,6 +107,30 @@ def test_fp32_matches_dense_float64(variant, dim, n_q, left, right, window, with
     _against_dense(q, k, v, window, left, ids, rtol=1e-5, variant=variant)
 
 
+@pytest.mark.parametrize("n_q,left,right,with_ids", [(200, 0, 0, False), (120, 37, 51, True), (33, 0, 90, True)])
+def test_a_global_window_runs_the_kernel_over_every_key(monkeypatch, n_q, left, right, with_ids):
+    """``window=None`` under ``auto`` takes the kernel with a window of all the keys (a rank's
+    queries inside the whole key block, segment ids), and matches dense float64 to 1e-5."""
+    from processor.attention import kernel
+
+    calls = []
+    real = kernel.NativeBandAttention.apply
+    monkeypatch.setattr(kernel.NativeBandAttention, "apply", lambda *a: calls.append(a[3]) or real(*a))
+    n_k = left + n_q + right
+    q, k, v = _qkv(2, 3, n_q, n_k, 16, torch.float32, n_q)
+    ids = _ids(2, n_k, n_q) if with_ids else None
+    out = sliding_window_attention(q, k, v, None, q_offset=left, segment_ids=ids)
+    assert calls == [n_k]
+    cotangent = _cotangent(out)
+    grads = torch.autograd.grad(out, (q, k, v), cotangent)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = dense_window_attention(q64, k64, v64, None, left, ids)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), cotangent.double())
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        error = float((got.double() - want).abs().max() / float(want.abs().max()))
+        assert error < 1e-5, f"{name}: relative error {error:.2e}"
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bf16_matches_dense_to_its_own_error(variant):
     q, k, v = _qkv(1, 2, 200, 260, 32, torch.bfloat16, 1)

@@ -38,6 +38,18 @@ def test_a_rank_sees_the_heads_and_points_its_strategy_gives_it(strategy, option
     assert (shape.batch, shape.head_dim, shape.window, shape.dtype, shape.needs_grad) == (2, 16, 40, "float32", True)
 
 
+@pytest.mark.parametrize(
+    "strategy,ranks,expected",
+    [
+        ("shard_sequence", 4, (4, 250, 1000)),
+        ("none", 1, (4, 1000, 1000)),
+    ],
+)
+def test_a_global_window_is_probed_over_every_key(strategy, ranks, expected):
+    shape = rank_probe_shape(_model(window_size=None), resolve_strategy(strategy), 1000, ranks, 2, "fp32")
+    assert (shape.heads, shape.n_q, shape.n_k, shape.window) == (*expected, None)
+
+
 def test_bf16_and_inference_are_probed_as_such():
     shape = rank_probe_shape(_model(), resolve_strategy("shard_sequence"), 1000, 2, 1, "bf16", needs_grad=False)
     assert shape.dtype == "bfloat16" and not shape.needs_grad and shape.q_offset == 40
@@ -57,9 +69,9 @@ def test_auto_becomes_the_measured_path_with_its_figures(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "changes,env",
-    [({"attention_probe": False}, "1"), ({}, "0"), ({"attention_path": "banded"}, "1"), ({"window_size": None}, "1")],
+    [({"attention_probe": False}, "1"), ({}, "0"), ({"attention_path": "banded"}, "1")],
 )
-def test_nothing_is_measured_when_off_set_or_global(monkeypatch, tmp_path, changes, env):
+def test_nothing_is_measured_when_off_or_set(monkeypatch, tmp_path, changes, env):
     monkeypatch.setenv("GRIDSHARD_ATTENTION_PROBE", env)
     monkeypatch.setenv("GRIDSHARD_CACHE_DIR", str(tmp_path))
     model = _model(**changes)
