@@ -26,6 +26,8 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``eobs_iberia_pr``: E-OBS's daily precipitation over Iberia, the same 20 winters, 0.5 degrees
   (19 x 29 points, 35-44 N, 10 W-4 E), land only: its sea points have no value (NaN, the store
   built with anemoi-datasets' ``build.allow_nans``), from the same repository.
+- ``eobs_iberia_2t``: E-OBS's daily mean 2 m temperature over Iberia, the same 20 winters and
+  grid, land only, from the same repository.
 - ``value_iberia_2t``: the VALUE project's 11 Iberian stations (ECA&D), daily mean 2 m
   temperature, the same 20 winters: a point set, two stations without a value on 16 and 8 days,
   from the same repository.
@@ -121,6 +123,12 @@ def climate4r_eobs_pr(rda: Path) -> Path:
     """E-OBS's daily precipitation (mm) of ``EOBS_Iberia_pr.rda``: NaN over the sea."""
     attrs = {"units": "mm", "standard_name": "precipitation_amount", "long_name": "daily total"}
     return climate4r_grid(rda, "tp", attrs)
+
+
+def climate4r_eobs_tas(rda: Path) -> Path:
+    """E-OBS's daily mean 2 m temperature (degC) of ``EOBS_Iberia_tas.rda``: NaN over the sea."""
+    attrs = {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"}
+    return climate4r_grid(rda, "2t", attrs)
 
 
 def climate4r_stations(rda: Path, name: str, attrs: dict) -> Path:
@@ -245,6 +253,18 @@ SOURCES = {
         "netcdf",
         {"param": ["tp"]},
         climate4r_eobs_pr,
+        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+        allow_nans=True,
+    ),
+    "eobs_iberia_2t": Source(
+        f"{CLIMATE4R}/data/EOBS_Iberia_tas.rda",
+        "01c9a8c2fd4e05de00f515107989f3f4",
+        "E-OBS daily mean 2 m temperature, 20 winters (DJF 1982/83-2001/02), 0.5 deg, Iberia (19 x 29; land only: "
+        "the sea has no value)",
+        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
+        "netcdf",
+        {"param": ["2t"]},
+        climate4r_eobs_tas,
         tuple(winter_gaps("1982-12-01", "2002-02-28")),
         allow_nans=True,
     ),

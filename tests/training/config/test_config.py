@@ -41,6 +41,7 @@ DATA_PRESETS = [
     "inca_graz",
     "ncep_iberia_t850",
     "eobs_iberia_pr",
+    "eobs_iberia_2t",
     "value_iberia_2t",
     "wfde5_uk_land",
     "regional_t2m",
