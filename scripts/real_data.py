@@ -23,14 +23,11 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``ncep_iberia_t850``: the NCEP/NCAR Reanalysis 1's daily mean 850 hPa temperature over Iberia,
   20 winters (December to February, 1982/83 to 2001/02: 1805 days, the rest of each year recorded
   as missing dates), 2.5 degrees (5 x 7 points, 35-45 N, 10 W-5 E), from the same repository.
-- ``eobs_iberia_pr``: E-OBS's daily precipitation over Iberia, the same 20 winters, 0.5 degrees
-  (19 x 29 points, 35-44 N, 10 W-4 E), land only: its sea points have no value (NaN, the store
-  built with anemoi-datasets' ``build.allow_nans``), from the same repository.
-- ``eobs_iberia_2t``: E-OBS's daily mean 2 m temperature over Iberia, the same 20 winters and
-  grid, land only, from the same repository.
+- ``eobs_iberia_pr``, ``eobs_iberia_2t``: E-OBS's daily precipitation and daily mean 2 m
+  temperature over Iberia, the same 20 winters, 0.5 degrees (19 x 29 points, 35-44 N, 10 W-4 E),
+  land only (the sea NaN, built with anemoi-datasets' ``build.allow_nans``), the same repository.
 - ``value_iberia_2t``: the VALUE project's 11 Iberian stations (ECA&D), daily mean 2 m
-  temperature, the same 20 winters: a point set, two stations without a value on 16 and 8 days,
-  from the same repository.
+  temperature, the same 20 winters: a point set with gaps, from the same repository.
 - ``wfde5_uk_land``: WFDE5 (the WATCH forcing methodology applied to ERA5), hourly, January 2017,
   six near-surface variables (air temperature, specific humidity, wind speed, precipitation,
   downwelling short- and longwave radiation), 0.5 degrees over the British Isles (20 x 28
@@ -207,6 +204,22 @@ class Source:
     companions: tuple[tuple[str, str], ...] = ()  # more files (url, md5) that convert reads beside the first
 
 
+def iberia_winters(file: str, md5: str, description: str, param: str, convert: Callable, nans: bool = True) -> Source:
+    """A climate4R file of the 20 Iberian winters (DJF 1982/83-2001/02, daily; the rest of each
+    year missing dates); with ``nans``, points without a value (the sea of a land-only product)."""
+    return Source(
+        f"{CLIMATE4R}/data/{file}",
+        md5,
+        f"{description}, 20 winters (DJF 1982/83-2001/02)",
+        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
+        "netcdf",
+        {"param": [param]},
+        convert,
+        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+        allow_nans=nans,
+    )
+
+
 SOURCES = {
     "era5_uk_2t": Source(
         f"{XARRAY_DATA}/era5-2mt-2019-03-uk.grib",
@@ -233,52 +246,34 @@ SOURCES = {
         {"param": ["msl"]},
         climate4r_msl,
     ),
-    "ncep_iberia_t850": Source(
-        f"{CLIMATE4R}/data/NCEP_Iberia_ta850.rda",
+    "ncep_iberia_t850": iberia_winters(
+        "NCEP_Iberia_ta850.rda",
         "b2e5491431cafddeb88bdc245b0733e3",
-        "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature, 20 winters (DJF 1982/83-2001/02), 2.5 deg, "
-        "Iberia (5 x 7)",
-        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
-        "netcdf",
-        {"param": ["t850"]},
+        "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature, 2.5 deg, Iberia (5 x 7)",
+        "t850",
         climate4r_t850,
-        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+        nans=False,
     ),
-    "eobs_iberia_pr": Source(
-        f"{CLIMATE4R}/data/EOBS_Iberia_pr.rda",
+    "eobs_iberia_pr": iberia_winters(
+        "EOBS_Iberia_pr.rda",
         "87093172c60e95765cf127d9d05f35cd",
-        "E-OBS daily precipitation, 20 winters (DJF 1982/83-2001/02), 0.5 deg, Iberia (19 x 29; land only: "
-        "the sea has no value)",
-        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
-        "netcdf",
-        {"param": ["tp"]},
+        "E-OBS daily precipitation, 0.5 deg, Iberia (19 x 29; land only: the sea has no value)",
+        "tp",
         climate4r_eobs_pr,
-        tuple(winter_gaps("1982-12-01", "2002-02-28")),
-        allow_nans=True,
     ),
-    "eobs_iberia_2t": Source(
-        f"{CLIMATE4R}/data/EOBS_Iberia_tas.rda",
+    "eobs_iberia_2t": iberia_winters(
+        "EOBS_Iberia_tas.rda",
         "01c9a8c2fd4e05de00f515107989f3f4",
-        "E-OBS daily mean 2 m temperature, 20 winters (DJF 1982/83-2001/02), 0.5 deg, Iberia (19 x 29; land only: "
-        "the sea has no value)",
-        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
-        "netcdf",
-        {"param": ["2t"]},
+        "E-OBS daily mean 2 m temperature, 0.5 deg, Iberia (19 x 29; land only: the sea has no value)",
+        "2t",
         climate4r_eobs_tas,
-        tuple(winter_gaps("1982-12-01", "2002-02-28")),
-        allow_nans=True,
     ),
-    "value_iberia_2t": Source(
-        f"{CLIMATE4R}/data/VALUE_Iberia_tas.rda",
+    "value_iberia_2t": iberia_winters(
+        "VALUE_Iberia_tas.rda",
         "8da27da509229a53d33780b985d8244e",
-        "VALUE's 11 Iberian stations (ECA&D), daily mean 2 m temperature, 20 winters (DJF 1982/83-2001/02): "
-        "a point set, 24 station-days without a value",
-        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
-        "netcdf",
-        {"param": ["2t"]},
+        "VALUE's 11 Iberian stations (ECA&D), daily mean 2 m temperature: a point set, 24 station-days without a value",
+        "2t",
         climate4r_value_tas,
-        tuple(winter_gaps("1982-12-01", "2002-02-28")),
-        allow_nans=True,
     ),
     "wfde5_uk_land": Source(
         f"{UNIFHY}/data/{WFDE5_FILES[0][0]}",

@@ -1,4 +1,5 @@
-"""Which kernel runs a windowed attention call: one function, :func:`choose_path`, with its rules.
+"""Which kernel runs an attention call: :func:`choose_path` for a window that cuts,
+:func:`choose_global_path` where every query sees every key, with their rules.
 
 The paths (``attention_path`` in :class:`~processor.ProcessorConfig`, ``path=`` of
 :func:`~processor.attention.sliding_window_attention`):
@@ -29,7 +30,7 @@ library call). ``auto`` picks, for a window that cuts: on CUDA ``flash_attn``, e
 ``sdpa_blocks``; on CPU ``native`` where it is built (fp32/bf16, no dropout), else ``banded``
 when a gradient is needed (fp32/fp64, no dropout), else ``sdpa_blocks``. With a softcap or
 ALiBi (global windows too): ``flex`` where it runs, else ``scored``. A global window on CPU runs
-``native`` where it is built (fp32/bf16, no dropout) and there are at least
+``native`` where it is built (fp32/bf16, no dropout, no segment ids) and there are at least
 :data:`GLOBAL_NATIVE_MIN_KEYS` keys, else ``dense``: the fused kernel over every key took
 0.42-0.84 of SDPA's time, forward and forward+backward, in all 14 cases measured at 326-10,000
 points and head dims 16-64 (2 threads, AMD Zen 4). The CPU rules are measured
@@ -194,13 +195,16 @@ def sees_every_key(n_q: int, n_k: int, window: int | None, q_offset: int) -> boo
 
 def choose_global_path(call: AttentionCall, path: str = "auto") -> str:
     """The path for a call whose every query sees every key: ``native`` when forced (a
-    ``ValueError`` naming ``attention_path`` when it cannot run), or under ``auto`` where it runs;
-    else ``dense``, one fused SDPA call, whatever else is forced (the windowed paths would only
-    run it slower)."""
+    ``ValueError`` naming ``attention_path`` when it cannot run), or under ``auto`` where it runs
+    and pays (at least :data:`GLOBAL_NATIVE_MIN_KEYS` keys, no segment ids); else ``dense``, one
+    fused SDPA call (per segment id, with ids), whatever else is forced (the windowed paths would
+    only run it slower)."""
     if path not in PATHS:
         raise ValueError(f"attention_path = {path!r}: {path_problem(path, call)}")
     if path == "native":
         return choose_path(call, "native")
-    if path == "auto" and call.n_k >= GLOBAL_NATIVE_MIN_KEYS and not call.score_mods:
-        return "native" if path_problem("native", call) is None else "dense"
+    # With ids, SDPA per segment computes each segment's own block; the kernel would mask N x N.
+    pays = call.n_k >= GLOBAL_NATIVE_MIN_KEYS and not call.segment_ids and not call.score_mods
+    if path == "auto" and pays and path_problem("native", call) is None:
+        return "native"
     return "dense"

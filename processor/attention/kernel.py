@@ -97,7 +97,7 @@ def sliding_window_attention(
         path: the kernel (:data:`processor.attention.dispatch.PATHS`); ``auto`` picks by
             :func:`~processor.attention.dispatch.choose_path`, any other is forced (a
             ``ValueError`` when it cannot run these tensors). Global windows run ``native`` (forced,
-            or ``auto`` on CPU where it is built) or ``dense``
+            or ``auto`` on CPU where it is built, from 32 keys, without dropout or ids) or ``dense``
             (:func:`~processor.attention.dispatch.choose_global_path`; with ``mods``, what ``auto``
             picks for them).
         mods: a softcap and the ALiBi slopes of ``q``'s heads
@@ -133,8 +133,10 @@ def sliding_window_attention(
 def _global(
     q: Tensor, k: Tensor, v: Tensor, q_offset: int, dropout_p: float, scale: float | None, ids: Tensor | None, path: str
 ) -> Tensor:
-    """Attention of every query over every key (of its segment id, with ``ids``): the native
-    kernel with a window of all the keys, or SDPA (:func:`~processor.attention.dispatch.choose_global_path`)."""
+    """Attention of every query ``(batch, heads, n_q, head_dim)`` over every key ``(batch, heads,
+    n_k, head_dim)`` (of its segment id, with ``ids`` ``(1 or batch, n_k)``) -> ``(batch, heads,
+    n_q, head_dim)``: the native kernel with a window of all the keys, or SDPA
+    (:func:`~processor.attention.dispatch.choose_global_path`)."""
     n_q, n_k = q.shape[2], k.shape[2]
     call = AttentionCall.of(q, k, v, n_k, q_offset, ids is not None, dropout_p)
     if n_q > 0 and choose_global_path(call, path) == "native":

@@ -29,7 +29,7 @@ def rank_probe_shape(
     """One rank's attention call in this run, as the strategy lays the ranks out
     (:meth:`~processor.strategies.Strategy.degrees`): its share of the heads (split by the heads
     and channels axes), its block of points with a halo of ``window`` keys each side where the
-    points are split, the head dim, window and dtype."""
+    points are split (every point's key for a global window), the head dim, window and dtype."""
     dims = strategy.degrees(model.num_heads, ranks)
     channels = model.attn_channels or model.num_channels
     window = model.window_size
@@ -42,23 +42,29 @@ def rank_probe_shape(
 
 
 def wants_probe(model: Any) -> bool:
-    """Whether this model's attention path is to be measured: ``auto`` and
-    ``model.attention_probe``, unless the environment says ``GRIDSHARD_ATTENTION_PROBE=0``. A
-    global window is measured too (the native kernel over every key against the fused dense
-    call, on CPU)."""
+    """Whether this model's attention path is to be measured: ``auto``, ``model.attention_probe``
+    and plain attention (no attention dropout, softcap or ALiBi: the probe times plain calls, and
+    the paths it picks from take none of them), unless the environment says
+    ``GRIDSHARD_ATTENTION_PROBE=0``. A global window is measured too (on CPU, the native kernel
+    over every key against the fused dense call)."""
     probing = bool(model.attention_probe) and os.environ.get("GRIDSHARD_ATTENTION_PROBE", "1") != "0"
-    return model.attention_path == "auto" and probing
+    plain = not getattr(model, "dropout_p", 0.0) and getattr(model, "softcap", None) is None
+    plain = plain and not getattr(model, "use_alibi_slopes", False)
+    return model.attention_path == "auto" and probing and plain
 
 
 def resolve_attention_path(model: Any, shape: ProbeShape, device: str, threads: int) -> PathChoice | None:
     """Replace ``model.attention_path`` ``auto`` by the path measured fastest for ``shape`` on
     ``threads`` threads (``model.attention_auto`` keeps the figures) and return it; None,
-    changing nothing, where :func:`wants_probe` says no."""
+    changing nothing, where :func:`wants_probe` says no or only one path could run the call
+    (``auto``'s rule picks that one)."""
     if not wants_probe(model):
         return None
     with torch_threads(threads):  # as fast as a rank runs it
         choice = fastest_path(shape, torch.device(device))
     print(choice.describe())
+    if not choice.seconds:
+        return None
     model.attention_path = choice.path
     model.attention_auto = {
         "choice": choice.path,

@@ -125,7 +125,8 @@ def test_forced_paths_run_what_they_name(monkeypatch):
     assert seen == ["banded", "flex", "banded"]
 
 
-def test_global_windows_run_dense_whatever_windowed_path_is_forced():
+def test_global_windows_run_dense_whatever_windowed_path_is_forced(monkeypatch):
+    monkeypatch.setattr(kernel.NativeBandAttention, "apply", lambda *a: pytest.fail("the native kernel ran"))
     q, k, v = (torch.randn(1, 2, 50, 16, requires_grad=True) for _ in range(3))
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     for path in ("flex", "banded", "sdpa_blocks", "dense", "scored", "flash_attn"):
@@ -142,7 +143,9 @@ def _global(**changes):
     "call,path,expected",
     [
         (_global(), "auto", "native"),  # measured 1.2-2.4x SDPA on CPU
-        (_global(dtype=torch.bfloat16, segment_ids=True, needs_grad=False), "auto", "native"),
+        (_global(dtype=torch.bfloat16, needs_grad=False), "auto", "native"),
+        (_global(segment_ids=True), "auto", "dense"),  # SDPA per segment computes each segment's block alone
+        (_global(segment_ids=True), "native", "native"),
         (_global(dtype=torch.float64), "auto", "dense"),
         (_global(dropout_p=0.1), "auto", "dense"),
         (_global(score_mods=True), "auto", "dense"),  # the caller routes logit mods first
@@ -163,6 +166,7 @@ def test_a_global_window_takes_the_native_kernel_where_it_runs(call, path, expec
 
 
 def test_a_global_window_without_the_kernel_or_forced_where_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(dispatch, "native_available", lambda: True)  # a built kernel, for the first two
     with pytest.raises(ValueError, match="attention_path = 'native': native runs on CPU in fp32/bf16, not cuda"):
         choose_global_path(_global(device_type="cuda"), "native")
     with pytest.raises(ValueError, match="attention_path = 'fastest': unknown attention path"):

@@ -107,19 +107,33 @@ def test_fp32_matches_dense_float64(variant, dim, n_q, left, right, window, with
     _against_dense(q, k, v, window, left, ids, rtol=1e-5, variant=variant)
 
 
-@pytest.mark.parametrize("n_q,left,right,with_ids", [(200, 0, 0, False), (120, 37, 51, True), (33, 0, 90, True)])
-def test_a_global_window_runs_the_kernel_over_every_key(monkeypatch, n_q, left, right, with_ids):
-    """``window=None`` under ``auto`` takes the kernel with a window of all the keys (a rank's
-    queries inside the whole key block, segment ids), and matches dense float64 to 1e-5."""
+def _native_windows(monkeypatch) -> list[int]:
+    """The windows the kernel is called with from now on (it still runs)."""
     from processor.attention import kernel
 
-    calls = []
+    calls: list[int] = []
     real = kernel.NativeBandAttention.apply
     monkeypatch.setattr(kernel.NativeBandAttention, "apply", lambda *a: calls.append(a[3]) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize(
+    "n_q,left,right,with_ids,path",
+    [
+        (200, 0, 0, False, "auto"),
+        (120, 37, 51, False, "auto"),
+        (120, 37, 51, True, "native"),
+        (33, 0, 90, True, "native"),
+    ],
+)
+def test_a_global_window_runs_the_kernel_over_every_key(monkeypatch, n_q, left, right, with_ids, path):
+    """``window=None`` under ``auto`` (with segment ids: forced) takes the kernel with a window of
+    all the keys (a rank's queries inside the whole key block), and matches dense float64 to 1e-5."""
+    calls = _native_windows(monkeypatch)
     n_k = left + n_q + right
     q, k, v = _qkv(2, 3, n_q, n_k, 16, torch.float32, n_q)
     ids = _ids(2, n_k, n_q) if with_ids else None
-    out = sliding_window_attention(q, k, v, None, q_offset=left, segment_ids=ids)
+    out = sliding_window_attention(q, k, v, None, q_offset=left, segment_ids=ids, path=path)
     assert calls == [n_k]
     cotangent = _cotangent(out)
     grads = torch.autograd.grad(out, (q, k, v), cotangent)
@@ -129,6 +143,35 @@ def test_a_global_window_runs_the_kernel_over_every_key(monkeypatch, n_q, left, 
     for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
         error = float((got.double() - want).abs().max() / float(want.abs().max()))
         assert error < 1e-5, f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize(
+    "n,dtype,dropout,with_ids",
+    [
+        (20, torch.float32, 0.0, False),
+        (200, torch.float64, 0.0, False),
+        (200, torch.float32, 0.1, False),
+        (200, torch.float32, 0.0, True),
+    ],
+)
+def test_a_global_window_runs_sdpa_where_the_kernel_does_not_pay_or_cannot_run(
+    monkeypatch, n, dtype, dropout, with_ids
+):
+    """Under ``auto``: under 32 keys, fp64, attention dropout and segment ids take SDPA."""
+    calls = _native_windows(monkeypatch)
+    q, k, v = _qkv(1, 2, n, n, 16, dtype, n)
+    ids = _ids(1, n, n, rate=0.1) if with_ids else None
+    sliding_window_attention(q, k, v, None, dropout_p=dropout, segment_ids=ids).sum().backward()
+    assert calls == []
+
+
+def test_a_global_window_in_bf16_runs_the_kernel_to_bf16_error(monkeypatch):
+    calls = _native_windows(monkeypatch)
+    q, k, v = _qkv(2, 2, 150, 150, 32, torch.bfloat16, 7)
+    out = sliding_window_attention(q, k, v, None)
+    assert calls == [150] and out.dtype == torch.bfloat16
+    ref = dense_window_attention(*(t.detach().double() for t in (q, k, v)), None, 0, None)
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-2
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

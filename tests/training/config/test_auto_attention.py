@@ -69,9 +69,16 @@ def test_auto_becomes_the_measured_path_with_its_figures(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize(
     "changes,env",
-    [({"attention_probe": False}, "1"), ({}, "0"), ({"attention_path": "banded"}, "1")],
+    [
+        ({"attention_probe": False}, "1"),
+        ({}, "0"),
+        ({"attention_path": "banded"}, "1"),
+        ({"dropout_p": 0.1}, "1"),  # the probe times plain calls: these keep auto's per-call rule
+        ({"softcap": 30.0}, "1"),
+        ({"use_alibi_slopes": True, "window_size": None}, "1"),
+    ],
 )
-def test_nothing_is_measured_when_off_or_set(monkeypatch, tmp_path, changes, env):
+def test_nothing_is_measured_when_off_set_or_not_plain(monkeypatch, tmp_path, changes, env):
     monkeypatch.setenv("GRIDSHARD_ATTENTION_PROBE", env)
     monkeypatch.setenv("GRIDSHARD_CACHE_DIR", str(tmp_path))
     model = _model(**changes)
@@ -80,6 +87,19 @@ def test_nothing_is_measured_when_off_or_set(monkeypatch, tmp_path, changes, env
     assert resolve_attention_path(model, shape, "cpu", 1) is None
     assert model.attention_path == before and model.attention_auto is None
     assert not (tmp_path / "attention_paths.json").exists()
+
+
+def test_one_path_that_can_run_the_call_leaves_auto(monkeypatch, tmp_path):
+    from processor.attention import dispatch
+
+    monkeypatch.setenv("GRIDSHARD_ATTENTION_PROBE", "1")
+    monkeypatch.setenv("GRIDSHARD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dispatch, "native_available", lambda: False)  # a global window: dense alone
+    model = _model(window_size=None)
+    shape = rank_probe_shape(model, resolve_strategy("none"), 500, 1, 1, "fp32")
+    assert resolve_attention_path(model, shape, "cpu", 1) is None
+    assert model.attention_path == "auto" and model.attention_auto is None
+    processor_config(model, "none")
 
 
 def test_a_checkpoint_continues_under_another_path_and_from_before_the_probe():

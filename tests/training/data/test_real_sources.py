@@ -91,20 +91,23 @@ def test_a_store_of_winters_records_the_rest_of_each_year_as_missing(tmp_path, r
     np.testing.assert_allclose(kelvin[:, point], data[:, 1, 2], rtol=1e-6)
 
 
-def test_a_land_only_grid_becomes_a_store_whose_sea_is_left_out(tmp_path, real_data):
-    """E-OBS's precipitation has no value over the sea: anemoi-datasets builds the store with
-    ``build.allow_nans`` (as the recipe asks) and the reader leaves those points out."""
+@pytest.mark.parametrize(
+    "name,variable,convert", [("eobs_iberia_pr", "tp", "eobs_pr"), ("eobs_iberia_2t", "2t", "eobs_tas")]
+)
+def test_a_land_only_grid_becomes_a_store_whose_sea_is_left_out(tmp_path, real_data, name, variable, convert):
+    """E-OBS's precipitation and temperature have no value over the sea: anemoi-datasets builds
+    the store with ``build.allow_nans`` (as the recipe asks) and the reader leaves those points out."""
     grid, data = _climate4r_grid(days=6)
-    data = grid["Data"] = np.abs(data - 101000) / 100  # mm
+    data = grid["Data"] = np.abs(data - 101000) / 100  # mm, or degC
     data[:, 0, :2] = np.nan  # the south-west: sea
-    rda = tmp_path / "pr.rda"
-    rdata.write_rda(str(rda), {"EOBS_pr": grid})
-    netcdf = real_data.climate4r_eobs_pr(rda)
-    recipe = real_data.recipe(real_data.SOURCES["eobs_iberia_pr"], netcdf)
+    rda = tmp_path / "eobs.rda"
+    rdata.write_rda(str(rda), {"EOBS": grid})
+    netcdf = getattr(real_data, f"climate4r_{convert}")(rda)
+    recipe = real_data.recipe(real_data.SOURCES[name], netcdf)
     assert recipe["build"] == {"allow_nans": True}
     recipe["dates"].update(start="2001-01-01T00:00:00", end="2001-01-06T00:00:00", missing=[])
-    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "pr.zarr"))
-    assert (ds.variables, ds.n_points) == (["tp"], len(LATITUDES) * len(LONGITUDES) - 2)
+    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "eobs.zarr"))
+    assert (ds.variables, ds.n_points) == ([variable], len(LATITUDES) * len(LONGITUDES) - 2)
     ds.check_finite()
     mm = np.stack([ds.denormalise(ds.state(t))[:, 0] for t in range(ds.n_times)])
     for i, lat in enumerate(LATITUDES):
