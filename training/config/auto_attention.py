@@ -48,8 +48,7 @@ def wants_probe(model: Any) -> bool:
     ``GRIDSHARD_ATTENTION_PROBE=0``. A global window is measured too (on CPU, the native kernel
     over every key against the fused dense call)."""
     probing = bool(model.attention_probe) and os.environ.get("GRIDSHARD_ATTENTION_PROBE", "1") != "0"
-    plain = not getattr(model, "dropout_p", 0.0) and getattr(model, "softcap", None) is None
-    plain = plain and not getattr(model, "use_alibi_slopes", False)
+    plain = model.dropout_p == 0 and model.softcap is None and not model.use_alibi_slopes
     return model.attention_path == "auto" and probing and plain
 
 
