@@ -28,6 +28,10 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
   land only (the sea NaN, built with anemoi-datasets' ``build.allow_nans``), the same repository.
 - ``value_iberia_2t``: the VALUE project's 11 Iberian stations (ECA&D), daily mean 2 m
   temperature, the same 20 winters: a point set with gaps, from the same repository.
+- ``cordex_iberia``: a regional climate model's daily mean 2 m temperature and precipitation
+  (CORDEX EUR-44: KNMI's RACMO22E driven by EC-EARTH's historical run), the same 20 winters, on
+  its 0.44 degree rotated-pole grid (28 x 30 points, a curvilinear grid in true latitude and
+  longitude), from the same repository (two files, merged here into one NetCDF).
 - ``wfde5_uk_land``: WFDE5 (the WATCH forcing methodology applied to ERA5), hourly, January 2017,
   six near-surface variables (air temperature, specific humidity, wind speed, precipitation,
   downwelling short- and longwave radiation), 0.5 degrees over the British Isles (20 x 28
@@ -47,6 +51,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from climate4r import (  # scripts/, beside this file
+    CORDEX_FILES,
+    climate4r_eobs_pr,
+    climate4r_eobs_tas,
+    climate4r_msl,
+    climate4r_rotated,
+    climate4r_t850,
+    climate4r_value_tas,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "real"
 TEST_SAMPLE = ROOT / "tests" / "data" / "era5_uk_2t_2019-03_6h.grib"
@@ -63,99 +77,6 @@ WFDE5_FILES = (
     ("surface_downwelling_shortwave_flux_in_air.nc", "81d2f561a384c05460ea43cea68d50c0", "SWdown"),
     ("surface_downwelling_longwave_flux_in_air.nc", "186716f157d16997d9267667502b3ad9", "LWdown"),
 )
-
-
-def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
-    """The climate4R grid in ``rda`` (an R list: ``Data`` (time, lat, lon), ``xyCoords``,
-    ``Dates``) of daily means, written beside it as CF NetCDF (variable ``name`` with ``attrs``)
-    for anemoi-datasets' netcdf source."""
-
-    def field(grid: dict, dates):
-        import numpy as np
-        import xarray as xr
-
-        lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
-        lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
-        return xr.DataArray(
-            np.asarray(grid["Data"], dtype="float32"),
-            dims=("time", "latitude", "longitude"),
-            coords={"time": dates, "latitude": lat, "longitude": lon},
-            attrs=attrs,
-        )
-
-    return _netcdf_beside(rda, name, field)
-
-
-def _netcdf_beside(rda: Path, name: str, field: Callable) -> Path:
-    """``rda``'s climate4R object (its ``Dates``, and the rest as ``field(object, dates)`` makes
-    an xarray DataArray of it) written once beside it as CF NetCDF, variable ``name``; its path."""
-    import numpy as np
-    import pandas as pd
-    import rdata
-
-    out = rda.with_suffix(".nc")
-    if out.exists():
-        return out
-    (data,) = rdata.read_rda(str(rda)).values()
-    dates = pd.to_datetime([day.split(" ")[0] for day in np.asarray(data["Dates"]["start"])])
-    partial = out.with_suffix(".nc.part")
-    field(data, dates).to_dataset(name=name).to_netcdf(partial)
-    partial.replace(out)
-    return out
-
-
-def climate4r_msl(rda: Path) -> Path:
-    """NCEP's daily mean sea-level pressure (Pa) of ``NCEP_slp_2001_2010.rda``."""
-    attrs = {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"}
-    return climate4r_grid(rda, "msl", attrs)
-
-
-def climate4r_t850(rda: Path) -> Path:
-    """NCEP's daily mean air temperature at 850 hPa (K) of ``NCEP_Iberia_ta850.rda``."""
-    attrs = {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"}
-    return climate4r_grid(rda, "t850", attrs)
-
-
-def climate4r_eobs_pr(rda: Path) -> Path:
-    """E-OBS's daily precipitation (mm) of ``EOBS_Iberia_pr.rda``: NaN over the sea."""
-    attrs = {"units": "mm", "standard_name": "precipitation_amount", "long_name": "daily total"}
-    return climate4r_grid(rda, "tp", attrs)
-
-
-def climate4r_eobs_tas(rda: Path) -> Path:
-    """E-OBS's daily mean 2 m temperature (degC) of ``EOBS_Iberia_tas.rda``: NaN over the sea."""
-    attrs = {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"}
-    return climate4r_grid(rda, "2t", attrs)
-
-
-def climate4r_stations(rda: Path, name: str, attrs: dict) -> Path:
-    """The climate4R station data in ``rda`` (an R list: ``Data`` (time, station), ``xyCoords``
-    (station, lon/lat), ``Dates``) of daily means, written beside it as CF NetCDF (variable
-    ``name`` with ``attrs`` on a ``values`` dimension, the stations' coordinates on it): a point set."""
-
-    def field(stations: dict, dates):
-        import numpy as np
-        import xarray as xr
-
-        xy = np.asarray(stations["xyCoords"], dtype="float64")
-        return xr.DataArray(
-            np.asarray(stations["Data"], dtype="float32"),
-            dims=("time", "values"),
-            coords={
-                "time": dates,
-                "latitude": ("values", xy[:, 1], {"units": "degrees_north"}),
-                "longitude": ("values", xy[:, 0], {"units": "degrees_east"}),
-            },
-            attrs=attrs,
-        )
-
-    return _netcdf_beside(rda, name, field)
-
-
-def climate4r_value_tas(rda: Path) -> Path:
-    """VALUE's stations' daily mean 2 m temperature (degrees C) of ``VALUE_Iberia_tas.rda``."""
-    attrs = {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"}
-    return climate4r_stations(rda, "2t", attrs)
 
 
 def wfde5_merged(first: Path) -> Path:
@@ -274,6 +195,18 @@ SOURCES = {
         "VALUE's 11 Iberian stations (ECA&D), daily mean 2 m temperature: a point set, 24 station-days without a value",
         "2t",
         climate4r_value_tas,
+    ),
+    "cordex_iberia": Source(
+        f"{CLIMATE4R}/data/{CORDEX_FILES[0][0]}",
+        CORDEX_FILES[0][1],
+        "CORDEX EUR-44, KNMI-RACMO22E driven by ICHEC-EC-EARTH (historical r1i1p1), daily mean 2 m temperature "
+        "and precipitation, 0.44 deg rotated-pole grid over Iberia (28 x 30), 20 winters (DJF 1982/83-2001/02)",
+        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
+        "netcdf",
+        {"param": [variable for _, _, variable, _ in CORDEX_FILES]},
+        climate4r_rotated,
+        tuple(winter_gaps("1982-12-01", "2002-02-28")),
+        companions=tuple((f"{CLIMATE4R}/data/{file}", md5) for file, md5, _, _ in CORDEX_FILES[1:]),
     ),
     "wfde5_uk_land": Source(
         f"{UNIFHY}/data/{WFDE5_FILES[0][0]}",

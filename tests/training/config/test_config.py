@@ -43,6 +43,7 @@ DATA_PRESETS = [
     "eobs_iberia_pr",
     "eobs_iberia_2t",
     "value_iberia_2t",
+    "cordex_iberia",
     "wfde5_uk_land",
     "regional_t2m",
 ]

@@ -28,9 +28,14 @@ def real_data():
     spec = importlib.util.spec_from_file_location("real_data", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    sys.path.insert(0, str(SCRIPT.parent))  # it imports scripts/climate4r.py, as when run from scripts/
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+        sys.modules.pop("climate4r", None)
+        del sys.modules[spec.name]
 
 
 def _climate4r_grid(days: int) -> tuple[dict, np.ndarray]:
@@ -162,3 +167,36 @@ def test_wfde5s_files_merge_into_one_land_only_store_of_six_variables(tmp_path, 
     (point,) = np.flatnonzero((ds.latitudes == LATITUDES[1]) & (ds.longitudes == LONGITUDES[2]))
     for v, name in enumerate(ds.variables):
         np.testing.assert_allclose(values[:, point, v], fields[name][:, 1, 2], rtol=1e-6)
+
+
+def test_cordexs_rotated_grids_merge_into_one_store_with_each_value_at_its_true_coordinates(tmp_path, real_data):
+    """CORDEX's two files (temperature, precipitation) on a rotated-pole grid: ``xyCoords`` holds
+    the rotated axes and each cell's true longitude and latitude (2-D). Merged, the store holds
+    both variables on every cell, each value at its cell's true coordinates."""
+    rng = np.random.default_rng(3)
+    rlat, rlon = np.array([-14.85, -14.41, -13.97]), np.array([-22.93, -22.49, -22.05, -21.61])
+    lat = 31.8 + 0.44 * np.arange(3)[:, None] + 0.15 * np.arange(4)[None, :]  # a curvilinear grid
+    lon = -8.3 + 0.47 * np.arange(4)[None, :] - 0.1 * np.arange(3)[:, None]
+    days = np.array([f"1982-12-{d + 1:02d} 00:00:00 GMT" for d in range(5)])
+    fields = {}
+    for file, _, variable, _ in real_data.CORDEX_FILES:
+        fields[variable] = data = rng.uniform(0, 20, (len(days), len(rlat), len(rlon)))
+        grid = {
+            "Data": data,
+            "xyCoords": {"x": rlon, "y": rlat, "lon": lon, "lat": lat},
+            "Dates": {"start": days, "end": days},
+        }
+        rdata.write_rda(str(tmp_path / file), {file.removesuffix(".rda"): grid})
+    netcdf = real_data.climate4r_rotated(tmp_path / real_data.CORDEX_FILES[0][0])
+    recipe = real_data.recipe(real_data.SOURCES["cordex_iberia"], netcdf)
+    recipe["dates"].update(start="1982-12-01T00:00:00", end="1982-12-05T00:00:00", missing=[])
+    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "cordex.zarr"))
+    assert (ds.variables, ds.n_points, ds.n_times) == (["2t", "tp"], 12, 5)
+    values = np.stack([ds.denormalise(ds.state(t)) for t in range(ds.n_times)])  # (dates, points, variables)
+    for i in range(len(rlat)):
+        for j in range(len(rlon)):
+            (point,) = np.flatnonzero(
+                np.isclose(ds.latitudes, lat[i, j]) & np.isclose((ds.longitudes - lon[i, j] + 180) % 360, 180)
+            )
+            for v, name in enumerate(ds.variables):
+                np.testing.assert_allclose(values[:, point, v], fields[name][:, i, j], rtol=1e-5, atol=1e-5)

@@ -32,10 +32,11 @@ def _cfg(*overrides: str):
         return run_config(compose(config_name="config", overrides=["run_dir=/tmp/unused", *states, *overrides]))
 
 
-def _store(points: int, hours: float, dates: int, is_global: bool = False, missing=(), name="regional lat-lon"):
-    """What the derivation reads of a store: its points, extent, frequency and dates."""
+def _store(points: int, hours: float, dates: int, is_global=False, missing=(), name="regional lat-lon", rows=None):
+    """What the derivation reads of a store: its points (``rows``: their lengths, None for an
+    unstructured set), extent, frequency and dates."""
     return SimpleNamespace(
-        point_set=SimpleNamespace(is_global=is_global, name=name),
+        point_set=SimpleNamespace(is_global=is_global, name=name, rows=rows),
         latitudes=np.zeros(points),
         longitudes=np.zeros(points),
         frequency_s=int(hours * 3600),
@@ -67,13 +68,19 @@ def test_a_global_store_gets_the_octahedral_grid_of_a_third_of_its_points():
 def test_a_regional_box_gets_its_own_points_coarsened_where_there_are_many():
     cfg = _cfg()
     derived = _values(derive_hidden_grid(cfg, _store(1617, 1, 744)))  # ERA5 UK: 33 x 49
-    assert derived == {"model.hidden_grid": "data", "model.hidden_stride": 2}  # 1,617 / 4 = 404 <= 1,000
+    assert derived == {"model.hidden_grid": "data", "model.hidden_stride": 2}  # 1,617 / 4 = 404 <= 500
     small = _cfg()
-    derive_hidden_grid(small, _store(561, 24, 3652))
+    derive_hidden_grid(small, _store(500, 24, 3652))
     assert (small.model.hidden_grid, small.model.hidden_stride) == ("data", 1)
+    daily = _cfg()
+    derived = derive_hidden_grid(daily, _store(561, 24, 3652, rows=[33] * 17))  # NCEP's North Atlantic
+    assert daily.model.hidden_stride == 2 and "one row and column in 2" in derived[-1].why
+    curvilinear = _cfg()  # CORDEX's rotated grid: an unstructured set, coarsened along its curve
+    derived = derive_hidden_grid(curvilinear, _store(840, 24, 7030))
+    assert curvilinear.model.hidden_stride == 2 and "one point in 4 along the curve" in derived[-1].why
     large = _cfg()
     derive_hidden_grid(large, _store(10_000, 1, 744))
-    assert large.model.hidden_stride == 4  # 10,000 / 9 > 1,000 >= 10,000 / 16
+    assert large.model.hidden_stride == 5  # 10,000 / 16 > 500 >= 10,000 / 25
 
 
 def test_a_point_set_gets_its_own_points():

@@ -1,0 +1,164 @@
+"""climate4R.datasets' R files (``.rda``: R lists of a grid or of stations, and their dates)
+written as CF NetCDF that anemoi-datasets' ``netcdf`` source reads; used by
+``scripts/real_data.py``. Each writes its NetCDF once, beside the ``.rda``, and returns its path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+# CORDEX's two files in climate4R.datasets' data/, their MD5s, the store's name for the variable
+# and its attributes: (file, md5, variable, attrs). Both on RACMO22E's EUR-44 rotated-pole grid.
+CORDEX_FILES = (
+    (
+        "CORDEX_Iberia_tas.rda",
+        "6e32e4e5d32743b22186acc380a030a8",
+        "2t",
+        {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"},
+    ),
+    (
+        "CORDEX_Iberia_pr.rda",
+        "c0659f9093484efc50c9995431c74b43",
+        "tp",
+        {"units": "mm", "standard_name": "precipitation_amount", "long_name": "daily total"},
+    ),
+)
+
+
+def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
+    """The climate4R grid in ``rda`` (an R list: ``Data`` (time, lat, lon), ``xyCoords``,
+    ``Dates``) of daily means, written beside it as CF NetCDF (variable ``name`` with ``attrs``)
+    for anemoi-datasets' netcdf source."""
+
+    def field(grid: dict, dates):
+        import numpy as np
+        import xarray as xr
+
+        lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
+        lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
+        return xr.DataArray(
+            np.asarray(grid["Data"], dtype="float32"),
+            dims=("time", "latitude", "longitude"),
+            coords={"time": dates, "latitude": lat, "longitude": lon},
+            attrs=attrs,
+        )
+
+    return _netcdf_beside(rda, name, field)
+
+
+def _netcdf_beside(rda: Path, name: str, field: Callable) -> Path:
+    """``rda``'s climate4R object (its ``Dates``, and the rest as ``field(object, dates)`` makes
+    an xarray DataArray of it) written once beside it as CF NetCDF, variable ``name``; its path."""
+    import rdata
+
+    out = rda.with_suffix(".nc")
+    if out.exists():
+        return out
+    (data,) = rdata.read_rda(str(rda)).values()
+    dates = _dates(data)
+    partial = out.with_suffix(".nc.part")
+    field(data, dates).to_dataset(name=name).to_netcdf(partial)
+    partial.replace(out)
+    return out
+
+
+def climate4r_msl(rda: Path) -> Path:
+    """NCEP's daily mean sea-level pressure (Pa) of ``NCEP_slp_2001_2010.rda``."""
+    attrs = {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"}
+    return climate4r_grid(rda, "msl", attrs)
+
+
+def climate4r_t850(rda: Path) -> Path:
+    """NCEP's daily mean air temperature at 850 hPa (K) of ``NCEP_Iberia_ta850.rda``."""
+    attrs = {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"}
+    return climate4r_grid(rda, "t850", attrs)
+
+
+def climate4r_eobs_pr(rda: Path) -> Path:
+    """E-OBS's daily precipitation (mm) of ``EOBS_Iberia_pr.rda``: NaN over the sea."""
+    attrs = {"units": "mm", "standard_name": "precipitation_amount", "long_name": "daily total"}
+    return climate4r_grid(rda, "tp", attrs)
+
+
+def climate4r_eobs_tas(rda: Path) -> Path:
+    """E-OBS's daily mean 2 m temperature (degC) of ``EOBS_Iberia_tas.rda``: NaN over the sea."""
+    attrs = {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"}
+    return climate4r_grid(rda, "2t", attrs)
+
+
+def climate4r_stations(rda: Path, name: str, attrs: dict) -> Path:
+    """The climate4R station data in ``rda`` (an R list: ``Data`` (time, station), ``xyCoords``
+    (station, lon/lat), ``Dates``) of daily means, written beside it as CF NetCDF (variable
+    ``name`` with ``attrs`` on a ``values`` dimension, the stations' coordinates on it): a point set."""
+
+    def field(stations: dict, dates):
+        import numpy as np
+        import xarray as xr
+
+        xy = np.asarray(stations["xyCoords"], dtype="float64")
+        return xr.DataArray(
+            np.asarray(stations["Data"], dtype="float32"),
+            dims=("time", "values"),
+            coords={
+                "time": dates,
+                "latitude": ("values", xy[:, 1], {"units": "degrees_north"}),
+                "longitude": ("values", xy[:, 0], {"units": "degrees_east"}),
+            },
+            attrs=attrs,
+        )
+
+    return _netcdf_beside(rda, name, field)
+
+
+def climate4r_value_tas(rda: Path) -> Path:
+    """VALUE's stations' daily mean 2 m temperature (degrees C) of ``VALUE_Iberia_tas.rda``."""
+    attrs = {"units": "degC", "standard_name": "air_temperature", "long_name": "daily mean at 2 m"}
+    return climate4r_stations(rda, "2t", attrs)
+
+
+def climate4r_rotated(first: Path) -> Path:
+    """CORDEX's climate4R grids (``first`` and the other :data:`CORDEX_FILES` beside it) on a
+    rotated-pole grid (``xyCoords``: the rotated ``x``, ``y`` and the true ``lon``, ``lat`` of
+    each cell, (y, x)), merged into one CF NetCDF beside them: ``(time, rlat, rlon)``, the
+    true latitude and longitude as 2-D coordinates (a curvilinear grid to anemoi-datasets)."""
+    import numpy as np
+    import rdata
+    import xarray as xr
+
+    out = first.parent / "cordex_iberia.nc"
+    if out.exists():
+        return out
+    fields, dates, xy = {}, None, None
+    for file, _, name, attrs in CORDEX_FILES:
+        (grid,) = rdata.read_rda(str(first.parent / file)).values()
+        days = _dates(grid)
+        if dates is not None and not (days.equals(dates) and _same_grid(xy, grid["xyCoords"])):
+            raise SystemExit(f"error: {file} is not on {CORDEX_FILES[0][0]}'s dates and grid")
+        dates, xy = days, grid["xyCoords"]
+        data = np.asarray(grid["Data"], dtype="float32")
+        fields[name] = xr.DataArray(data, dims=("time", "rlat", "rlon"), attrs=attrs)
+    coords = {
+        "time": dates,
+        "rlat": ("rlat", np.asarray(xy["y"]), {"standard_name": "grid_latitude", "units": "degrees"}),
+        "rlon": ("rlon", np.asarray(xy["x"]), {"standard_name": "grid_longitude", "units": "degrees"}),
+        "latitude": (("rlat", "rlon"), np.asarray(xy["lat"]), {"standard_name": "latitude", "units": "degrees_north"}),
+        "longitude": (("rlat", "rlon"), np.asarray(xy["lon"]), {"standard_name": "longitude", "units": "degrees_east"}),
+    }
+    partial = out.with_suffix(".nc.part")
+    xr.Dataset(fields, coords=coords).to_netcdf(partial)
+    partial.replace(out)
+    return out
+
+
+def _dates(data: dict):
+    """The days of a climate4R object's ``Dates`` (their start, as ``pandas`` dates)."""
+    import numpy as np
+    import pandas as pd
+
+    return pd.to_datetime([day.split(" ")[0] for day in np.asarray(data["Dates"]["start"])])
+
+
+def _same_grid(xy: dict, other: dict) -> bool:
+    import numpy as np
+
+    return all(np.array_equal(np.asarray(xy[key]), np.asarray(other[key])) for key in ("x", "y", "lon", "lat"))
