@@ -4,6 +4,7 @@ written as CF NetCDF that anemoi-datasets' ``netcdf`` source reads; used by
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def climate4r_rotated(first: Path) -> Path:
         (grid,) = rdata.read_rda(str(first.parent / file)).values()
         days = _dates(grid)
         if dates is not None and not (days.equals(dates) and _same_grid(xy, grid["xyCoords"])):
-            raise SystemExit(f"error: {file} is not on {CORDEX_FILES[0][0]}'s dates and grid")
+            sys.exit(f"error: {file} is not on {CORDEX_FILES[0][0]}'s dates and grid")
         dates, xy = days, grid["xyCoords"]
         data = np.asarray(grid["Data"], dtype="float32")
         fields[name] = xr.DataArray(data, dims=("time", "rlat", "rlon"), attrs=attrs)
@@ -159,6 +160,7 @@ def _dates(data: dict):
 
 
 def _same_grid(xy: dict, other: dict) -> bool:
+    """Whether two climate4R ``xyCoords`` hold the same rotated axes and true coordinates."""
     import numpy as np
 
     return all(np.array_equal(np.asarray(xy[key]), np.asarray(other[key])) for key in ("x", "y", "lon", "lat"))

@@ -1,4 +1,5 @@
-"""Fetch small public samples of real reanalysis and build anemoi-datasets stores from them.
+"""Fetch small public samples of real data (reanalyses, observations, a climate model) and build
+anemoi-datasets stores from them.
 
     .venv-anemoi/bin/python scripts/real_data.py era5_uk_2t        # -> data/real/era5_uk_2t.zarr
     .venv-anemoi/bin/python scripts/real_data.py --list
@@ -19,7 +20,7 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
   points), from pyet-org/pyet's examples.
 - ``ncep_msl_daily``: the NCEP/NCAR Reanalysis 1's daily mean sea-level pressure, 2001-2010
   (3652 days), 2.5 degrees over the North Atlantic and Europe (17 x 33 points, 30-70 N, 70 W-10
-  E), from SantanderMetGroup/climate4R.datasets (an R file, made CF NetCDF here with ``rdata``).
+  E), from SantanderMetGroup/climate4R.datasets (an R file, made CF NetCDF by ``scripts/climate4r.py``).
 - ``ncep_iberia_t850``: the NCEP/NCAR Reanalysis 1's daily mean 850 hPa temperature over Iberia,
   20 winters (December to February, 1982/83 to 2001/02: 1805 days, the rest of each year recorded
   as missing dates), 2.5 degrees (5 x 7 points, 35-45 N, 10 W-5 E), from the same repository.
@@ -111,7 +112,7 @@ def winter_gaps(first: str, last: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Source:
-    """A public file of real reanalysis and the recipe's input section for it."""
+    """A public file of real data and the recipe's input section for it."""
 
     url: str
     md5: str
@@ -125,19 +126,24 @@ class Source:
     companions: tuple[tuple[str, str], ...] = ()  # more files (url, md5) that convert reads beside the first
 
 
-def iberia_winters(file: str, md5: str, description: str, param: str, convert: Callable, nans: bool = True) -> Source:
-    """A climate4R file of the 20 Iberian winters (DJF 1982/83-2001/02, daily; the rest of each
-    year missing dates); with ``nans``, points without a value (the sea of a land-only product)."""
+def iberia_winters(
+    files: tuple[tuple[str, str], ...], description: str, params: list[str], convert: Callable, nans: bool = True
+) -> Source:
+    """climate4R files ``(name, md5)`` of the 20 Iberian winters (DJF 1982/83-2001/02, daily; the
+    rest of each year missing dates), the first the source's and the rest its companions; with
+    ``nans``, points without a value (the sea of a land-only product)."""
+    (file, md5), *companions = files
     return Source(
         f"{CLIMATE4R}/data/{file}",
         md5,
         f"{description}, 20 winters (DJF 1982/83-2001/02)",
         ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
         "netcdf",
-        {"param": [param]},
+        {"param": params},
         convert,
         tuple(winter_gaps("1982-12-01", "2002-02-28")),
         allow_nans=nans,
+        companions=tuple((f"{CLIMATE4R}/data/{name}", digest) for name, digest in companions),
     )
 
 
@@ -168,45 +174,37 @@ SOURCES = {
         climate4r_msl,
     ),
     "ncep_iberia_t850": iberia_winters(
-        "NCEP_Iberia_ta850.rda",
-        "b2e5491431cafddeb88bdc245b0733e3",
+        (("NCEP_Iberia_ta850.rda", "b2e5491431cafddeb88bdc245b0733e3"),),
         "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature, 2.5 deg, Iberia (5 x 7)",
-        "t850",
+        ["t850"],
         climate4r_t850,
         nans=False,
     ),
     "eobs_iberia_pr": iberia_winters(
-        "EOBS_Iberia_pr.rda",
-        "87093172c60e95765cf127d9d05f35cd",
+        (("EOBS_Iberia_pr.rda", "87093172c60e95765cf127d9d05f35cd"),),
         "E-OBS daily precipitation, 0.5 deg, Iberia (19 x 29; land only: the sea has no value)",
-        "tp",
+        ["tp"],
         climate4r_eobs_pr,
     ),
     "eobs_iberia_2t": iberia_winters(
-        "EOBS_Iberia_tas.rda",
-        "01c9a8c2fd4e05de00f515107989f3f4",
+        (("EOBS_Iberia_tas.rda", "01c9a8c2fd4e05de00f515107989f3f4"),),
         "E-OBS daily mean 2 m temperature, 0.5 deg, Iberia (19 x 29; land only: the sea has no value)",
-        "2t",
+        ["2t"],
         climate4r_eobs_tas,
     ),
     "value_iberia_2t": iberia_winters(
-        "VALUE_Iberia_tas.rda",
-        "8da27da509229a53d33780b985d8244e",
+        (("VALUE_Iberia_tas.rda", "8da27da509229a53d33780b985d8244e"),),
         "VALUE's 11 Iberian stations (ECA&D), daily mean 2 m temperature: a point set, 24 station-days without a value",
-        "2t",
+        ["2t"],
         climate4r_value_tas,
     ),
-    "cordex_iberia": Source(
-        f"{CLIMATE4R}/data/{CORDEX_FILES[0][0]}",
-        CORDEX_FILES[0][1],
+    "cordex_iberia": iberia_winters(
+        tuple((file, md5) for file, md5, _, _ in CORDEX_FILES),
         "CORDEX EUR-44, KNMI-RACMO22E driven by ICHEC-EC-EARTH (historical r1i1p1), daily mean 2 m temperature "
-        "and precipitation, 0.44 deg rotated-pole grid over Iberia (28 x 30), 20 winters (DJF 1982/83-2001/02)",
-        ("1982-12-01T00:00:00", "2002-02-28T00:00:00", "1d"),
-        "netcdf",
-        {"param": [variable for _, _, variable, _ in CORDEX_FILES]},
+        "and precipitation, 0.44 deg rotated-pole grid over Iberia (28 x 30)",
+        [variable for _, _, variable, _ in CORDEX_FILES],
         climate4r_rotated,
-        tuple(winter_gaps("1982-12-01", "2002-02-28")),
-        companions=tuple((f"{CLIMATE4R}/data/{file}", md5) for file, md5, _, _ in CORDEX_FILES[1:]),
+        nans=False,
     ),
     "wfde5_uk_land": Source(
         f"{UNIFHY}/data/{WFDE5_FILES[0][0]}",

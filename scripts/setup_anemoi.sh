@@ -19,7 +19,7 @@ printf "torch==2.13.0\nzarr==2.18.7\n" >"$CONSTRAINTS"
 quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" torch==2.13.0 numpy
 # setuptools reports every lenient editable install of a flat layout ("Editable installation.
 # Please be careful with folders ... same name as your package"): information, not a problem.
-# rdata: scripts/real_data.py reads the climate4R datasets' R files (ncep_msl_daily).
+# rdata: scripts/climate4r.py reads the climate4R datasets' R files (ncep_msl_daily, the Iberian stores).
 PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
     quiet "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" "anemoi-datasets==0.5.47" eccodes rdata -e ".[dev]"
 quiet "$VENV/bin/python" -m pip install -q --no-deps "anemoi-models==0.19.0"

@@ -22,7 +22,8 @@ def check_hidden_grid(name: str, stride: int | None) -> None:
     if name != DATA and not re.fullmatch(r"o\d+", name):
         raise ConfigValueError(
             f"model.hidden_grid = {name}: give a global octahedral grid o<N> (e.g. o16, o96), 'data' "
-            "(the data's own points; with model.hidden_stride=k, every k-th row and column of them) or 'auto' "
+            "(the data's own points; with model.hidden_stride=k, one row and column in k of a box, "
+            "one point in k^2 of an unstructured set) or 'auto' "
             "(derived from the store)"
         )
     if name != DATA and stride not in (None, 1):

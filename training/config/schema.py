@@ -82,7 +82,7 @@ ModelConfig = processor_schema(
         # the processor's grid: oN, data (model/hidden_grid.py) or auto: derived from the store's
         # extent (training/launch/store_settings.py)
         ("hidden_grid", str, field(default="auto")),
-        # hidden_grid=data: every k-th row and column of the data; None: derived from its points
+        # hidden_grid=data: one row and column in k (one point in k^2 of an unstructured set); None: derived
         ("hidden_stride", int | None, setting(None, or_null(at_least(1)))),
         ("encoder_neighbours", int, setting(4, at_least(1))),  # data points feeding each hidden point
         ("decoder_neighbours", int, setting(3, at_least(1))),  # hidden points feeding each data point

@@ -124,7 +124,7 @@ def derive_hidden_grid(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
             if stride > 1:  # how PointSet.coarsened keeps them
                 rows = points.rows is not None
                 kept = f"one row and column in {stride}" if rows else f"one point in {stride**2} along the curve"
-            why = f"{n_data:,} data points, at most {MAX_DATA_HIDDEN:,} hidden: {kept}"
+            why = f"{n_data:,} data points, about {MAX_DATA_HIDDEN:,} hidden at most: {kept}"
             out.append(Derived("model.hidden_stride", stride, why))
     return out
 

@@ -1,7 +1,7 @@
-"""``scripts/real_data.py``'s conversion of a climate4R grid (an R list saved as ``.rda``, as the
-NCEP daily sea-level pressure comes) into CF NetCDF, and the store anemoi-datasets builds of it:
-every value at its date, latitude and longitude. Skipped without anemoi-datasets and ``rdata``
-(they are in ``.venv-anemoi``, as CI runs this)."""
+"""``scripts/real_data.py``'s (with ``scripts/climate4r.py``) conversion of a climate4R grid (an
+R list saved as ``.rda``, as the NCEP daily sea-level pressure comes) into CF NetCDF, and the
+store anemoi-datasets builds of it: every value at its date, latitude and longitude. Skipped
+without anemoi-datasets and ``rdata`` (they are in ``.venv-anemoi``, as CI runs this)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ def real_data():
     sys.path.insert(0, str(SCRIPT.parent))  # it imports scripts/climate4r.py, as when run from scripts/
     try:
         spec.loader.exec_module(module)
-        yield module
     finally:
         sys.path.remove(str(SCRIPT.parent))
-        sys.modules.pop("climate4r", None)
-        del sys.modules[spec.name]
+    yield module
+    sys.modules.pop("climate4r", None)
+    del sys.modules[spec.name]
 
 
 def _climate4r_grid(days: int) -> tuple[dict, np.ndarray]:
