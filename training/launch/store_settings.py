@@ -53,8 +53,9 @@ MAX_OCTAHEDRAL = 96  # o96 (40,320 points): anemoi's hidden grid for n320 data, 
 # hidden, CORDEX's 840 -> 210) in 50-62% of the run's time won at every lead of the pressure and
 # the temperature on both seeds (+2.7 to +3.2 and +3.7 to +4.8 points at 1 day); the
 # precipitation moved -0.4 to +1.1 points. The processor's window of 64 points then spans four
-# times the area. E-OBS's 330 points coarsened were level (seed 0: -1.0 to +0.8): below 500
-# they stay whole.
+# times the area. Coarser than this cap did not pay: E-OBS's 330 points at stride 2 were level (seed 0:
+# -1.0 to +0.8), INCA's 340 hourly ones lost up to 35 points at 6 h, and ERA5 at stride 3 (204
+# hidden, not 425) lost 6-7 points at 12-24 h.
 MAX_DATA_HIDDEN = 500
 ANEMOI_STEP_H = 6
 VAL_DATES = 64  # initial dates scored, where the store allows
