@@ -92,7 +92,8 @@ class TrainerConfig:
     """Optimiser steps of the run."""
     batch_size: int | None = setting(None, or_null(at_least(1)))
     """Samples per data-parallel replica; None: derived from the store (the most, a power of two
-    up to 16, whose data points fit in 8,192; one on the built-in data's 5,248)."""
+    up to 16, whose data points fit in 16,384 on a limited area, 8,192 on global data; one on the
+    built-in data's 5,248)."""
     lr: float | None = setting(None, or_null(above(0)))
     """AdamW's peak learning rate; None: derived from the store (1e-3 on a limited area, 3e-3 on
     global data)."""

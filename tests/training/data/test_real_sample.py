@@ -90,7 +90,7 @@ def test_the_training_command_trains_and_scores_on_real_data(tmp_path, store):
     cfg = _config(tmp_path, store, "logging.mlflow=false")  # the ranks derived too
     run(cfg)
     saved = (tmp_path / "config.yaml").read_text()
-    recipe = ("baseline: linear_regression", "trainable_size: 8", "multistep_input: 2", "batch_size: 4")
+    recipe = ("baseline: linear_regression", "trainable_size: 8", "multistep_input: 2", "batch_size: 8")
     for derived in ("hidden_grid: data", "hidden_stride: 2", "lead_time: 6", "nprocs: 1", *recipe):
         assert derived in saved, derived  # a regional box of 1,617 points, 6-hourly, one rank, its recipe
     table = (tmp_path / "skill.md").read_text()

@@ -151,12 +151,23 @@ def test_the_recipe_follows_the_datas_extent():
 
 
 @pytest.mark.parametrize(
-    "points, batch",
-    [(5248, 1), (4096, 2), (3000, 2), (1617, 4), (561, 8), (340, 16), (35, 16)],  # built-in, ERA5, NCEP, INCA, Iberia
+    "points, area, batch",
+    [
+        (5248, False, 1),  # the built-in global data
+        (4096, False, 2),
+        (1617, False, 4),
+        (1617, True, 8),  # ERA5 UK
+        (840, True, 16),  # CORDEX
+        (561, True, 16),  # NCEP
+        (3000, True, 4),
+        (340, True, 16),  # INCA: at most 16
+        (35, True, 16),  # Iberia
+        (20_000, True, 1),  # one sample alone is more
+    ],
 )
-def test_the_batch_fits_8192_points(points, batch):
+def test_the_batch_fits_16384_points_on_a_limited_area_and_8192_on_global_data(points, area, batch):
     cfg = _cfg()
-    assert _values(derive_batch_size(cfg, points)) == {"trainer.batch_size": batch}
+    assert _values(derive_batch_size(cfg, points, area)) == {"trainer.batch_size": batch}
 
 
 def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
@@ -195,7 +206,7 @@ def test_a_given_key_is_never_derived(given):
     derived = [
         *derive_hidden_grid(cfg, store),
         *derive_recipe(cfg, store.point_set),
-        *derive_batch_size(cfg, 1617),
+        *derive_batch_size(cfg, 1617, area=True),
         *derive_lead_time(cfg, store),
         *derive_validation(cfg, store),
         *derive_ranks(cfg, 404),
