@@ -80,7 +80,7 @@ AREA_LR = 1e-3
 GLOBAL_LR = 3e-3
 # A step costs nearly the same from 35 to 1,617 points (#55): a batch of several samples buys
 # gradient quality for little time (docs/real-data.md: batch 8 took Iberia's first lead from +1%
-# to +17% and NCEP's from +1% to +19%). Up to POINTS_PER_STEP: above, the step's work grows with
+# to +17% and NCEP's from +1% to +19%). Up to a cap of data points a step: above, the work grows with
 # the batch (NCEP's 16 x 561 points: 285 ms a step, a run over 5 minutes, at its own 561 hidden
 # points), and the built-in data's 5,248 points keep batches of one. On a limited area twice that
 # since the hidden grid is coarsened from 500 points (docs/real-data.md, 2026-11-30): batch 16 on
