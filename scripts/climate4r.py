@@ -47,20 +47,28 @@ def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
     return _netcdf_beside(rda, name, field)
 
 
+def netcdf_once(out: Path, dataset: Callable) -> Path:
+    """``out``: the xarray Dataset ``dataset()`` makes, written as NetCDF unless ``out`` is there
+    already, through a ``.part`` file (an interrupted write leaves no ``out``). Every converter
+    here and in ``scripts/real_data.py`` writes through it."""
+    if not out.exists():
+        partial = out.with_suffix(".nc.part")
+        dataset().to_netcdf(partial)
+        partial.replace(out)
+    return out
+
+
 def _netcdf_beside(rda: Path, name: str, field: Callable) -> Path:
     """``rda``'s climate4R object (its ``Dates``, and the rest as ``field(object, dates)`` makes
     an xarray DataArray of it) written once beside it as CF NetCDF, variable ``name``; its path."""
-    import rdata
 
-    out = rda.with_suffix(".nc")
-    if out.exists():
-        return out
-    (data,) = rdata.read_rda(str(rda)).values()
-    dates = _dates(data)
-    partial = out.with_suffix(".nc.part")
-    field(data, dates).to_dataset(name=name).to_netcdf(partial)
-    partial.replace(out)
-    return out
+    def dataset():
+        import rdata
+
+        (data,) = rdata.read_rda(str(rda)).values()
+        return field(data, _dates(data)).to_dataset(name=name)
+
+    return netcdf_once(rda.with_suffix(".nc"), dataset)
 
 
 def climate4r_msl(rda: Path) -> Path:
@@ -122,16 +130,18 @@ def climate4r_rotated(first: Path) -> Path:
     rotated-pole grid (``xyCoords``: the rotated ``x``, ``y`` and the true ``lon``, ``lat`` of
     each cell, (y, x)), merged into one CF NetCDF beside them: ``(time, rlat, rlon)``, the
     true latitude and longitude as 2-D coordinates (a curvilinear grid to anemoi-datasets)."""
+    return netcdf_once(first.parent / "cordex_iberia.nc", lambda: _cordex_merged(first.parent))
+
+
+def _cordex_merged(folder: Path):
+    """The :data:`CORDEX_FILES` in ``folder`` as one xarray Dataset (see :func:`climate4r_rotated`)."""
     import numpy as np
     import rdata
     import xarray as xr
 
-    out = first.parent / "cordex_iberia.nc"
-    if out.exists():
-        return out
     fields, dates, xy = {}, None, None
     for file, _, name, attrs in CORDEX_FILES:
-        (grid,) = rdata.read_rda(str(first.parent / file)).values()
+        (grid,) = rdata.read_rda(str(folder / file)).values()
         days = _dates(grid)
         if dates is not None and not (days.equals(dates) and _same_grid(xy, grid["xyCoords"])):
             sys.exit(f"error: {file} is not on {CORDEX_FILES[0][0]}'s dates and grid")
@@ -145,10 +155,7 @@ def climate4r_rotated(first: Path) -> Path:
         "latitude": (("rlat", "rlon"), np.asarray(xy["lat"]), {"standard_name": "latitude", "units": "degrees_north"}),
         "longitude": (("rlat", "rlon"), np.asarray(xy["lon"]), {"standard_name": "longitude", "units": "degrees_east"}),
     }
-    partial = out.with_suffix(".nc.part")
-    xr.Dataset(fields, coords=coords).to_netcdf(partial)
-    partial.replace(out)
-    return out
+    return xr.Dataset(fields, coords=coords)
 
 
 def _dates(data: dict):

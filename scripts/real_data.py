@@ -60,6 +60,7 @@ from climate4r import (  # scripts/, beside this file
     climate4r_rotated,
     climate4r_t850,
     climate4r_value_tas,
+    netcdf_once,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,22 +84,20 @@ WFDE5_FILES = (
 def wfde5_merged(first: Path) -> Path:
     """WFDE5's six files (``first`` and the others beside it) merged into one CF NetCDF beside
     them, one variable each, on ``latitude``/``longitude``; written once."""
-    import xarray as xr
 
-    out = first.parent / "wfde5_uk_2017-01.nc"
-    if out.exists():
-        return out
-    fields = []
-    for file, _, variable in WFDE5_FILES:
-        with xr.open_dataset(first.parent / file) as ds:
-            fields.append(ds[[variable]].load())
-    merged = xr.merge(fields, join="exact").rename({"lat": "latitude", "lon": "longitude"})
-    merged["latitude"].attrs["units"] = "degrees_north"
-    merged["longitude"].attrs["units"] = "degrees_east"
-    partial = out.with_suffix(".nc.part")
-    merged.to_netcdf(partial)
-    partial.replace(out)
-    return out
+    def merged():
+        import xarray as xr
+
+        fields = []
+        for file, _, variable in WFDE5_FILES:
+            with xr.open_dataset(first.parent / file) as ds:
+                fields.append(ds[[variable]].load())
+        both = xr.merge(fields, join="exact").rename({"lat": "latitude", "lon": "longitude"})
+        both["latitude"].attrs["units"] = "degrees_north"
+        both["longitude"].attrs["units"] = "degrees_east"
+        return both
+
+    return netcdf_once(first.parent / "wfde5_uk_2017-01.nc", merged)
 
 
 def winter_gaps(first: str, last: str) -> list[str]:
