@@ -12,14 +12,20 @@ from typing import Any
 @dataclass
 class BestOnValidation:
     """``loss``: the lowest validation loss so far (inf before any); ``step``: the steps done when
-    it was reached (None before any); ``stale``: validations since that did not beat it."""
+    it was reached (None before any); ``stale``: validations since that did not beat it;
+    ``rollout``: the forecast steps the losses are over."""
 
     loss: float = math.inf
     step: int | None = None
     stale: int = 0
+    rollout: int = 1
 
-    def update(self, step: int, loss: float) -> bool:
-        """Count the validation after ``step`` steps; whether ``loss`` is the new best (a NaN never is)."""
+    def update(self, step: int, loss: float, rollout: int = 1) -> bool:
+        """Count the validation after ``step`` steps, its loss ``loss`` over ``rollout`` forecast
+        steps; whether it is the new best (a NaN never is). A loss over other steps than the best's
+        (a run resumed with another ``trainer.rollout.max``) does not compare: the best starts afresh."""
+        if rollout != self.rollout:
+            self.loss, self.step, self.stale, self.rollout = math.inf, None, 0, rollout
         if loss < self.loss:
             self.loss, self.step, self.stale = float(loss), step, 0
             return True

@@ -35,6 +35,11 @@ class RolloutSchedule:
         """The schedule of a ``trainer.rollout`` section."""
         return cls(rollout.start, rollout.max, rollout.increase_every)
 
+    @property
+    def most(self) -> int:
+        """The most forecast steps the loss reaches (``start`` without raises)."""
+        return self.max if self.increase_every else self.start
+
     def steps_at(self, step: int) -> int:
         """Forecast steps of the loss at optimiser step ``step``."""
         if self.increase_every == 0:

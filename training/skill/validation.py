@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from training.data.samples import Sample, evenly_spread
+from training.model.rollout import RolloutSchedule
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import training_baselines
@@ -91,12 +92,13 @@ class ValidationSkill:
             parts.append(f"{v}: {cells} (best: {self.best[v]})")
         return f"baselines' RMSE at {lead_h:g} h on {len(self.samples)} validation samples: " + "; ".join(parts)
 
-    def add(self, index: int, forecast: Tensor, target: Tensor) -> None:
-        """The model's forecast of sample ``samples[index]`` and its target, each ``(1, local
-        points, outputs)`` normalised (a one-sample batch)."""
+    def add(self, first: int, forecast: Tensor, target: Tensor) -> None:
+        """The model's forecasts of samples ``samples[first:first + batch]`` and their targets,
+        each ``(batch, local points, outputs)`` normalised."""
         denormalise = self.session.dataset.denormalise_outputs
-        f, o = (denormalise(x[0].detach().float().cpu().numpy()) for x in (forecast, target))
-        self._scores.add("model", 0, f, o, index)
+        forecasts, targets = (x.detach().float().cpu().numpy() for x in (forecast, target))
+        for i, (f, o) in enumerate(zip(forecasts, targets)):
+            self._scores.add("model", 0, denormalise(f), denormalise(o), first + i)
 
     def metrics(self) -> dict[str, float]:
         """The model's RMSE over the samples added since the last call and the best baseline's,
@@ -123,11 +125,13 @@ class ValidationSkill:
 
 
 class Validator:
-    """When a training run validates, and what: ``val/loss``, the one-step loss on the first
+    """When a training run validates, and what: ``val/loss``, the loss of a rollout of the most
+    steps the run trains (:attr:`rollout`: ``trainer.rollout.max``, or ``start`` without raises) on the first
     ``trainer.val_batches`` batches of validation samples averaged over the replicas, and
     :class:`ValidationSkill`'s RMSE beside the best baseline's (built at the first validation).
+    The best model is chosen on ``val/loss``: with a rollout in the loss, on the leads it trains.
 
-    ``loss``: the step's loss of a one-step batch, ``loss(x, targets, grids, group, transport)``
+    ``loss``: the step's loss, ``loss(x, targets, grids, group, transport, forcings)``
     (:meth:`training.loop.step.TrainStep.loss`); ``units``: the variables' units where known.
     """
 
@@ -141,6 +145,11 @@ class Validator:
         """Whether the run validates after ``step`` (every ``trainer.val_interval`` steps, and the last)."""
         return (step + 1) % self.cfg.val_interval == 0 or step + 1 == self.cfg.steps
 
+    @property
+    def rollout(self) -> int:
+        """The forecast steps of ``val/loss``: the most the run's loss reaches."""
+        return RolloutSchedule.from_config(self.cfg.rollout).most
+
     def validate(self) -> dict[str, float]:
         """Validate the model as it is now (every rank calls); its metrics."""
         s, trainer_cfg = self.session, self.cfg
@@ -148,14 +157,16 @@ class Validator:
         val = evenly_spread(s.samples.val, trainer_cfg.val_batches * trainer_cfg.batch_size)
         if self.skill is None:
             self.skill = ValidationSkill(s, val, self.units)
-        losses = []
+        losses, steps, size = [], self.rollout, trainer_cfg.batch_size
         s.model.eval()
         with torch.no_grad(), forward_outputs(s.model) as forecasts:
-            for i, b in enumerate(s.batches([v]) for v in val):  # one step: no later forcings
-                losses.append(self.loss(b.x, b.targets, s.grids, s.model_group, s.transport).item())
-                self.skill.add(i, forecasts.pop(), b.targets[0])
+            for first in range(0, len(val), size):  # batches of the training's size
+                b = s.batches(val[first : first + size], steps)
+                losses.append(self.loss(b.x, b.targets, s.grids, s.model_group, s.transport, b.forcings).item())
+                self.skill.add(first, forecasts[0], b.targets[0])  # the first lead's forecasts
+                forecasts.clear()
         s.model.train()
-        total = sum(losses) / len(val) * trainer_cfg.batch_size
+        total = sum(losses) / len(val) * size  # each batch's loss is over `size` samples' points
         self.last = {"val/loss": s.dims.sum_over_world([total])[0] / s.dims.dp, **self.skill.metrics()}
         return self.last
 

@@ -27,6 +27,16 @@ def test_the_best_is_the_lowest_loss_and_patience_counts_the_validations_since()
     assert BestOnValidation.from_record(None) == BestOnValidation()  # a checkpoint from before
 
 
+def test_a_loss_over_other_rollout_steps_starts_the_best_afresh():
+    """A run resumed with another ``trainer.rollout.max`` validates over other steps: its losses
+    do not compare with the best's (a one-step best of 0.2 would never be beaten by 3 steps' 0.5)."""
+    best = BestOnValidation.from_record({"loss": 0.2, "step": 600, "stale": 1})  # written before: one step
+    assert best.rollout == 1
+    assert best.update(650, 0.5, rollout=3)
+    assert (best.step, best.loss, best.stale, best.rollout) == (650, 0.5, 0, 3)
+    assert not best.update(700, 0.6, rollout=3) and best.stale == 1
+
+
 @pytest.fixture
 def scripted_validation(monkeypatch):
     """Validations whose losses are 1.0, 2.0, 3.0, ... in turn: the first model is the best."""
@@ -47,7 +57,12 @@ def test_patience_stops_the_run_and_the_best_model_is_scored(tmp_path, small_dat
     checkpoints = run_dir / "checkpoints"
     assert load_checkpoint(checkpoints / BEST)["step"] == 3
     latest = load_checkpoint(checkpoints / LATEST)
-    assert latest["step"] == 9 and latest["records"]["best_validation"] == {"loss": 1.0, "step": 3, "stale": 2}
+    assert latest["step"] == 9 and latest["records"]["best_validation"] == {
+        "loss": 1.0,
+        "step": 3,
+        "stale": 2,
+        "rollout": 1,
+    }
     assert "Model after training step 3." in (run_dir / "skill.md").read_text()
 
     # the table scored at the end is best.pt's, not the last model's

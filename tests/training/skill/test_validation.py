@@ -9,7 +9,9 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
+import torch
 import zarr
 from mlflow.tracking import MlflowClient
 
@@ -59,6 +61,44 @@ def test_validation_rmse_equals_the_evaluations_and_shows_in_the_progress_bar(tm
     assert list(shown) == ["loss", "val", "psi_rmse", "baseline", "samples/s"]
     again = trainer.validator.validate()  # the same model: the same scores (the sums start afresh)
     assert again == pytest.approx(metrics, rel=1e-12)
+
+
+def test_validation_loss_is_over_the_rollout_the_run_trains_and_its_rmse_at_the_first_lead(tmp_path, small_dataset):
+    """With ``trainer.rollout.max = 2`` the best model is chosen on two-step forecasts: the loss
+    of both steps (each fed the one before), not of the first alone."""
+    # batches of 3: the validation samples are not a multiple of 3, the last batch is short
+    rollout = (
+        "trainer.rollout.max=2",
+        "trainer.rollout.increase_every=3",
+        "trainer.val_batches=50",
+        "trainer.batch_size=3",
+    )
+    cfg = prepare(small_config(tmp_path / "run", small_dataset, *ONE_RANK, "logging.mlflow=false", *rollout))
+    session = open_session(cfg, ParallelDims.build(1), horizon=2)  # as the training run opens it
+    trainer = Trainer(session)
+    metrics = trainer.validator.validate()
+    val, loss = session.samples.val, trainer.step_fn.loss
+    assert len(val) % 3 and trainer.validator.rollout == 2
+    session.model.eval()
+    with torch.no_grad():
+        by_steps = {
+            steps: 3  # one sample a batch: its loss is over a third of a batch's points
+            * np.mean(
+                [
+                    loss(b.x, b.targets, session.grids, session.model_group, session.transport, b.forcings).item()
+                    for b in (session.batches([v], steps) for v in val)
+                ]
+            )
+            for steps in (1, 2)
+        }
+    assert metrics["val/loss"] == pytest.approx(by_steps[2], rel=1e-5)
+    assert abs(by_steps[2] - by_steps[1]) > 1e-3 * by_steps[1]  # a rollout's loss is not the first step's
+    cfg.trainer.rollout.increase_every = 0  # never raised: the run trains, and validates, one step
+    one_step = trainer.validator.validate()
+    assert one_step["val/loss"] == pytest.approx(by_steps[1], rel=1e-5)
+    rmse = [k for k in metrics if k.startswith("val/rmse/") and k.endswith("/model")]
+    assert len(rmse) == len(session.dataset.roles.outputs)
+    assert {k: metrics[k] for k in rmse} == pytest.approx({k: one_step[k] for k in rmse}, rel=1e-6)
 
 
 def test_a_run_logs_validation_rmse_to_metrics_jsonl_and_mlflow(tmp_path, small_dataset):
