@@ -126,8 +126,8 @@ class ValidationSkill:
 
 class Validator:
     """When a training run validates, and what: ``val/loss``, the loss of a rollout of the most
-    steps the run trains (:attr:`rollout`: ``trainer.rollout.max``, or ``start`` without raises) on the first
-    ``trainer.val_batches`` batches of validation samples averaged over the replicas, and
+    steps the run trains (:attr:`rollout`: ``trainer.rollout.max``, or ``start`` without raises)
+    on the first ``trainer.val_batches`` batches of validation samples averaged over the replicas, and
     :class:`ValidationSkill`'s RMSE beside the best baseline's (built at the first validation).
     The best model is chosen on ``val/loss``: with a rollout in the loss, on the leads it trains.
 
