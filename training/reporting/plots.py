@@ -51,17 +51,32 @@ def _plain_log_ticks(ax: plt.Axes) -> None:
     ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
 
 
+def _horizon(steps: list[float], varied: str) -> str:
+    """A loss's forecast steps for its legend, from each plotted record's (``train/rollout`` or
+    ``val/rollout``, 1 where absent); ``varied`` says why they differ. The two curves of a
+    rollout run are over different horizons while the rollout is raised, so their gap is not
+    all over-fitting."""
+    low, high = int(min(steps)), int(max(steps))
+    if low == high:
+        return f" ({low} forecast step{'s' if low > 1 else ''})"
+    return f" ({low} to {high} forecast steps, {varied})"
+
+
 def loss_curve(history: list[tuple[int, dict[str, float]]], path: Path) -> Path:
-    """Train and validation loss (log scale) against the step; a PNG 1100 px wide at ``path``."""
+    """Train and validation loss (log scale) against the step, each curve's forecast steps in the
+    legend; a PNG 1100 px wide at ``path``."""
     fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
     train = [(s, m["train/loss"]) for s, m in history if "train/loss" in m]
     val = [(s, m["val/loss"]) for s, m in history if "val/loss" in m]
     if train:
-        ax.plot(*zip(*train), "-", color="tab:blue", lw=1.2, alpha=0.8, label="train/loss", zorder=2)
+        steps = [m.get("train/rollout", 1.0) for _, m in history if "train/loss" in m]
+        label = "train/loss" + _horizon(steps, "raised during the run")
+        ax.plot(*zip(*train), "-", color="tab:blue", lw=1.2, alpha=0.8, label=label, zorder=2)
     if val:
         ax.plot(
             *zip(*val), "o--", color="tab:orange", lw=1.2, markersize=7, markeredgecolor="black",
-            label="val/loss", zorder=3,
+            label="val/loss" + _horizon([m.get("val/rollout", 1.0) for _, m in history if "val/loss" in m], "by run"),
+            zorder=3,
         )  # fmt: skip
     ax.set_yscale("log")
     _plain_log_ticks(ax)

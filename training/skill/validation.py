@@ -12,7 +12,8 @@ replica, so the model's sums run over the model-parallel group only (each rank h
 points) and every rank gets the same numbers.
 
 Metrics, per output variable ``<v>``: ``val/rmse/<v>/model`` and ``val/rmse/<v>/best_baseline``
-(the best baseline's name is in the progress bar and the log).
+(the best baseline's name is in the progress bar and the log); the validator's: ``val/loss`` and
+``val/rollout``, the forecast steps it is over.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ class Validator:
                 forecasts.clear()
         s.model.train()
         total = sum(losses) / len(val) * size  # each batch's loss is over `size` samples' points
-        self.last = {"val/loss": s.dims.sum_over_world([total])[0] / s.dims.dp, **self.skill.metrics()}
+        loss = s.dims.sum_over_world([total])[0] / s.dims.dp
+        self.last = {"val/loss": loss, "val/rollout": float(steps), **self.skill.metrics()}
         return self.last
 
     def progress(self) -> dict[str, str]:

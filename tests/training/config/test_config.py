@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
@@ -58,17 +60,31 @@ def test_a_data_preset_names_a_store_and_nothing_of_the_model_or_trainer(data):
     check_config(preset)
 
 
-@pytest.mark.parametrize("experiment", ["era5_uk_2t", "ncep_msl_daily"])
-def test_an_experiment_is_the_whole_run_tuned_on_its_store_and_one_rank_unless_sharded(experiment):
-    tuned = _typed(f"experiment={experiment}")
-    t = tuned.trainer
-    assert tuned.data.path.endswith(f"{experiment}.zarr") and tuned.model.trainable_size == 8
-    assert (tuned.strategy.name, t.nprocs, t.ranks_per_model, t.threads_per_rank) == ("none", 1, 1, 0)
-    check_config(tuned)
+def _sharded_on_two_ranks(experiment: str) -> None:
     ranks = ("trainer.nprocs=2", "trainer.ranks_per_model=2")
     sharded = _typed(f"experiment={experiment}", "strategy=shard_sequence", *ranks)
     assert (sharded.strategy.name, sharded.trainer.nprocs, sharded.trainer.ranks_per_model) == ("shard_sequence", 2, 2)
     check_config(sharded)
+
+
+def test_the_era5_experiment_is_the_whole_run_tuned_on_its_store_and_one_rank_unless_sharded():
+    tuned = _typed("experiment=era5_uk_2t")
+    t = tuned.trainer
+    assert tuned.data.path.endswith("era5_uk_2t.zarr") and tuned.model.trainable_size == 8
+    assert (tuned.strategy.name, t.nprocs, t.ranks_per_model, t.threads_per_rank) == ("none", 1, 1, 0)
+    check_config(tuned)
+    _sharded_on_two_ranks("era5_uk_2t")
+
+
+def test_the_daily_experiment_is_the_derived_run_with_a_rollout_of_three_days():
+    """``experiment=ncep_msl_daily`` sets only what the store does not derive: the rollout."""
+    tuned, named = _typed("experiment=ncep_msl_daily"), _typed("data=ncep_msl_daily")
+    assert tuned.data == named.data and tuned.model == named.model and tuned.strategy == named.strategy
+    rollout = tuned.trainer.rollout
+    assert (rollout.start, rollout.max, rollout.increase_every) == (1, 3, 450)
+    assert replace(tuned.trainer, rollout=named.trainer.rollout) == named.trainer
+    check_config(tuned)
+    _sharded_on_two_ranks("ncep_msl_daily")
 
 
 def test_a_strategy_option_reaches_the_processor():

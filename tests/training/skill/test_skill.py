@@ -221,5 +221,19 @@ def test_loss_curve_ticks(tmp_path, monkeypatch):
     assert all(float(t).is_integer() for t in ax.get_xticks())
     labels = [t.get_text() for t in ax.get_yticklabels(which="both") if t.get_text()]
     assert labels and not any(c in lab for lab in labels for c in "$^×"), labels
-    val_line = next(line for line in ax.lines if line.get_label() == "val/loss")
+    val_line = next(line for line in ax.lines if line.get_label() == "val/loss (1 forecast step)")
     assert val_line.get_zorder() > ax.lines[0].get_zorder()
+
+
+def test_loss_curve_names_each_loss_horizon(tmp_path, monkeypatch):
+    """A rollout run's curves are over different horizons while the rollout is raised: the
+    legend says which."""
+    import training.reporting.plots as plots
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    history = [(s, {"train/loss": 0.3, "train/rollout": 1.0 + (s >= 4)}) for s in range(7)]
+    history[5][1].update({"val/loss": 0.2, "val/rollout": 2.0})
+    plots.loss_curve(history, tmp_path / "loss.png")
+    labels = [line.get_label() for line in figures[0].axes[0].lines]
+    assert labels == ["train/loss (1 to 2 forecast steps, raised during the run)", "val/loss (2 forecast steps)"]

@@ -91,11 +91,11 @@ def test_validation_loss_is_over_the_rollout_the_run_trains_and_its_rmse_at_the_
             )
             for steps in (1, 2)
         }
-    assert metrics["val/loss"] == pytest.approx(by_steps[2], rel=1e-5)
+    assert metrics["val/loss"] == pytest.approx(by_steps[2], rel=1e-5) and metrics["val/rollout"] == 2
     assert abs(by_steps[2] - by_steps[1]) > 1e-3 * by_steps[1]  # a rollout's loss is not the first step's
     cfg.trainer.rollout.increase_every = 0  # never raised: the run trains, and validates, one step
     one_step = trainer.validator.validate()
-    assert one_step["val/loss"] == pytest.approx(by_steps[1], rel=1e-5)
+    assert one_step["val/loss"] == pytest.approx(by_steps[1], rel=1e-5) and one_step["val/rollout"] == 1
     rmse = [k for k in metrics if k.startswith("val/rmse/") and k.endswith("/model")]
     assert len(rmse) == len(session.dataset.roles.outputs)
     assert {k: metrics[k] for k in rmse} == pytest.approx({k: one_step[k] for k in rmse}, rel=1e-6)
