@@ -25,6 +25,29 @@ CORDEX_FILES = (
     ),
 )
 
+# The NCEP Iberia fields on the 2.5 degree grid of ``NCEP_Iberia_ta850.rda`` merged into one store
+# (the surface temperature and precipitation files are on another grid, T62's, and stay out).
+NCEP_IBERIA_FILES = (
+    (
+        "NCEP_Iberia_ta850.rda",
+        "b2e5491431cafddeb88bdc245b0733e3",
+        "t850",
+        {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"},
+    ),
+    (
+        "NCEP_Iberia_hus850.rda",
+        "f899687663b5bb50917c722b56cfb7aa",
+        "q850",
+        {"units": "kg kg-1", "standard_name": "specific_humidity", "long_name": "daily mean at 850 hPa"},
+    ),
+    (
+        "NCEP_Iberia_psl.rda",
+        "3ec5d016d3bc30e6be33d276c232c901",
+        "msl",
+        {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"},
+    ),
+)
+
 
 def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
     """The climate4R grid in ``rda`` (an R list: ``Data`` (time, lat, lon), ``xyCoords``,
@@ -133,6 +156,36 @@ def climate4r_rotated(first: Path) -> Path:
     return netcdf_once(first.parent / "cordex_iberia.nc", lambda: _cordex_merged(first.parent))
 
 
+def climate4r_ncep_iberia(first: Path) -> Path:
+    """The :data:`NCEP_IBERIA_FILES` (``first`` and the others beside it), each a climate4R grid
+    on the same dates and regular latitude-longitude axes, merged into one CF NetCDF beside them."""
+    return netcdf_once(first.parent / "ncep_iberia_t_q_msl.nc", lambda: _latlon_merged(first.parent))
+
+
+def _latlon_merged(folder: Path):
+    """The :data:`NCEP_IBERIA_FILES` in ``folder`` as one xarray Dataset ``(time, latitude,
+    longitude)`` (see :func:`climate4r_ncep_iberia`)."""
+    import numpy as np
+    import rdata
+    import xarray as xr
+
+    fields, dates, xy = {}, None, None
+    for file, _, name, attrs in NCEP_IBERIA_FILES:
+        (grid,) = rdata.read_rda(str(folder / file)).values()
+        days = _dates(grid)
+        if dates is not None and not (days.equals(dates) and _same_axes(xy, grid["xyCoords"])):
+            sys.exit(f"error: {file} is not on {NCEP_IBERIA_FILES[0][0]}'s dates and grid")
+        dates, xy = days, grid["xyCoords"]
+        data = np.asarray(grid["Data"], dtype="float32")
+        fields[name] = xr.DataArray(data, dims=("time", "latitude", "longitude"), attrs=attrs)
+    coords = {
+        "time": dates,
+        "latitude": ("latitude", np.asarray(xy["y"]), {"units": "degrees_north"}),
+        "longitude": ("longitude", np.asarray(xy["x"]), {"units": "degrees_east"}),
+    }
+    return xr.Dataset(fields, coords=coords)
+
+
 def _cordex_merged(folder: Path):
     """The :data:`CORDEX_FILES` in ``folder`` as one xarray Dataset (see :func:`climate4r_rotated`)."""
     import numpy as np
@@ -164,6 +217,13 @@ def _dates(data: dict):
     import pandas as pd
 
     return pd.to_datetime([day.split(" ")[0] for day in np.asarray(data["Dates"]["start"])])
+
+
+def _same_axes(xy: dict, other: dict) -> bool:
+    """Whether two climate4R ``xyCoords`` of regular grids hold the same ``x`` and ``y`` axes."""
+    import numpy as np
+
+    return all(np.array_equal(np.asarray(xy[key]), np.asarray(other[key])) for key in ("x", "y"))
 
 
 def _same_grid(xy: dict, other: dict) -> bool:

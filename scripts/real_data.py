@@ -24,6 +24,9 @@ The sources (see docs/real-data.md for what each holds and the skill a model rea
 - ``ncep_iberia_t850``: the NCEP/NCAR Reanalysis 1's daily mean 850 hPa temperature over Iberia,
   20 winters (December to February, 1982/83 to 2001/02: 1805 days, the rest of each year recorded
   as missing dates), 2.5 degrees (5 x 7 points, 35-45 N, 10 W-5 E), from the same repository.
+- ``ncep_iberia_t_q_msl``: the same reanalysis, winters and grid with three fields: 850 hPa
+  temperature and specific humidity, and mean sea-level pressure (three files, merged here into
+  one NetCDF).
 - ``eobs_iberia_pr``, ``eobs_iberia_2t``: E-OBS's daily precipitation and daily mean 2 m
   temperature over Iberia, the same 20 winters, 0.5 degrees (19 x 29 points, 35-44 N, 10 W-4 E),
   land only (the sea NaN, built with anemoi-datasets' ``build.allow_nans``), the same repository.
@@ -54,9 +57,11 @@ from pathlib import Path
 
 from climate4r import (  # scripts/, beside this file
     CORDEX_FILES,
+    NCEP_IBERIA_FILES,
     climate4r_eobs_pr,
     climate4r_eobs_tas,
     climate4r_msl,
+    climate4r_ncep_iberia,
     climate4r_rotated,
     climate4r_t850,
     climate4r_value_tas,
@@ -171,12 +176,21 @@ SOURCES = {
         "netcdf",
         {"param": ["msl"]},
         climate4r_msl,
+        climate4r_ncep_iberia,
     ),
     "ncep_iberia_t850": iberia_winters(
         (("NCEP_Iberia_ta850.rda", "b2e5491431cafddeb88bdc245b0733e3"),),
         "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature, 2.5 deg, Iberia (5 x 7)",
         ["t850"],
         climate4r_t850,
+        nans=False,
+    ),
+    "ncep_iberia_t_q_msl": iberia_winters(
+        tuple((file, md5) for file, md5, _, _ in NCEP_IBERIA_FILES),
+        "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature and specific humidity and mean sea-level "
+        "pressure, 2.5 deg, Iberia (5 x 7)",
+        [variable for _, _, variable, _ in NCEP_IBERIA_FILES],
+        climate4r_ncep_iberia,
         nans=False,
     ),
     "eobs_iberia_pr": iberia_winters(

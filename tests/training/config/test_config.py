@@ -42,6 +42,7 @@ DATA_PRESETS = [
     "ncep_msl_daily",
     "inca_graz",
     "ncep_iberia_t850",
+    "ncep_iberia_t_q_msl",
     "eobs_iberia_pr",
     "eobs_iberia_2t",
     "value_iberia_2t",

@@ -200,3 +200,40 @@ def test_cordexs_rotated_grids_merge_into_one_store_with_each_value_at_its_true_
             )
             for v, name in enumerate(ds.variables):
                 np.testing.assert_allclose(values[:, point, v], fields[name][:, i, j], rtol=1e-5, atol=1e-5)
+
+
+def test_ncep_iberias_three_fields_merge_into_one_store_and_a_file_off_the_grid_is_refused(tmp_path, real_data):
+    """The NCEP Iberia files of 850 hPa temperature and humidity and of sea-level pressure (each a
+    climate4R grid on the same dates and axes) merge into one store of three variables, each
+    value at its date, latitude and longitude; a file on other axes stops the build."""
+    rng = np.random.default_rng(4)
+    days = np.array([f"1982-12-{d + 1:02d} GMT" for d in range(4)])
+    fields = {}
+    for file, _, variable, _ in real_data.NCEP_IBERIA_FILES:
+        fields[variable] = data = rng.uniform(0, 1, (len(days), len(LATITUDES), len(LONGITUDES)))
+        grid = {"Data": data, "xyCoords": {"x": LONGITUDES, "y": LATITUDES}, "Dates": {"start": days, "end": days}}
+        rdata.write_rda(str(tmp_path / file), {file.removesuffix(".rda"): grid})
+    netcdf = real_data.climate4r_ncep_iberia(tmp_path / real_data.NCEP_IBERIA_FILES[0][0])
+    recipe = real_data.recipe(real_data.SOURCES["ncep_iberia_t_q_msl"], netcdf)
+    recipe["dates"].update(start="1982-12-01T00:00:00", end="1982-12-04T00:00:00", missing=[])
+    ds = ZarrDataset(real_data.create_store(recipe, tmp_path / "ncep_iberia.zarr"))
+    assert (sorted(ds.variables), ds.n_points, ds.n_times) == (["msl", "q850", "t850"], 12, 4)
+    values = np.stack([ds.denormalise(ds.state(t)) for t in range(ds.n_times)])  # (dates, points, variables)
+    for i, lat in enumerate(LATITUDES):
+        for j, lon in enumerate(LONGITUDES):
+            (point,) = np.flatnonzero((ds.latitudes == lat) & (np.isclose((ds.longitudes - lon + 180) % 360, 180)))
+            for v, name in enumerate(ds.variables):
+                np.testing.assert_allclose(values[:, point, v], fields[name][:, i, j], rtol=1e-5, atol=1e-6)
+
+    other = tmp_path / "shifted"
+    other.mkdir()
+    for k, (file, _, _, _) in enumerate(real_data.NCEP_IBERIA_FILES):
+        shifted = LONGITUDES + (2.5 if k == 2 else 0.0)  # the pressure file a column to the east
+        grid = {
+            "Data": fields["t850"],
+            "xyCoords": {"x": shifted, "y": LATITUDES},
+            "Dates": {"start": days, "end": days},
+        }
+        rdata.write_rda(str(other / file), {file.removesuffix(".rda"): grid})
+    with pytest.raises(SystemExit, match="NCEP_Iberia_psl.rda is not on NCEP_Iberia_ta850.rda's dates and grid"):
+        real_data.climate4r_ncep_iberia(other / real_data.NCEP_IBERIA_FILES[0][0])
