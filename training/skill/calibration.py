@@ -5,8 +5,9 @@ model's output (model output statistics): at each lead and for each output varia
 
 with ``c`` the climatology (plain, by hour of day or by day of year) that fits the training
 dates best at that lead, and ``a``, ``b`` the least-squares weights over the training dates'
-points (area-weighted) and samples. At the first leads ``a`` is near 1 and ``b`` near 0: the
-model is kept as it is. Where the rolled-out model has lost its skill, the weights move the
+points (area-weighted) and samples among the blends: ``a, b >= 0`` and ``a + b <= 1``, the
+rest on ``c`` (:func:`blend_weights`). At the first leads ``a`` is 1 or near it and ``b`` 0 or
+near it: the model is kept as it is. Where the rolled-out model has lost its skill, the weights move the
 forecast toward the climatology and the damped persistence fitted for that lead, as a
 deterministic forecast should when predictability is gone (its mean squared error is least
 there).
@@ -84,14 +85,44 @@ def products(forecasts: list[np.ndarray], truth: np.ndarray, c: np.ndarray, w: n
 
 def solve(sums: np.ndarray, references: tuple[str, ...], kinds: tuple[str, ...]) -> LeadCalibration:
     """One lead's weights from its sums ``(references, n + 1, n + 1, variables)``: per variable
-    the reference whose own squared error is least, then the least-squares weights about it."""
+    the reference whose own squared error is least, then the blend weights about it
+    (:func:`blend_weights`)."""
     n, chosen, weights = len(kinds), [], []
     for v in range(sums.shape[-1]):
         r = int(np.argmin(sums[:, n, n, v]))
-        gram, cross = sums[r, :n, :n, v], sums[r, :n, n, v]
-        weights.append(np.linalg.lstsq(gram, cross, rcond=None)[0])
+        weights.append(blend_weights(sums[r, :n, :n, v], sums[r, :n, n, v]))
         chosen.append(references[r])
     return LeadCalibration(kinds, tuple(chosen), np.array(weights))
+
+
+def blend_weights(gram: np.ndarray, cross: np.ndarray) -> np.ndarray:
+    """``(n,)`` the weights ``w`` of ``n`` forecasts' anomalies that minimise the squared error
+    ``w' gram w - 2 w' cross`` (``gram`` ``(n, n)``: the anomalies' products; ``cross`` ``(n,)``:
+    theirs with the truth's) over the blends: every weight >= 0 and their sum <= 1, the rest on
+    the reference climatology. Unbounded least squares on the training dates, where the model
+    fits the weather it learnt, weighs the model's anomaly over 1 and damped persistence's below
+    0 at the first leads; on other dates that extrapolation costs. The minimum of this convex
+    problem is the least-squares point of one face of the region: every face is tried."""
+    n, scale = len(cross), float(np.abs(np.diag(gram)).max(initial=0.0))
+    best, best_error = np.zeros(n), 0.0  # the climatology alone
+    if scale == 0.0:
+        return best
+    # in a variable's squared units (Pa^2 over many points) the sum's row of the KKT system would be lost
+    gram, cross = gram / scale, cross / scale
+    for mask in range(1, 2**n):
+        free = [i for i in range(n) if mask >> i & 1]
+        g, c = gram[np.ix_(free, free)], cross[free]
+        on_face = [np.linalg.lstsq(g, c, rcond=None)[0]]
+        kkt = np.block([[g, np.ones((len(free), 1))], [np.ones((1, len(free))), np.zeros((1, 1))]])
+        on_face.append(np.linalg.lstsq(kkt, np.append(c, 1.0), rcond=None)[0][:-1])  # the weights summing to 1
+        for w_free in on_face:
+            if (w_free >= -1e-12).all() and w_free.sum() <= 1 + 1e-12:
+                w = np.zeros(n)
+                w[free] = np.clip(w_free, 0.0, None)
+                error = w @ gram @ w - 2 * w @ cross
+                if error < best_error:
+                    best, best_error = w, error
+    return best
 
 
 def calibration_samples(session: Session, steps: int) -> list[Sample]:

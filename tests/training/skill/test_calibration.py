@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.skill.calibration import MODEL, LeadCalibration, describe, products, solve
+from training.skill.calibration import MODEL, LeadCalibration, blend_weights, describe, products, solve
 from training.skill.fitted import DAMPED_PERSISTENCE
 
 KINDS = (MODEL, DAMPED_PERSISTENCE)
@@ -35,6 +35,38 @@ def test_weights_and_reference_recovered_by_hand():
     model, damped, climatologies, truth = _case(rng)
     calibrated = cal.apply(model, {**climatologies, DAMPED_PERSISTENCE: damped})
     np.testing.assert_allclose(calibrated, truth, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "cross, expected",
+    [
+        ([0.5, 0.3], [0.5, 0.3]),  # inside the blends: least squares itself
+        ([1.2, -0.2], [1.0, 0.0]),  # the model's anomaly over 1, damped persistence's below 0: the nearest blend
+        ([0.9, 0.6], [0.65, 0.35]),  # the sum past 1: onto a + b = 1
+        ([-0.3, -0.1], [0.0, 0.0]),  # both anti-correlated with the truth: the climatology alone
+        ([-0.2, 0.4], [0.0, 0.4]),
+    ],
+)
+def test_blend_weights_by_hand(cross, expected):
+    """With orthonormal anomalies (``gram`` the identity) the squared error is the distance to the
+    least-squares weights ``cross``, so the blend is their nearest point with every weight >= 0
+    and their sum <= 1."""
+    np.testing.assert_allclose(blend_weights(np.eye(2), np.array(cross)), expected, atol=1e-12)
+    scale = 400.0**2 * 35 * 128  # sea-level pressure in Pa over a store's points and samples
+    np.testing.assert_allclose(blend_weights(scale * np.eye(2), scale * np.array(cross)), expected, atol=1e-9)
+
+
+def test_blend_weights_are_the_least_error_blend():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        anomalies = rng.normal(size=(30, 3))
+        truth = anomalies @ rng.normal(size=3) + rng.normal(size=30)
+        gram, cross = anomalies.T @ anomalies, anomalies.T @ truth
+        w = blend_weights(gram, cross)
+        assert (w >= 0).all() and w.sum() <= 1 + 1e-12
+        blends = rng.dirichlet(np.ones(4), size=2000)[:, :3]  # weights >= 0 summing to <= 1
+        errors = np.einsum("bi,ij,bj->b", blends, gram, blends) - 2 * blends @ cross
+        assert w @ gram @ w - 2 * w @ cross <= errors.min() + 1e-9
 
 
 def test_products_are_the_weighted_sums():
