@@ -25,6 +25,8 @@ CORDEX_FILES = (
     ),
 )
 
+T850_ATTRS = {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"}
+MSL_ATTRS = {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"}
 # The NCEP Iberia fields on the 2.5 degree grid of ``NCEP_Iberia_ta850.rda`` merged into one store
 # (the surface temperature and precipitation files are on another grid, T62's, and stay out).
 NCEP_IBERIA_FILES = (
@@ -32,7 +34,7 @@ NCEP_IBERIA_FILES = (
         "NCEP_Iberia_ta850.rda",
         "b2e5491431cafddeb88bdc245b0733e3",
         "t850",
-        {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"},
+        T850_ATTRS,
     ),
     (
         "NCEP_Iberia_hus850.rda",
@@ -44,7 +46,7 @@ NCEP_IBERIA_FILES = (
         "NCEP_Iberia_psl.rda",
         "3ec5d016d3bc30e6be33d276c232c901",
         "msl",
-        {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"},
+        MSL_ATTRS,
     ),
 )
 
@@ -96,14 +98,12 @@ def _netcdf_beside(rda: Path, name: str, field: Callable) -> Path:
 
 def climate4r_msl(rda: Path) -> Path:
     """NCEP's daily mean sea-level pressure (Pa) of ``NCEP_slp_2001_2010.rda``."""
-    attrs = {"units": "Pa", "standard_name": "air_pressure_at_mean_sea_level", "long_name": "daily mean"}
-    return climate4r_grid(rda, "msl", attrs)
+    return climate4r_grid(rda, "msl", MSL_ATTRS)
 
 
 def climate4r_t850(rda: Path) -> Path:
     """NCEP's daily mean air temperature at 850 hPa (K) of ``NCEP_Iberia_ta850.rda``."""
-    attrs = {"units": "K", "standard_name": "air_temperature", "long_name": "daily mean at 850 hPa"}
-    return climate4r_grid(rda, "t850", attrs)
+    return climate4r_grid(rda, "t850", T850_ATTRS)
 
 
 def climate4r_eobs_pr(rda: Path) -> Path:
@@ -153,62 +153,60 @@ def climate4r_rotated(first: Path) -> Path:
     rotated-pole grid (``xyCoords``: the rotated ``x``, ``y`` and the true ``lon``, ``lat`` of
     each cell, (y, x)), merged into one CF NetCDF beside them: ``(time, rlat, rlon)``, the
     true latitude and longitude as 2-D coordinates (a curvilinear grid to anemoi-datasets)."""
-    return netcdf_once(first.parent / "cordex_iberia.nc", lambda: _cordex_merged(first.parent))
+    return netcdf_once(first.parent / "cordex_iberia.nc", lambda: _merged(first.parent, CORDEX_FILES, _rotated_coords))
 
 
 def climate4r_ncep_iberia(first: Path) -> Path:
     """The :data:`NCEP_IBERIA_FILES` (``first`` and the others beside it), each a climate4R grid
-    on the same dates and regular latitude-longitude axes, merged into one CF NetCDF beside them."""
-    return netcdf_once(first.parent / "ncep_iberia_t_q_msl.nc", lambda: _latlon_merged(first.parent))
+    on the same dates and regular latitude-longitude axes, merged into one CF NetCDF beside them:
+    ``(time, latitude, longitude)``."""
+    return netcdf_once(
+        first.parent / "ncep_iberia_t_q_msl.nc", lambda: _merged(first.parent, NCEP_IBERIA_FILES, _latlon_coords)
+    )
 
 
-def _latlon_merged(folder: Path):
-    """The :data:`NCEP_IBERIA_FILES` in ``folder`` as one xarray Dataset ``(time, latitude,
-    longitude)`` (see :func:`climate4r_ncep_iberia`)."""
+def _merged(folder: Path, files: tuple, coords_of: Callable):
+    """The climate4R grids ``files`` ((file, md5, variable, attrs) in ``folder``) as one xarray
+    Dataset, each file's ``Data`` its variable on the dimensions and coordinates ``coords_of(xy)``
+    gives for the first file's ``xyCoords`` (every file must hold the same dates and ``xyCoords``)."""
     import numpy as np
     import rdata
     import xarray as xr
 
     fields, dates, xy = {}, None, None
-    for file, _, name, attrs in NCEP_IBERIA_FILES:
-        (grid,) = rdata.read_rda(str(folder / file)).values()
-        days = _dates(grid)
-        if dates is not None and not (days.equals(dates) and _same_axes(xy, grid["xyCoords"])):
-            sys.exit(f"error: {file} is not on {NCEP_IBERIA_FILES[0][0]}'s dates and grid")
-        dates, xy = days, grid["xyCoords"]
-        data = np.asarray(grid["Data"], dtype="float32")
-        fields[name] = xr.DataArray(data, dims=("time", "latitude", "longitude"), attrs=attrs)
-    coords = {
-        "time": dates,
-        "latitude": ("latitude", np.asarray(xy["y"]), {"units": "degrees_north"}),
-        "longitude": ("longitude", np.asarray(xy["x"]), {"units": "degrees_east"}),
-    }
-    return xr.Dataset(fields, coords=coords)
-
-
-def _cordex_merged(folder: Path):
-    """The :data:`CORDEX_FILES` in ``folder`` as one xarray Dataset (see :func:`climate4r_rotated`)."""
-    import numpy as np
-    import rdata
-    import xarray as xr
-
-    fields, dates, xy = {}, None, None
-    for file, _, name, attrs in CORDEX_FILES:
+    for file, _, name, attrs in files:
         (grid,) = rdata.read_rda(str(folder / file)).values()
         days = _dates(grid)
         if dates is not None and not (days.equals(dates) and _same_grid(xy, grid["xyCoords"])):
-            sys.exit(f"error: {file} is not on {CORDEX_FILES[0][0]}'s dates and grid")
+            sys.exit(f"error: {file} is not on {files[0][0]}'s dates and grid")
         dates, xy = days, grid["xyCoords"]
-        data = np.asarray(grid["Data"], dtype="float32")
-        fields[name] = xr.DataArray(data, dims=("time", "rlat", "rlon"), attrs=attrs)
-    coords = {
-        "time": dates,
+        fields[name] = (np.asarray(grid["Data"], dtype="float32"), attrs)
+    dims, coords = coords_of(xy)
+    data = {name: xr.DataArray(values, dims=("time", *dims), attrs=attrs) for name, (values, attrs) in fields.items()}
+    return xr.Dataset(data, coords={"time": dates, **coords})
+
+
+def _rotated_coords(xy: dict) -> tuple[tuple[str, str], dict]:
+    """A rotated-pole grid's dimensions and coordinates: the rotated axes, and the true latitude
+    and longitude of each cell (2-D)."""
+    import numpy as np
+
+    return ("rlat", "rlon"), {
         "rlat": ("rlat", np.asarray(xy["y"]), {"standard_name": "grid_latitude", "units": "degrees"}),
         "rlon": ("rlon", np.asarray(xy["x"]), {"standard_name": "grid_longitude", "units": "degrees"}),
         "latitude": (("rlat", "rlon"), np.asarray(xy["lat"]), {"standard_name": "latitude", "units": "degrees_north"}),
         "longitude": (("rlat", "rlon"), np.asarray(xy["lon"]), {"standard_name": "longitude", "units": "degrees_east"}),
     }
-    return xr.Dataset(fields, coords=coords)
+
+
+def _latlon_coords(xy: dict) -> tuple[tuple[str, str], dict]:
+    """A regular latitude-longitude grid's dimensions and coordinates."""
+    import numpy as np
+
+    return ("latitude", "longitude"), {
+        "latitude": ("latitude", np.asarray(xy["y"]), {"units": "degrees_north"}),
+        "longitude": ("longitude", np.asarray(xy["x"]), {"units": "degrees_east"}),
+    }
 
 
 def _dates(data: dict):
@@ -219,15 +217,12 @@ def _dates(data: dict):
     return pd.to_datetime([day.split(" ")[0] for day in np.asarray(data["Dates"]["start"])])
 
 
-def _same_axes(xy: dict, other: dict) -> bool:
-    """Whether two climate4R ``xyCoords`` of regular grids hold the same ``x`` and ``y`` axes."""
-    import numpy as np
-
-    return all(np.array_equal(np.asarray(xy[key]), np.asarray(other[key])) for key in ("x", "y"))
-
-
 def _same_grid(xy: dict, other: dict) -> bool:
-    """Whether two climate4R ``xyCoords`` hold the same rotated axes and true coordinates."""
+    """Whether two climate4R ``xyCoords`` hold the same axes (``x``, ``y``) and, on a rotated grid,
+    the same true coordinates (``lon``, ``lat``)."""
     import numpy as np
 
-    return all(np.array_equal(np.asarray(xy[key]), np.asarray(other[key])) for key in ("x", "y", "lon", "lat"))
+    keys = set(xy) | set(other)
+    return all(
+        key in xy and key in other and np.array_equal(np.asarray(xy[key]), np.asarray(other[key])) for key in keys
+    )

@@ -176,10 +176,9 @@ SOURCES = {
         "netcdf",
         {"param": ["msl"]},
         climate4r_msl,
-        climate4r_ncep_iberia,
     ),
     "ncep_iberia_t850": iberia_winters(
-        (("NCEP_Iberia_ta850.rda", "b2e5491431cafddeb88bdc245b0733e3"),),
+        (NCEP_IBERIA_FILES[0][:2],),  # the temperature's file alone
         "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature, 2.5 deg, Iberia (5 x 7)",
         ["t850"],
         climate4r_t850,

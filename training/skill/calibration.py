@@ -38,6 +38,7 @@ REFERENCES = ("climatology", "hourly_climatology", "doy_climatology")  # the anc
 # The baselines weighed beside the model, where scored. The regression weighed too (and the fit on
 # training samples it was not fitted on) scored worse on three of the four real stores.
 WEIGHED = (DAMPED_PERSISTENCE,)
+TOLERANCE = 1e-9  # how far past the blends' bounds rounding may put a face's least-squares point
 MODEL = "model"
 UNCALIBRATED = "model_uncalibrated"  # the skill table's kind for the model's own forecast
 
@@ -116,9 +117,10 @@ def blend_weights(gram: np.ndarray, cross: np.ndarray) -> np.ndarray:
         kkt = np.block([[g, np.ones((len(free), 1))], [np.ones((1, len(free))), np.zeros((1, 1))]])
         on_face.append(np.linalg.lstsq(kkt, np.append(c, 1.0), rcond=None)[0][:-1])  # the weights summing to 1
         for w_free in on_face:
-            if (w_free >= -1e-12).all() and w_free.sum() <= 1 + 1e-12:
+            if (w_free >= -TOLERANCE).all() and w_free.sum() <= 1 + TOLERANCE:  # inside, up to rounding
                 w = np.zeros(n)
                 w[free] = np.clip(w_free, 0.0, None)
+                w /= max(1.0, w.sum())
                 error = w @ gram @ w - 2 * w @ cross
                 if error < best_error:
                     best, best_error = w, error

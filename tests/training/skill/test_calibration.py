@@ -56,6 +56,21 @@ def test_blend_weights_by_hand(cross, expected):
     np.testing.assert_allclose(blend_weights(scale * np.eye(2), scale * np.array(cross)), expected, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    "anomalies, truth, expected",
+    [
+        ([[1.0, 1.0], [2.0, 2.0]], [0.5, 1.0], [0.5, 0.0]),  # the same forecast twice: the first face holding it
+        ([[1.0, 0.0], [0.0, 0.0]], [0.4, 3.0], [0.4, 0.0]),  # a forecast with no anomaly weighs nothing
+        ([[1e-3, 0.0], [0.0, 1e-3]], [20.0, 0.0], [1.0, 0.0]),  # a truth 1e4 times the forecast: its sum on the bound
+    ],
+)
+def test_blend_weights_of_degenerate_forecasts(anomalies, truth, expected):
+    """Rank-deficient products and a truth far larger than the forecasts (``anomalies``: points x
+    forecasts)."""
+    a, y = np.array(anomalies), np.array(truth)
+    np.testing.assert_allclose(blend_weights(a.T @ a, a.T @ y), expected, atol=1e-9)
+
+
 def test_blend_weights_are_the_least_error_blend():
     rng = np.random.default_rng(1)
     for _ in range(50):
