@@ -151,6 +151,18 @@ def iberia_winters(
     )
 
 
+def merged_winters(files: tuple, description: str, convert: Callable) -> Source:
+    """:func:`iberia_winters` of climate4R ``files`` ((name, md5, variable, attrs), one variable a
+    file, no point without a value) that ``convert`` merges into one NetCDF."""
+    return iberia_winters(
+        tuple((file, md5) for file, md5, _, _ in files),
+        description,
+        [variable for _, _, variable, _ in files],
+        convert,
+        nans=False,
+    )
+
+
 SOURCES = {
     "era5_uk_2t": Source(
         f"{XARRAY_DATA}/era5-2mt-2019-03-uk.grib",
@@ -184,13 +196,11 @@ SOURCES = {
         climate4r_t850,
         nans=False,
     ),
-    "ncep_iberia_t_q_msl": iberia_winters(
-        tuple((file, md5) for file, md5, _, _ in NCEP_IBERIA_FILES),
+    "ncep_iberia_t_q_msl": merged_winters(
+        NCEP_IBERIA_FILES,
         "NCEP/NCAR Reanalysis 1, daily mean 850 hPa temperature and specific humidity and mean sea-level "
         "pressure, 2.5 deg, Iberia (5 x 7)",
-        [variable for _, _, variable, _ in NCEP_IBERIA_FILES],
         climate4r_ncep_iberia,
-        nans=False,
     ),
     "eobs_iberia_pr": iberia_winters(
         (("EOBS_Iberia_pr.rda", "87093172c60e95765cf127d9d05f35cd"),),
@@ -210,13 +220,11 @@ SOURCES = {
         ["2t"],
         climate4r_value_tas,
     ),
-    "cordex_iberia": iberia_winters(
-        tuple((file, md5) for file, md5, _, _ in CORDEX_FILES),
+    "cordex_iberia": merged_winters(
+        CORDEX_FILES,
         "CORDEX EUR-44, KNMI-RACMO22E driven by ICHEC-EC-EARTH (historical r1i1p1), daily mean 2 m temperature "
         "and precipitation, 0.44 deg rotated-pole grid over Iberia (28 x 30)",
-        [variable for _, _, variable, _ in CORDEX_FILES],
         climate4r_rotated,
-        nans=False,
     ),
     "wfde5_uk_land": Source(
         f"{UNIFHY}/data/{WFDE5_FILES[0][0]}",
