@@ -60,14 +60,9 @@ def climate4r_grid(rda: Path, name: str, attrs: dict) -> Path:
         import numpy as np
         import xarray as xr
 
-        lat = xr.DataArray(np.asarray(grid["xyCoords"]["y"]), dims="latitude", attrs={"units": "degrees_north"})
-        lon = xr.DataArray(np.asarray(grid["xyCoords"]["x"]), dims="longitude", attrs={"units": "degrees_east"})
-        return xr.DataArray(
-            np.asarray(grid["Data"], dtype="float32"),
-            dims=("time", "latitude", "longitude"),
-            coords={"time": dates, "latitude": lat, "longitude": lon},
-            attrs=attrs,
-        )
+        dims, coords = _latlon_coords(grid["xyCoords"])
+        data = np.asarray(grid["Data"], dtype="float32")
+        return xr.DataArray(data, dims=("time", *dims), coords={"time": dates, **coords}, attrs=attrs)
 
     return _netcdf_beside(rda, name, field)
 

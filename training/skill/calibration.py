@@ -6,11 +6,11 @@ model's output (model output statistics): at each lead and for each output varia
 with ``c`` the climatology (plain, by hour of day or by day of year) that fits the training
 dates best at that lead, and ``a``, ``b`` the least-squares weights over the training dates'
 points (area-weighted) and samples among the blends: ``a, b >= 0`` and ``a + b <= 1``, the
-rest on ``c`` (:func:`blend_weights`). At the first leads ``a`` is 1 or near it and ``b`` 0 or
-near it: the model is kept as it is. Where the rolled-out model has lost its skill, the weights move the
-forecast toward the climatology and the damped persistence fitted for that lead, as a
-deterministic forecast should when predictability is gone (its mean squared error is least
-there).
+rest on ``c`` (:func:`blend_weights`). At the first leads ``a`` is 1 or near it and ``b`` 0
+or near it: the model is kept as it is. Where the rolled-out model has lost its skill, the
+weights move the forecast toward the climatology and the damped persistence fitted for that
+lead, as a deterministic forecast should when predictability is gone (its mean squared error is
+least there).
 
 Fitted on up to :data:`CALIBRATION_SAMPLES` of the training samples the fitted baselines read
 (:func:`training.skill.baselines.fit_samples`): no validation date is seen. Every rank rolls out
