@@ -13,19 +13,23 @@ from typing import Any
 class BestOnValidation:
     """``loss``: the lowest validation loss so far (inf before any); ``step``: the steps done when
     it was reached (None before any); ``stale``: validations since that did not beat it;
-    ``rollout``: the forecast steps the losses are over."""
+    ``rollout``: the forecast steps the losses are over, ``step_decay`` how they are weighed
+    (``trainer.rollout.step_decay``)."""
 
     loss: float = math.inf
     step: int | None = None
     stale: int = 0
     rollout: int = 1
+    step_decay: float = 1.0
 
-    def update(self, step: int, loss: float, rollout: int = 1) -> bool:
+    def update(self, step: int, loss: float, rollout: int = 1, step_decay: float = 1.0) -> bool:
         """Count the validation after ``step`` steps, its loss ``loss`` over ``rollout`` forecast
-        steps; whether it is the new best (a NaN never is). A loss over other steps than the best's
-        (a run resumed with another ``trainer.rollout.max``) does not compare: the best starts afresh."""
-        if rollout != self.rollout:
-            self.loss, self.step, self.stale, self.rollout = math.inf, None, 0, rollout
+        steps weighed by ``step_decay``; whether it is the new best (a NaN never is). A loss over
+        other steps or weights than the best's (a run resumed with another ``trainer.rollout.max``
+        or ``step_decay``) does not compare: the best starts afresh."""
+        if (rollout, step_decay) != (self.rollout, self.step_decay):
+            self.loss, self.step, self.stale = math.inf, None, 0
+            self.rollout, self.step_decay = rollout, step_decay
         if loss < self.loss:
             self.loss, self.step, self.stale = float(loss), step, 0
             return True

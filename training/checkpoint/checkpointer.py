@@ -69,11 +69,11 @@ class Checkpointer:
             if self.best.step is None:
                 (self.dir / BEST).unlink(missing_ok=True)
 
-    def validated(self, steps_done: int, val_loss: float, rollout: int = 1) -> bool:
+    def validated(self, steps_done: int, val_loss: float, rollout: int = 1, step_decay: float = 1.0) -> bool:
         """After the validation of the model of ``steps_done`` steps (every rank, with the same
-        loss over ``rollout`` forecast steps): whether it is the best so far, then kept as
-        ``best.pt`` (``trainer.keep_best``)."""
-        improved = self.best.update(steps_done, val_loss, rollout)
+        loss over ``rollout`` forecast steps weighed by ``step_decay``): whether it is the best so
+        far, then kept as ``best.pt`` (``trainer.keep_best``)."""
+        improved = self.best.update(steps_done, val_loss, rollout, step_decay)
         if improved and self.cfg.keep_best:
             self._write(steps_done, BEST, trained_s=None)
         return improved

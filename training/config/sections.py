@@ -70,6 +70,9 @@ class RolloutConfig:
     """The most forecast steps in the loss."""
     increase_every: int = setting(0, at_least(0, " (0: no schedule)"))
     """Optimiser steps between raises."""
+    step_decay: float = setting(1.0, within(0, 1, "(]"))
+    """The weight of each forecast step in the loss against the one before: step ``k`` (from 0)
+    weighs ``step_decay ** k``, the weights scaled to average 1; 1: every step alike."""
 
 
 @dataclass

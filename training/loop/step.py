@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from processor.distributed import GroupLike, Transport, clip_grad_norm_, process_group_of
 from training.distributed.device import autocast
 from training.loop.flat_adamw import FlatAdamW, FlatParameters, flattenable
-from training.model.rollout import loss_weights, rollout
+from training.model.rollout import loss_weights, rollout, step_weights
 from training.session import Session
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ class TrainStep:
     ``points_per_replica``: data points x variables x batch of one replica; each rank's loss
     is its points' share of its replica's (weighted) mean squared error averaged over the
     rollout's steps, so summed over the model-parallel ranks it is the replica's loss.
-    ``weights``: ``(local points, variables)`` weights of the squared errors, or None.
+    ``weights``: ``(local points, variables)`` weights of the squared errors, or None;
+    ``step_decay``: a rollout's forecast step ``k`` weighs ``step_decay ** k`` (:func:`step_weights`).
     """
 
     model: nn.Module  # parallelised: backward reduces the gradients
@@ -72,6 +73,7 @@ class TrainStep:
     autocast: AbstractContextManager
     points_per_replica: int
     weights: Tensor | None = None
+    step_decay: float = 1.0  # trainer.rollout.step_decay: the later forecast steps' weight
 
     @functools.cached_property
     def clipped(self) -> list[nn.Parameter]:
@@ -91,9 +93,9 @@ class TrainStep:
         targets = y.unsqueeze(0) if y.dim() == x.dim() else y
         forecasts = rollout(self.model, x, len(targets), grids, group, transport, self.autocast, forcings)
         total = x.new_zeros((), dtype=torch.float32)
-        for forecast, target in zip(forecasts, targets):
+        for forecast, target, weight in zip(forecasts, targets, step_weights(len(targets), self.step_decay)):
             squared = (forecast - target).pow(2)
-            total = total + (squared if self.weights is None else squared * self.weights).sum()
+            total = total + weight * (squared if self.weights is None else squared * self.weights).sum()
         return total / (self.points_per_replica * len(targets))
 
     def __call__(
@@ -136,4 +138,5 @@ def build_step(session: Session) -> TrainStep:
         autocast(session.device, trainer_cfg.precision),
         trainer_cfg.batch_size * dataset.n_points * len(outputs),  # a replica's points x variables
         None if weights is None else weights.to(session.device),
+        trainer_cfg.rollout.step_decay,
     )

@@ -162,7 +162,9 @@ class Trainer:
         with the best validation loss and its step."""
         with self.average.applied() if self.average is not None else nullcontext():
             metrics = self.validator.validate()
-        self.checkpointer.validated(step + 1, metrics["val/loss"], self.validator.rollout)
+        self.checkpointer.validated(
+            step + 1, metrics["val/loss"], self.validator.rollout, self.trainer_cfg.rollout.step_decay
+        )
         best = self.checkpointer.best
         return metrics | {"val/best_loss": best.loss, "val/best_step": float(best.step or 0)}
 

@@ -47,6 +47,13 @@ class RolloutSchedule:
         return min(self.max, self.start + step // self.increase_every)
 
 
+def step_weights(steps: int, decay: float = 1.0) -> list[float]:
+    """The loss weights of a rollout's ``steps`` forecast steps: ``decay ** k`` for step ``k``
+    (from 0), scaled to average 1 (``trainer.rollout.step_decay``; 1: every step alike)."""
+    raw = [decay**k for k in range(steps)]
+    return [steps * w / sum(raw) for w in raw]
+
+
 def rollout_horizon(trainer: TrainerConfig) -> int:
     """The most forecast steps one training sample needs (``trainer.rollout.max``)."""
     return max(1, trainer.rollout.max)

@@ -35,6 +35,9 @@ def test_a_loss_over_other_rollout_steps_starts_the_best_afresh():
     assert best.update(650, 0.5, rollout=3)
     assert (best.step, best.loss, best.stale, best.rollout) == (650, 0.5, 0, 3)
     assert not best.update(700, 0.6, rollout=3) and best.stale == 1
+    assert best.update(750, 0.9, rollout=3, step_decay=0.5)  # other weights of the same steps
+    assert (best.step, best.loss, best.step_decay) == (750, 0.9, 0.5)
+    assert not best.update(800, 0.95, rollout=3, step_decay=0.5)
 
 
 @pytest.fixture
@@ -62,6 +65,7 @@ def test_patience_stops_the_run_and_the_best_model_is_scored(tmp_path, small_dat
         "step": 3,
         "stale": 2,
         "rollout": 1,
+        "step_decay": 1.0,
     }
     assert "Model after training step 3." in (run_dir / "skill.md").read_text()
 

@@ -14,10 +14,11 @@ from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model
 from processor.grids import get_grid
 from processor.point_sets import point_set
 from processor.strategies import ShardHybrid
-from training.config.schema import LossConfig
+from training.config.schema import LossConfig, RolloutConfig, TrainerConfig
+from training.config.settings import check_ranges
 from training.loop.step import TrainStep
 from training.model import Forecaster, ShardedGrids
-from training.model.rollout import RolloutSchedule, loss_weights
+from training.model.rollout import RolloutSchedule, loss_weights, rollout, step_weights
 
 VARIABLES = ["u", "v", "tracer"]
 STEPS = 3
@@ -29,6 +30,37 @@ def test_schedule_raises_the_rollout_up_to_its_max():
     assert RolloutSchedule(start=2, max=5).steps_at(1000) == 2  # no schedule: stays at start
     with pytest.raises(ValueError, match=r"trainer.rollout.start = 4 and trainer.rollout.max = 2"):
         RolloutSchedule(start=4, max=2)
+
+
+def test_step_weights_decay_and_average_one():
+    assert step_weights(3) == [1.0, 1.0, 1.0]
+    np.testing.assert_allclose(step_weights(3, 0.5), [12 / 7, 6 / 7, 3 / 7])  # 1 : 1/2 : 1/4, mean 1
+    assert step_weights(1, 0.5) == [1.0]  # one step: the plain loss
+
+
+def test_a_decayed_rollout_loss_weighs_each_step_by_its_weight():
+    """With ``step_decay``, a 3-step rollout's loss is its steps' mean squared errors weighed
+    12 : 6 : 3 (over 21), where without it they weigh alike."""
+    model = _model("none")
+    x, y = _data()
+    n = x.shape[0] * x.shape[1] * 3
+    data, hidden = get_grid("o12"), get_grid("o6")
+    grids = ShardedGrids.build(data.latitudes, data.longitudes, hidden, 1, 0, encoder_k=4, decoder_k=3)
+    with torch.no_grad():
+        forecasts = rollout(model, x, STEPS, grids, None, Transport(), nullcontext())
+        per_step = np.array([float((f - t).pow(2).sum()) / n for f, t in zip(forecasts, y)])
+        plain = TrainStep(model, None, None, 0.0, nullcontext(), n).loss(x, y, grids, None, Transport())
+        decayed = TrainStep(model, None, None, 0.0, nullcontext(), n, step_decay=0.5).loss(
+            x, y, grids, None, Transport()
+        )
+    np.testing.assert_allclose(float(plain), per_step.mean(), rtol=1e-5)
+    np.testing.assert_allclose(float(decayed), (per_step * [12, 6, 3]).sum() / 21, rtol=1e-5)
+    assert abs(float(decayed) - float(plain)) > 1e-3 * float(plain)  # the weights moved the loss
+
+
+def test_step_decay_out_of_range_is_refused():
+    with pytest.raises(ValueError, match=r"trainer.rollout.step_decay = 0.0 is out of range"):
+        check_ranges(TrainerConfig(rollout=RolloutConfig(max=3, step_decay=0.0)), "trainer.")
 
 
 def _weights(area: bool, variable_weights: dict, latitudes, points: slice):
