@@ -26,6 +26,7 @@ from processor.distributed.parameter_split import (
 from processor.distributed.transport import collective_device
 from processor.errors import UserError
 from training.checkpoint.files import LATEST, CheckpointError, load_training_checkpoint, save_checkpoint
+from training.config.saved_names import current_names
 from training.config.schema import RunConfig
 from training.config.settings import to_settings
 from training.distributed.device import device_free
@@ -48,7 +49,7 @@ def check_compatible(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
     data) and this run's that it continues under (strategy, ranks, lead time, ...), as notes; a
     ``CheckpointError`` naming the key for one that changes the model (architecture, grid,
     variables)."""
-    notes = []
+    notes, saved = [], current_names(saved)  # under today's names, added keys at what the run ran
     saved_model, model = dict(saved.get("model") or {}), to_settings(cfg.model)
     # A key added since the checkpoint was written is not in it: the run continues with the value
     # the run ran with (config.saved_names.EARLIER_VALUES), and a model it does not fit fails to load.

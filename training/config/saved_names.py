@@ -21,6 +21,8 @@ EARLIER_VALUES = {
     "trainer.batch_size": 1,
     "trainer.keep_best": False,  # runs before best.pt scored their last model
     "trainer.matmul": "aten",  # runs before processor/matmul ran torch's GEMM: they resume on it
+    # inside a section a resume compares whole (trainer.rollout): filled so it compares equal
+    "trainer.rollout.step_decay": 1.0,
 }
 
 
@@ -34,8 +36,10 @@ def current_names(settings: dict[str, Any]) -> dict[str, Any]:
         if isinstance(section, dict) and old_key in section:
             moved.setdefault(new_section, {}).setdefault(new_key, section.pop(old_key))
     for key, value in EARLIER_VALUES.items():
-        section_name, name = key.split(".")
-        section = moved.get(section_name)
+        *path, name = key.split(".")
+        section: Any = moved
+        for part in path:  # only into sections the saved run has
+            section = section.get(part) if isinstance(section, dict) else None
         if isinstance(section, dict):
             section.setdefault(name, value)
     return moved

@@ -61,8 +61,9 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     """Autoregressive rollout of the training loss, raised on a schedule as anemoi does: the
-    loss at step ``s`` averages ``min(max, start + s // increase_every)`` forecast steps, each
-    fed the previous one's output, with gradients through all of them."""
+    loss at step ``s`` is the mean, weighed by ``step_decay``, over ``min(max, start + s //
+    increase_every)`` forecast steps, each fed the previous one's output, with gradients
+    through all of them."""
 
     start: int = setting(1, at_least(1))
     """Forecast steps in the loss at the first step."""

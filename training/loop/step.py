@@ -60,8 +60,9 @@ class TrainStep:
     schedule for one batch on this rank.
 
     ``points_per_replica``: data points x variables x batch of one replica; each rank's loss
-    is its points' share of its replica's (weighted) mean squared error averaged over the
-    rollout's steps, so summed over the model-parallel ranks it is the replica's loss.
+    is its points' share of its replica's (weighted) mean squared error, a mean over the
+    rollout's steps weighed by :func:`step_weights` (mean 1), so summed over the model-parallel
+    ranks it is the replica's loss.
     ``weights``: ``(local points, variables)`` weights of the squared errors, or None;
     ``step_decay``: a rollout's forecast step ``k`` weighs ``step_decay ** k`` (:func:`step_weights`).
     """

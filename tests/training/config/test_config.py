@@ -265,3 +265,24 @@ def test_a_checkpoint_from_before_the_node_parameters_continues_as_it_ran():
     saved["model"]["num_layers"] += 1
     with pytest.raises(Exception, match="model.num_layers"):
         check_compatible(saved, cfg)
+
+
+def test_a_rollout_saved_before_its_step_decay_resumes_without_a_change():
+    """``trainer.rollout`` is compared whole on resume: a checkpoint written before
+    ``step_decay`` existed ran every step alike (1.0), and is not noted as changed; another
+    decay is."""
+    from pathlib import Path
+
+    from training.checkpoint.resume import check_compatible
+    from training.config.saved_names import current_names
+    from training.config.settings import to_settings
+    from training.launch.run_settings import SavedRun, changed_settings, continue_from
+
+    saved = {k: to_settings(getattr(_typed(), k)) for k in ("model", "data", "strategy", "trainer")}
+    del saved["trainer"]["rollout"]["step_decay"]
+    cfg = continue_from(_typed(), SavedRun(current_names(saved), 30, Path("x")), given=[])
+    assert cfg.trainer.rollout.step_decay == 1.0
+    assert check_compatible(saved, cfg) == []
+    assert not [c for c in changed_settings(current_names(saved), cfg) if "rollout" in c]
+    cfg.trainer.rollout.step_decay = 0.5
+    assert any("trainer.rollout" in note for note in check_compatible(saved, cfg))
