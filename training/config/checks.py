@@ -42,6 +42,12 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigValueError(
             f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
         )
+    most = rollout.max if rollout.increase_every else rollout.start  # RolloutSchedule.most
+    if most == 1 and rollout.step_decay != 1:
+        raise ConfigValueError(
+            f"trainer.rollout.step_decay = {rollout.step_decay} weighs a rollout's steps, but the loss is over one "
+            "step: raise trainer.rollout.max with trainer.rollout.increase_every (or start), or leave step_decay at 1"
+        )
     check_hidden_grid(cfg.model.hidden_grid, cfg.model.hidden_stride)
     # Ranks left null are derived from the store (training/launch/store_settings.py) and checked then.
     world = cfg.trainer.nprocs if world_size is None else world_size

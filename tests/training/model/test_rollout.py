@@ -14,7 +14,8 @@ from processor.distributed import ShardLayout, Transport, shard_sizes, sum_model
 from processor.grids import get_grid
 from processor.point_sets import point_set
 from processor.strategies import ShardHybrid
-from training.config.schema import LossConfig, RolloutConfig, TrainerConfig
+from training.config.checks import check_config
+from training.config.schema import LossConfig, RolloutConfig, RunConfig, TrainerConfig
 from training.config.settings import check_ranges
 from training.loop.step import TrainStep
 from training.model import Forecaster, ShardedGrids
@@ -58,9 +59,12 @@ def test_a_decayed_rollout_loss_weighs_each_step_by_its_weight():
     assert abs(float(decayed) - float(plain)) > 1e-3 * float(plain)  # the weights moved the loss
 
 
-def test_step_decay_out_of_range_is_refused():
+def test_step_decay_out_of_range_or_without_a_rollout_is_refused():
     with pytest.raises(ValueError, match=r"trainer.rollout.step_decay = 0.0 is out of range"):
         check_ranges(TrainerConfig(rollout=RolloutConfig(max=3, step_decay=0.0)), "trainer.")
+    one_step = RunConfig(trainer=TrainerConfig(rollout=RolloutConfig(max=3, step_decay=0.5)))  # no raises
+    with pytest.raises(ValueError, match=r"trainer.rollout.step_decay = 0.5 weighs a rollout's steps"):
+        check_config(one_step)
 
 
 def _weights(area: bool, variable_weights: dict, latitudes, points: slice):
