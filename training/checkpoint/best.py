@@ -27,7 +27,6 @@ class BestOnValidation:
         steps weighed by ``step_decay``; whether it is the new best (a NaN never is). A loss over
         other steps or weights than the best's (a run resumed with another ``trainer.rollout.max``
         or ``step_decay``) does not compare: the best starts afresh."""
-        step_decay = step_decay if rollout > 1 else 1.0  # one step: no weights to differ
         if (rollout, step_decay) != (self.rollout, self.step_decay):
             self.loss, self.step, self.stale = math.inf, None, 0
             self.rollout, self.step_decay = rollout, step_decay
