@@ -42,8 +42,7 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
         raise ConfigValueError(
             f"trainer.rollout.start = {rollout.start} is above trainer.rollout.max = {rollout.max}: need start <= max"
         )
-    most = rollout.max if rollout.increase_every else rollout.start  # RolloutSchedule.most
-    if most == 1 and rollout.step_decay != 1:
+    if rollout.most == 1 and rollout.step_decay != 1:
         raise ConfigValueError(
             f"trainer.rollout.step_decay = {rollout.step_decay} weighs a rollout's steps, but the loss is over one "
             "step: raise trainer.rollout.max with trainer.rollout.increase_every (or start), or leave step_decay at 1"

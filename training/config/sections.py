@@ -75,6 +75,17 @@ class RolloutConfig:
     """The weight of each forecast step in the loss against the one before: step ``k`` (from 0)
     weighs ``step_decay ** k``, the weights scaled to average 1; 1: every step alike."""
 
+    @property
+    def most(self) -> int:
+        """The most forecast steps the loss reaches (``start`` without raises)."""
+        return self.max if self.increase_every else self.start
+
+    def steps_at(self, step: int) -> int:
+        """Forecast steps of the loss at optimiser step ``step``."""
+        if self.increase_every == 0:
+            return self.start
+        return min(self.max, self.start + step // self.increase_every)
+
 
 @dataclass
 class LossConfig:

@@ -28,7 +28,7 @@ from training.hooks import load_hooks
 from training.launch.interrupt import StopRequest, stop_requests
 from training.loop.step import build_step
 from training.loop.weight_average import WeightAverage
-from training.model.rollout import RolloutSchedule, rollout_horizon
+from training.model.rollout import rollout_horizon
 from training.reporting.end_of_run import final_report
 from training.reporting.report import open_tracker, variable_units
 from training.reporting.step_split import StepSplit, profile_after
@@ -78,7 +78,6 @@ class Trainer:
         self.step_fn = build_step(session)  # the model parallelised (and compiled), AdamW, its schedule
         self.schedule = self.step_fn.schedule  # read for the step's lr (benchmarks wrap step_fn itself)
         torch.manual_seed(self.trainer_cfg.seed + 1 + dims.rank)  # dropout streams differ per rank
-        self.rollout = RolloutSchedule.from_config(self.trainer_cfg.rollout)
         if cfg.evaluate.at_end_of_training:  # fails now, not after training, if it cannot
             evaluation_samples(session, cfg.evaluate.steps, cfg.evaluate.samples)
         self.hooks = load_hooks(cfg, dims.rank, dims.world)  # debug.hooks: none by default
@@ -183,7 +182,7 @@ class Trainer:
         picks = sample_positions(
             step, dims.dp_rank, dims.dp, trainer_cfg.batch_size, len(s.samples.train), trainer_cfg.seed
         )
-        rollout = self.rollout.steps_at(step)
+        rollout = trainer_cfg.rollout.steps_at(step)
         t0 = time.perf_counter()
         lr = self.schedule.get_last_lr()[0]
         s.counter.reset()

@@ -1,10 +1,10 @@
-"""Autoregressive rollout: the schedule of its length, the loss weights, and the forecast loop
-shared by training, evaluation and prediction."""
+"""Autoregressive rollout: the loss weights of its steps, and the forecast loop shared by
+training, evaluation and prediction (its length at each step:
+:class:`training.config.sections.RolloutConfig`)."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,39 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from processor.distributed import GroupLike, Transport
-from training.config.schema import ConfigValueError, LossConfig, RolloutConfig, TrainerConfig
-
-
-@dataclass(frozen=True)
-class RolloutSchedule:
-    """Forecast steps in the loss at each optimiser step: ``start``, raised by one every
-    ``increase_every`` steps (0: never) up to ``max``, as anemoi raises its rollout."""
-
-    start: int = 1
-    max: int = 1
-    increase_every: int = 0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.start <= self.max:
-            raise ConfigValueError(
-                f"trainer.rollout.start = {self.start} and trainer.rollout.max = {self.max}: need 1 <= start <= max"
-            )
-
-    @classmethod
-    def from_config(cls, rollout: RolloutConfig) -> RolloutSchedule:
-        """The schedule of a ``trainer.rollout`` section."""
-        return cls(rollout.start, rollout.max, rollout.increase_every)
-
-    @property
-    def most(self) -> int:
-        """The most forecast steps the loss reaches (``start`` without raises)."""
-        return self.max if self.increase_every else self.start
-
-    def steps_at(self, step: int) -> int:
-        """Forecast steps of the loss at optimiser step ``step``."""
-        if self.increase_every == 0:
-            return self.start
-        return min(self.max, self.start + step // self.increase_every)
+from training.config.schema import ConfigValueError, LossConfig, TrainerConfig
 
 
 def step_weights(steps: int, decay: float = 1.0) -> list[float]:

@@ -17,7 +17,7 @@ from training.distributed.parallel import ParallelDims
 from training.hooks import load_hooks
 from training.loop.step import build_step
 from training.loop.trainer import sample_positions
-from training.model.rollout import RolloutSchedule, rollout_horizon
+from training.model.rollout import rollout_horizon
 from training.session import Session, open_session
 
 
@@ -45,13 +45,12 @@ def record_steps(
     trainer_cfg = cfg.trainer
     session = open_session(cfg, dims, rollout_horizon(trainer_cfg))
     step_fn = build_step(session)
-    schedule = RolloutSchedule.from_config(trainer_cfg.rollout)
     n_train = len(session.samples.train)
     hooks = load_hooks(cfg, dims.rank, dims.world)
     records = []
     for step in range(cfg.parity.steps):
         picks = sample_positions(step, dims.dp_rank, dims.dp, trainer_cfg.batch_size, n_train, trainer_cfg.seed)
-        batch = session.batches([session.samples.train[i] for i in picks], schedule.steps_at(step))
+        batch = session.batches([session.samples.train[i] for i in picks], trainer_cfg.rollout.steps_at(step))
         gradients: dict[str, Tensor] = {}
         capture = functools.partial(_gather_gradients, session, gradients, keep)
         x = hooks.model_inputs(step, batch.x)

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from training.data.samples import Sample, evenly_spread
-from training.model.rollout import RolloutSchedule
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import training_baselines
@@ -149,7 +148,7 @@ class Validator:
     @property
     def rollout(self) -> int:
         """The forecast steps of ``val/loss``: the most the run's loss reaches."""
-        return RolloutSchedule.from_config(self.cfg.rollout).most
+        return self.cfg.rollout.most
 
     def validate(self) -> dict[str, float]:
         """Validate the model as it is now (every rank calls); its metrics."""

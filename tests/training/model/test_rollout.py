@@ -19,18 +19,20 @@ from training.config.schema import LossConfig, RolloutConfig, RunConfig, Trainer
 from training.config.settings import check_ranges
 from training.loop.step import TrainStep
 from training.model import Forecaster, ShardedGrids
-from training.model.rollout import RolloutSchedule, loss_weights, rollout, step_weights
+from training.model.rollout import loss_weights, rollout, step_weights
 
 VARIABLES = ["u", "v", "tracer"]
 STEPS = 3
 
 
 def test_schedule_raises_the_rollout_up_to_its_max():
-    schedule = RolloutSchedule(start=1, max=3, increase_every=4)
+    schedule = RolloutConfig(start=1, max=3, increase_every=4)
     assert [schedule.steps_at(s) for s in range(0, 14, 2)] == [1, 1, 2, 2, 3, 3, 3]
-    assert RolloutSchedule(start=2, max=5).steps_at(1000) == 2  # no schedule: stays at start
-    with pytest.raises(ValueError, match=r"trainer.rollout.start = 4 and trainer.rollout.max = 2"):
-        RolloutSchedule(start=4, max=2)
+    assert schedule.most == 3
+    fixed = RolloutConfig(start=2, max=5)  # no schedule: stays at start
+    assert (fixed.steps_at(1000), fixed.most) == (2, 2)
+    with pytest.raises(ValueError, match=r"trainer.rollout.start = 4 is above trainer.rollout.max = 2"):
+        check_config(RunConfig(trainer=TrainerConfig(rollout=RolloutConfig(start=4, max=2))))
 
 
 def test_step_weights_decay_and_average_one():
