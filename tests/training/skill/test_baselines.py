@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from training.model.linear_baseline import FIT_SAMPLES
+from training.skill.baselines import FIT_POINT_SAMPLES, fit_samples
 from training.skill.climatologies import Climatologies, training_climatologies
 from training.skill.scores import climatology, hourly_climatology
 from training.skill.seasonal import days_of_year, doy_climatology, spans_a_year, window_weights
@@ -27,6 +29,7 @@ class FakeStore:
     def __init__(self, dates: list[str], values: list[list[float]], missing: tuple[int, ...] = ()) -> None:
         self.dates = np.array(dates, dtype="datetime64[s]")
         self.values = np.asarray(values, dtype=np.float64)
+        self.n_points = self.values.shape[1]
         self.missing = frozenset(missing)
         self.frequency_s = int((self.dates[1] - self.dates[0]).astype(np.int64))
         self.area_weights = np.array([1.0, 3.0])[: self.values.shape[1]]
@@ -258,3 +261,21 @@ def test_doy_climatology_equals_wb2s_stacked_years():
     assert sorted(out) == sorted(targets)
     for key in targets:
         assert out[key][0, 0] == pytest.approx(expected[key], rel=1e-12), key
+
+
+def test_the_fitted_baselines_read_every_training_sample_within_a_budget():
+    """A statistician fits on every training date: on a small grid every sample is read, on a
+    large one as many as FIT_POINT_SAMPLES point-samples allow (FIT_SAMPLES at least), evenly
+    spread over the whole period."""
+    train = [(t, 0) for t in range(5000)]  # (date index, member)
+
+    def read(n_points: int, samples: list) -> list:
+        session = SimpleNamespace(samples=SimpleNamespace(train=samples), dataset=SimpleNamespace(n_points=n_points))
+        return fit_samples(session, 1)
+
+    assert read(561, train) == train  # 5,000 x 561 points: within the budget
+    capped = read(4096, train)
+    assert len(capped) == FIT_POINT_SAMPLES // 4096 == 1024
+    assert (capped[0], capped[-1]) == (train[0], train[-1])
+    assert len(read(10**6, train)) == FIT_SAMPLES == 365  # a huge grid: the floor
+    assert read(10**6, train[:100]) == train[:100]  # fewer than the floor: every one
