@@ -13,15 +13,9 @@ import numpy as np
 from training.data import DatasetError
 from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
-from training.model.linear_baseline import FIT_SAMPLES
 from training.session import Session
-from training.skill.climatologies import Climatologies, training_climatologies
+from training.skill.climatologies import Climatologies, date_count, training_climatologies
 from training.skill.fitted import FittedBaselines, fit_baselines
-
-# The scored baselines read every training sample while samples x data points stay within this
-# (a statistician fits on every training date; 365 samples fitted ~1% worse at the first lead on
-# the daily stores), else that many, FIT_SAMPLES at least: bounded on a grid of 10^5 points.
-FIT_POINT_SAMPLES = 2**22
 
 
 @dataclass
@@ -61,8 +55,9 @@ class Baselines:
 
 def fit_samples(session: Session, steps: int) -> list[Sample]:
     """The training samples the fitted baselines read: of those with targets ``steps`` leads on
-    (every training sample has one lead), :func:`fit_count` evenly spread; none where no
-    training sample has them."""
+    (every training sample has one lead), as many as
+    :func:`~training.skill.climatologies.date_count` allows, evenly spread (every one on the
+    stores of docs/real-data.md, as a statistician fits); none where no training sample has them."""
     train = session.samples.train
     if steps > 1:
         history = session.cfg.model.multistep_input - 1
@@ -70,15 +65,7 @@ def fit_samples(session: Session, steps: int) -> list[Sample]:
             train = dataset_samples(session.cfg.data, session.dataset, steps, history).train
         except DatasetError:
             return []
-    return evenly_spread(train, fit_count(session.dataset.n_points))
-
-
-def fit_count(n_points: int) -> int:
-    """How many training samples the fitted baselines read, at most, on a grid of ``n_points``
-    data points (the whole grid's: every rank fits its points on the same samples):
-    :data:`FIT_POINT_SAMPLES` point-samples, :data:`~training.model.linear_baseline.FIT_SAMPLES`
-    samples at least."""
-    return max(FIT_SAMPLES, FIT_POINT_SAMPLES // max(1, n_points))
+    return evenly_spread(train, date_count(session.dataset.n_points))
 
 
 def training_baselines(session: Session, steps: int, dates: Iterable[int]) -> Baselines:

@@ -16,25 +16,35 @@ from training.session import Session
 from training.skill.scores import BASELINES, DOY_CLIMATOLOGY, climatology, hourly_climatology
 from training.skill.seasonal import SeasonalKey, doy_climatology, seasonal_keys, spans_a_year, window_dates
 
-CLIMATOLOGY_DATES = 365  # training dates averaged into the climatology, at most (evenly spread)
+CLIMATOLOGY_DATES = 365  # training dates a statistic reads at least, where the store has them
+# ... and more, up to every one, while dates x data points stay within this: a statistician
+# averages and fits over every training date; this bounds the reads on a grid of 10^5 points.
+POINT_DATES = 2**22
+
+
+def date_count(n_points: int) -> int:
+    """How many training dates (or samples) a baseline's statistic reads, at most, on a grid of
+    ``n_points`` data points (the whole grid's: every rank reads the same dates):
+    :data:`POINT_DATES` point-dates, :data:`CLIMATOLOGY_DATES` at least. Evenly spread."""
+    return max(CLIMATOLOGY_DATES, POINT_DATES // max(1, n_points))
 
 
 def climatology_dates(session: Session) -> list[int]:
-    """Start dates of the training period (at most :data:`CLIMATOLOGY_DATES`, evenly spread)."""
+    """Start dates of the training period (at most :func:`date_count`, evenly spread)."""
     dates = sorted({t for t, _ in session.samples.train})
-    return evenly_spread(dates, CLIMATOLOGY_DATES)
+    return evenly_spread(dates, date_count(session.dataset.n_points))
 
 
 def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
-    """The training period's start dates by UTC hour of the day (at most :data:`CLIMATOLOGY_DATES`
-    per hour, evenly spread): what :func:`training.skill.scores.hourly_climatology` averages."""
+    """The training period's start dates by UTC hour of the day (at most :func:`date_count` per
+    hour, evenly spread): what :func:`training.skill.scores.hourly_climatology` averages."""
     dates = sorted({t for t, _ in session.samples.train})
-    return by_utc_hour(dates, session.dataset.dates[dates], CLIMATOLOGY_DATES)
+    return by_utc_hour(dates, session.dataset.dates[dates], date_count(session.dataset.n_points))
 
 
 def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> list[int] | None:
     """The training period's start dates in the windows of the ``(day of year, hour)`` targets
-    (at most :data:`CLIMATOLOGY_DATES` per hour, evenly spread): what
+    (at most :func:`date_count` per hour, evenly spread): what
     :func:`training.skill.seasonal.doy_climatology` averages; None when the training period
     (its samples' dates and targets) spans less than a year.
 
@@ -49,7 +59,8 @@ def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> l
     if not spans_a_year(dataset.dates[dates[0]], last, dataset.frequency_s):
         return None
     by_hour = window_dates(dataset.dates, dates, targets)
-    return sorted(t for ts in by_hour.values() for t in evenly_spread(ts, CLIMATOLOGY_DATES))
+    count = date_count(dataset.n_points)
+    return sorted(t for ts in by_hour.values() for t in evenly_spread(ts, count))
 
 
 @dataclass

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.model.linear_baseline import FIT_SAMPLES
-from training.skill.baselines import FIT_POINT_SAMPLES, fit_samples
-from training.skill.climatologies import Climatologies, training_climatologies
+from training.skill.baselines import fit_samples
+from training.skill.climatologies import CLIMATOLOGY_DATES, POINT_DATES, Climatologies, training_climatologies
 from training.skill.scores import climatology, hourly_climatology
 from training.skill.seasonal import days_of_year, doy_climatology, spans_a_year, window_weights
 from training.skill.validation import ValidationSkill
@@ -265,7 +264,7 @@ def test_doy_climatology_equals_wb2s_stacked_years():
 
 def test_the_fitted_baselines_read_every_training_sample_within_a_budget():
     """A statistician fits on every training date: on a small grid every sample is read, on a
-    large one as many as FIT_POINT_SAMPLES point-samples allow (FIT_SAMPLES at least), evenly
+    large one as many as POINT_DATES point-dates allow (CLIMATOLOGY_DATES at least), evenly
     spread over the whole period."""
     train = [(t, 0) for t in range(5000)]  # (date index, member)
 
@@ -275,7 +274,7 @@ def test_the_fitted_baselines_read_every_training_sample_within_a_budget():
 
     assert read(561, train) == train  # 5,000 x 561 points: within the budget
     capped = read(4096, train)
-    assert len(capped) == FIT_POINT_SAMPLES // 4096 == 1024
+    assert len(capped) == POINT_DATES // 4096 == 1024
     assert (capped[0], capped[-1]) == (train[0], train[-1])
-    assert len(read(10**6, train)) == FIT_SAMPLES == 365  # a huge grid: the floor
+    assert len(read(10**6, train)) == CLIMATOLOGY_DATES == 365  # a huge grid: the floor
     assert read(10**6, train[:100]) == train[:100]  # fewer than the floor: every one
