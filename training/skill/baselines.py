@@ -56,8 +56,8 @@ class Baselines:
 def fit_samples(session: Session, steps: int) -> list[Sample]:
     """The training samples the fitted baselines read: of those with targets ``steps`` leads on
     (every training sample has one lead), as many as
-    :func:`~training.skill.climatologies.date_count` allows, evenly spread (every one on the
-    stores of docs/real-data.md, as a statistician fits); none where no training sample has them."""
+    :func:`~training.skill.climatologies.date_count` allows, evenly spread (every one on a small
+    enough grid, as a statistician fits); none where no training sample has them."""
     train = session.samples.train
     if steps > 1:
         history = session.cfg.model.multistep_input - 1

@@ -16,17 +16,21 @@ from training.session import Session
 from training.skill.scores import BASELINES, DOY_CLIMATOLOGY, climatology, hourly_climatology
 from training.skill.seasonal import SeasonalKey, doy_climatology, seasonal_keys, spans_a_year, window_dates
 
-CLIMATOLOGY_DATES = 365  # training dates a statistic reads at least, where the store has them
-# ... and more, up to every one, while dates x data points stay within this: a statistician
-# averages and fits over every training date; this bounds the reads on a grid of 10^5 points.
+CLIMATOLOGY_DATES = 365  # training dates a statistic reads (per UTC hour where by hour) at least
+# Beyond that floor, every training date while dates x data points stay within POINT_DATES and
+# the dates within MAX_DATES, over all UTC hours together: a statistician averages and fits over
+# every training date (every store of docs/real-data.md), and a grid of 10^5 points or a decade
+# of hourly dates still reads a bounded number (the reads and their Python loops are per date).
 POINT_DATES = 2**22
+MAX_DATES = 2**13
 
 
-def date_count(n_points: int) -> int:
-    """How many training dates (or samples) a baseline's statistic reads, at most, on a grid of
-    ``n_points`` data points (the whole grid's: every rank reads the same dates):
-    :data:`POINT_DATES` point-dates, :data:`CLIMATOLOGY_DATES` at least. Evenly spread."""
-    return max(CLIMATOLOGY_DATES, POINT_DATES // max(1, n_points))
+def date_count(n_points: int, groups: int = 1) -> int:
+    """How many training dates (or samples: a date and member) a baseline's statistic reads in
+    each of ``groups`` groups (its UTC hours), at most, evenly spread, on a grid of ``n_points``
+    data points (the whole grid's: every rank reads the same dates)."""
+    total = min(MAX_DATES, POINT_DATES // max(1, n_points))
+    return max(CLIMATOLOGY_DATES, total // max(1, groups))
 
 
 def climatology_dates(session: Session) -> list[int]:
@@ -36,15 +40,16 @@ def climatology_dates(session: Session) -> list[int]:
 
 
 def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
-    """The training period's start dates by UTC hour of the day (at most :func:`date_count` per
+    """The training period's start dates by UTC hour of the day (at most :func:`date_count` an
     hour, evenly spread): what :func:`training.skill.scores.hourly_climatology` averages."""
     dates = sorted({t for t, _ in session.samples.train})
-    return by_utc_hour(dates, session.dataset.dates[dates], date_count(session.dataset.n_points))
+    hours = len(np.unique(utc_hours(session.dataset.dates[dates])))
+    return by_utc_hour(dates, session.dataset.dates[dates], date_count(session.dataset.n_points, hours))
 
 
 def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> list[int] | None:
     """The training period's start dates in the windows of the ``(day of year, hour)`` targets
-    (at most :func:`date_count` per hour, evenly spread): what
+    (at most :func:`date_count` an hour, evenly spread): what
     :func:`training.skill.seasonal.doy_climatology` averages; None when the training period
     (its samples' dates and targets) spans less than a year.
 
@@ -59,7 +64,7 @@ def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> l
     if not spans_a_year(dataset.dates[dates[0]], last, dataset.frequency_s):
         return None
     by_hour = window_dates(dataset.dates, dates, targets)
-    count = date_count(dataset.n_points)
+    count = date_count(dataset.n_points, len(by_hour))
     return sorted(t for ts in by_hour.values() for t in evenly_spread(ts, count))
 
 

@@ -9,8 +9,9 @@
   ``[0, 1]``): ``c(v) + rho_k (x0 - c(t))``, with the anomaly persistence's climatologies
   (:meth:`training.skill.climatologies.Climatologies.anomaly_reference`).
 
-Both are fitted on up to 365 training samples, evenly spread
-(:func:`training.skill.baselines.fit_samples`): no validation date is seen. Each rank fits its own
+Both are fitted on the training samples :func:`training.skill.baselines.fit_samples` reads (every
+one on a grid small enough, :func:`training.skill.climatologies.date_count`): no validation
+date is seen. Each rank fits its own
 block of points (per point: no communication).
 """
 

@@ -26,9 +26,9 @@ STEPS = 3
 
 
 def test_schedule_raises_the_rollout_up_to_its_max():
-    schedule = RolloutConfig(start=1, max=3, increase_every=4)
-    assert [schedule.steps_at(s) for s in range(0, 14, 2)] == [1, 1, 2, 2, 3, 3, 3]
-    assert schedule.most == 3
+    rollout = RolloutConfig(start=1, max=3, increase_every=4)
+    assert [rollout.steps_at(s) for s in range(0, 14, 2)] == [1, 1, 2, 2, 3, 3, 3]
+    assert rollout.most == 3
     fixed = RolloutConfig(start=2, max=5)  # no schedule: stays at start
     assert (fixed.steps_at(1000), fixed.most) == (2, 2)
     with pytest.raises(ValueError, match=r"trainer.rollout.start = 4 is above trainer.rollout.max = 2"):

@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from training.skill.baselines import fit_samples
-from training.skill.climatologies import CLIMATOLOGY_DATES, POINT_DATES, Climatologies, training_climatologies
+from training.skill.climatologies import (
+    CLIMATOLOGY_DATES,
+    MAX_DATES,
+    POINT_DATES,
+    Climatologies,
+    climatology_dates,
+    hourly_climatology_dates,
+    training_climatologies,
+)
 from training.skill.scores import climatology, hourly_climatology
 from training.skill.seasonal import days_of_year, doy_climatology, spans_a_year, window_weights
 from training.skill.validation import ValidationSkill
@@ -278,3 +286,23 @@ def test_the_fitted_baselines_read_every_training_sample_within_a_budget():
     assert (capped[0], capped[-1]) == (train[0], train[-1])
     assert len(read(10**6, train)) == CLIMATOLOGY_DATES == 365  # a huge grid: the floor
     assert read(10**6, train[:100]) == train[:100]  # fewer than the floor: every one
+    assert len(read(1, [(t, 0) for t in range(20000)])) == MAX_DATES  # a tiny grid: the dates bounded
+
+
+def test_the_climatologies_average_every_training_date_within_the_budget_over_all_hours():
+    """The plain climatology reads as many dates as the fitted baselines; the hourly one shares
+    the same budget among its UTC hours (365 an hour at least)."""
+    dates = np.arange("2000-01-01T00", 8000 * 6, 6, dtype="datetime64[h]").astype("datetime64[s]")  # 4 hours
+
+    def session(n_points: int) -> SimpleNamespace:
+        train = [(t, 0) for t in range(len(dates))]
+        dataset = SimpleNamespace(n_points=n_points, dates=dates)
+        return SimpleNamespace(samples=SimpleNamespace(train=train), dataset=dataset)
+
+    assert len(climatology_dates(session(561))) == POINT_DATES // 561 == 7476
+    by_hour = hourly_climatology_dates(session(512))  # 8,192 dates over 4 hours: all 2,000 of each
+    assert sorted(by_hour) == [0.0, 6.0, 12.0, 18.0] and all(len(ts) == 2000 for ts in by_hour.values())
+    by_hour = hourly_climatology_dates(session(2048))  # 2,048 dates over 4 hours: 512 of each
+    assert all(len(ts) == 512 for ts in by_hour.values())
+    by_hour = hourly_climatology_dates(session(10**5))  # the floor, an hour
+    assert all(len(ts) == CLIMATOLOGY_DATES for ts in by_hour.values())
