@@ -32,7 +32,7 @@ from training.skill.baselines import Baselines, fit_samples
 from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
 
-CALIBRATION_SAMPLES = 128  # training samples rolled out for the fit, at most (evenly spread)
+CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (evenly spread; 128 weighed noisily)
 CHUNK_POINTS = 8192  # rolled out together: as many samples as fit in this many data points (at most 8)
 REFERENCES = ("climatology", "hourly_climatology", "doy_climatology")  # the anchors c it chooses from
 # The baselines weighed beside the model, where scored. The regression weighed too (and the fit on
