@@ -43,8 +43,8 @@ def hourly_climatology_dates(session: Session) -> dict[float, list[int]]:
     """The training period's start dates by UTC hour of the day (at most :func:`date_count` an
     hour, evenly spread): what :func:`training.skill.scores.hourly_climatology` averages."""
     dates = sorted({t for t, _ in session.samples.train})
-    hours = len(np.unique(utc_hours(session.dataset.dates[dates])))
-    return by_utc_hour(dates, session.dataset.dates[dates], date_count(session.dataset.n_points, hours))
+    when = session.dataset.dates[dates]
+    return by_utc_hour(dates, when, date_count(session.dataset.n_points, len(np.unique(utc_hours(when)))))
 
 
 def doy_climatology_dates(session: Session, targets: Iterable[SeasonalKey]) -> list[int] | None:

@@ -11,8 +11,7 @@
 
 Both are fitted on the training samples :func:`training.skill.baselines.fit_samples` reads (every
 one on a grid small enough, :func:`training.skill.climatologies.date_count`): no validation
-date is seen. Each rank fits its own
-block of points (per point: no communication).
+date is seen. Each rank fits its own block of points (per point: no communication).
 """
 
 from __future__ import annotations
