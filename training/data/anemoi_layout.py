@@ -38,13 +38,14 @@ def frequency_to_string(seconds: int) -> str:
 
 
 def _statistics(values: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-variable statistics of ``(samples, variable, members, points)``, NaN-free, as float64."""
+    """Per-variable statistics of ``(samples, variable, members, points)`` over its values (a NaN,
+    a point without a value, left out, as anemoi-datasets does with ``allow_nans``), as float64."""
     flat = np.moveaxis(values, 1, 0).reshape(values.shape[1], -1).astype(np.float64)
     return {
-        "mean": flat.mean(axis=1),
-        "stdev": flat.std(axis=1),
-        "minimum": flat.min(axis=1),
-        "maximum": flat.max(axis=1),
+        "mean": np.nanmean(flat, axis=1),
+        "stdev": np.nanstd(flat, axis=1),
+        "minimum": np.nanmin(flat, axis=1),
+        "maximum": np.nanmax(flat, axis=1),
     }
 
 

@@ -177,8 +177,14 @@ class ZarrDataset:
         unknown = [v for v in wanted if v not in names]
         if unknown:
             raise DatasetError(f"variables {unknown} are not in {self.path}; it has {names}")
-        self.variables = wanted
         self._index = [names.index(v) for v in wanted]
+        unusable = [v for v, i in zip(wanted, self._index) if not np.isfinite([mean[i], stdev[i]]).all()]
+        if unusable:
+            raise DatasetError(
+                f"{self.path}: the statistics (mean, stdev) of {unusable} are not finite, so they cannot"
+                " normalise: rebuild the store with anemoi-datasets (build.allow_nans: true where fields have gaps)"
+            )
+        self.variables = wanted
         self._states = StateCache(STATE_CACHE_BYTES)
         self.mean = mean[self._index].astype(np.float32)
         self.stdev = np.maximum(stdev[self._index], 1e-12).astype(np.float32)

@@ -30,7 +30,8 @@ EDGE_FEATURES = {"chord": 4, "local_frame": 3}  # features per edge of each kind
 def knn_graph(
     src_xyz: np.ndarray, dst_xyz: np.ndarray, k: int, features: str = "chord"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Edges from the ``k`` nearest source points into every destination point.
+    """Edges from the ``k`` nearest source points into every destination point (from all of
+    them where the source grid has fewer than ``k``: a point set of a few stations).
 
     Returns ``edge_index`` ``(2, dst * k)`` (source, destination; grouped by destination) and
     ``edge_attr`` ``(dst * k, EDGE_FEATURES[features])``: ``chord``, the source minus the
@@ -38,8 +39,7 @@ def knn_graph(
     eastward and northward components in the destination's local frame, in units of the
     graph's median edge length (so of order one on any grid).
     """
-    if k > len(src_xyz):
-        raise ValueError(f"{k} neighbours asked for, but the source grid has {len(src_xyz)} points")
+    k = min(k, len(src_xyz))
     _, src = cKDTree(src_xyz).query(dst_xyz, k=k)
     src = np.asarray(src).reshape(len(dst_xyz), k)
     dst = np.repeat(np.arange(len(dst_xyz)), k)

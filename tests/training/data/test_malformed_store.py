@@ -71,3 +71,15 @@ def test_a_corrupt_chunk_read_during_training_names_the_date(store):
     assert ds.state(4).shape == (1600, len(ds.variables))
     with pytest.raises(DatasetError, match=r"cannot read date 2020-01-02T06:00:00 \(index 5\), variables psi, .*, of "):
         ds.state(5)
+
+
+def test_a_store_whose_statistics_are_not_finite_is_refused_by_name(store):
+    """A NaN mean (a hand-written store's statistics over values with gaps) would make every
+    normalised state NaN and the first loss NaN: refused on opening, naming the variable."""
+    root = open_group_v2(store, mode="a")
+    mean = root["mean"][:]
+    mean[1] = float("nan")
+    root["mean"][:] = mean
+    name = json.loads((store / ".zattrs").read_text())["variables"][1]
+    with pytest.raises(DatasetError, match=rf"statistics \(mean, stdev\) of \['{name}'\] are not finite"):
+        ZarrDataset(store)

@@ -91,6 +91,15 @@ def test_local_frame_features_point_east_and_north():
     np.testing.assert_allclose(dots, 0, atol=1e-12)  # both tangent, and at right angles
 
 
+def test_a_grid_of_fewer_points_than_neighbours_feeds_every_point_from_all_of_them():
+    """Three stations and the encoder's 4 neighbours: each destination takes the 3 there are."""
+    xyz = unit_vectors(np.array([40.0, 41.0, 42.5]), np.array([-4.0, -3.0, 0.5]))
+    edge_index, attr = knn_graph(xyz, xyz, k=4)
+    assert edge_index.shape == (2, 9) and attr.shape == (9, 4)
+    for dst in range(3):
+        assert sorted(edge_index[0][edge_index[1] == dst]) == [0, 1, 2]
+
+
 @pytest.mark.skipif(load("native") is None, reason="the fused CPU kernel is not built")
 def test_the_fused_edge_attention_gives_torch_geometrics_numbers():
     """In float32 on the CPU the mapper's edge attention runs in the fused kernel; its output and
