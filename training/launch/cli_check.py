@@ -87,7 +87,12 @@ def check_overrides(argv: list[str]) -> None:
     try:
         overrides = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as exc:
-        raise ConfigValueError(f"cannot read the command line: {str(exc).splitlines()[0]}") from None
+        reason = str(exc).splitlines()[0]
+        home = [a for a in _overrides(argv) if "=~" in a]
+        if home:  # the shell leaves ~ after a key= as it is, and Hydra's grammar refuses it
+            key, path = home[0].split("=", 1)
+            reason = f"{home[0]}: write {key}=$HOME{path[1:]} (Hydra does not read '~' in a value)"
+        raise ConfigValueError(f"cannot read the command line: {reason}") from None
     schema = OmegaConf.structured(RunConfig)  # its keys listed before any value is tried on it
     groups, known = group_options(), schema_keys(schema)
     for o in overrides:

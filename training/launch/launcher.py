@@ -98,13 +98,13 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     cfg, saved = _continued(cfg, given) if command.continues_run else (cfg, None)
     check_ranges(cfg)  # before the store is read: a value out of range names its key
     cfg.trainer.device = resolve_device(cfg.trainer.device)  # the device it ran on, in the record
-    cfg.run_dir = str(Path(cfg.run_dir).resolve())
+    cfg.run_dir = str(Path(cfg.run_dir).expanduser().resolve())
     if command.adopt is not None:
         command.adopt(cfg)
     share_sweep_store(cfg)
     data = cfg.data
     if data.path is not None and not data.open_dataset:
-        data.path = str(Path(data.path).resolve())
+        data.path = str(Path(data.path).expanduser().resolve())
     write_built_in_if_asked(data)
     store = open_store(data)  # once: a store with NaN is scanned whole to read around them
     derived = derive_from_store(cfg, store)  # every key left null, from what the store says

@@ -146,6 +146,18 @@ def test_bad_input_fails_before_training(tmp_path, small_dataset, overrides, err
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_a_store_and_run_directory_under_the_home_directory_may_be_given_with_a_tilde(
+    tmp_path, small_dataset, monkeypatch
+):
+    """``data.path="~/..."`` (quoted for Hydra, which refuses a bare ``~``) is the user's home."""
+    from training.launch.launcher import prepare
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "store.zarr").symlink_to(small_dataset)
+    cfg = prepare(small_config(tmp_path, small_dataset, 'data.path="~/store.zarr"', 'run_dir="~/run"'))
+    assert cfg.data.path == str((tmp_path / "store.zarr").resolve()) and cfg.run_dir == str(tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_data_parallel_times_model_parallel_equals_one_big_batch(tmp_path, small_dataset):
     """2 replicas x 2 model-parallel ranks, batch 1 each == one rank with batch 2: gradients are

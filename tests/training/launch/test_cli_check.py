@@ -18,6 +18,7 @@ from training.launch.cli_check import check_overrides
         (["-m", "trainer.steps=range(1,4)", "trainer.lr=choice(0.1,x)"], "config key trainer.lr cannot be 'x': "),
         (["data.forcing={a:1}"], "config key data.forcing cannot be {'a': 1}: Cannot merge DictConfig with ListConfig"),
         (["trainer.stepz=3"], "config key trainer.stepz is not a setting of the schema: did you mean trainer.steps?"),
+        (["data.path=~/x.zarr"], "cannot read the command line: data.path=~/x.zarr: write data.path=$HOME/x.zarr"),
     ],
 )
 def test_a_value_of_the_wrong_type_or_an_unknown_key_is_refused_naming_the_key(argv, message):
