@@ -123,7 +123,7 @@ def predict_on_rank(cfg: RunConfig) -> list[str]:
         step = load_model_weights(p_cfg.checkpoint, cfg, dims, session.model)
         session.model.eval()
         # Beside the run that trained the model (checkpoints/latest.pt -> <that run>/predictions)
-        output = Path(p_cfg.output or Path(p_cfg.checkpoint).parent.parent / "predictions")
+        output = Path(p_cfg.output or Path(p_cfg.checkpoint).parent.parent / "predictions").expanduser()
         attributes = {"checkpoint": p_cfg.checkpoint, "checkpoint_step": step, "source": str(session.dataset.path)}
         written = []
         for t in initial_indices(session, p_cfg.initial_dates)[dims.dp_rank :: dims.dp]:

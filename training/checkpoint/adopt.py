@@ -59,7 +59,7 @@ def checkpoint_path(cfg: RunConfig, key: str) -> Path:
     """The checkpoint named by ``<key>.checkpoint`` (``key``: ``evaluate`` or ``predict``; None:
     the run directory's latest), which must exist."""
     given = getattr(cfg, key).checkpoint
-    path = Path(given) if given else Path(cfg.run_dir) / "checkpoints" / "latest.pt"
+    path = Path(given).expanduser() if given else Path(cfg.run_dir) / "checkpoints" / "latest.pt"
     if not path.exists():
         raise CheckpointError(f"{key}.checkpoint: no checkpoint at {path}; give {key}.checkpoint=/path/to/latest.pt")
     return path.resolve()
