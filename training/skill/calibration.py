@@ -12,7 +12,7 @@ weights move the forecast toward the climatology and the damped persistence fitt
 lead, as a deterministic forecast should when predictability is gone (its mean squared error is
 least there).
 
-Fitted on up to :data:`CALIBRATION_SAMPLES` of the training samples the fitted baselines read
+Fitted on up to :data:`CALIBRATION_SAMPLES` (fewer on a large grid) of the training samples the fitted baselines read
 (:func:`training.skill.baselines.fit_samples`): no validation date is seen. Every rank rolls out
 its replica's share of them on its points; the sums are added over the model and data-parallel
 groups, so every rank solves the same weights."""
@@ -33,6 +33,12 @@ from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
 
 CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (evenly spread; 128 weighed noisily)
+# Fewer on a large grid, where its points are statistics enough and the rollouts are the cost: at
+# most this many samples x data points, 128 samples at least. Every store of up to 8,192 points
+# keeps 512; a global 1-degree grid's 64,800 roll out 128 (at 512, 7 of the 18 minutes of the
+# README's command on a 2-core host, docs/real-data.md).
+POINT_SAMPLES = 2**22
+MIN_CALIBRATION_SAMPLES = 128
 CHUNK_POINTS = 8192  # rolled out together: as many samples as fit in this many data points (at most 8)
 REFERENCES = ("climatology", "hourly_climatology", "doy_climatology")  # the anchors c it chooses from
 # The baselines weighed beside the model, where scored. The regression weighed too (and the fit on
@@ -127,11 +133,16 @@ def blend_weights(gram: np.ndarray, cross: np.ndarray) -> np.ndarray:
     return best
 
 
+def calibration_count(n_points: int) -> int:
+    """How many training samples the calibration rolls out on a grid of ``n_points`` data points."""
+    return min(CALIBRATION_SAMPLES, max(MIN_CALIBRATION_SAMPLES, POINT_SAMPLES // n_points))
+
+
 def calibration_samples(session: Session, steps: int) -> list[Sample]:
     """The training samples the calibration for leads 1 to ``steps`` rolls out: at most
-    :data:`CALIBRATION_SAMPLES` of those the fitted baselines read
+    :func:`calibration_count` of those the fitted baselines read
     (:func:`training.skill.baselines.fit_samples`), evenly spread."""
-    return evenly_spread(fit_samples(session, steps), CALIBRATION_SAMPLES)
+    return evenly_spread(fit_samples(session, steps), calibration_count(session.dataset.n_points))
 
 
 def fit_calibration(session: Session, baselines: Baselines) -> list[LeadCalibration] | None:

@@ -124,3 +124,10 @@ def test_fitted_on_training_samples_the_baselines_read(tmp_path, small_dataset, 
     chosen, fitted_on = calibration.calibration_samples(session, 2), fit_samples(session, 2)
     assert len(chosen) == 5 < len(fitted_on) and set(chosen) <= set(fitted_on)
     assert chosen == [fitted_on[i] for i in np.linspace(0, len(fitted_on) - 1, 5).round().astype(int)]
+
+
+def test_a_large_grid_rolls_out_fewer_samples_and_never_below_the_minimum():
+    from training.skill.calibration import calibration_count
+
+    assert [calibration_count(n) for n in (11, 1_617, 8_192)] == [512, 512, 512]
+    assert [calibration_count(n) for n in (16_384, 64_800, 542_080)] == [256, 128, 128]
