@@ -70,6 +70,7 @@ class AnemoiDataset(ZarrDataset):
         metadata = _metadata(ds)
         if _allows_nans(metadata):
             self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir, metadata)
+        self.check_statistics()
 
     def _read(self, index: tuple) -> np.ndarray:
         """Raw values at a ``(time, variable, member, points)`` index of the anemoi dataset."""

@@ -96,6 +96,19 @@ class ZarrDataset:
         self.read_plan: ReadPlan | None = None  # set where the store allows NaN
         if attrs.get("allow_nans"):  # anemoi-datasets' build.allow_nans: a land-only product's sea
             self._read_around_nans(latitudes, longitudes, (variables, forcing, diagnostic), plan_dir, attrs)
+        self.check_statistics()
+
+    def check_statistics(self) -> None:
+        """Refuse variables read whose statistics cannot normalise them (a NaN or inf mean or
+        stdev), once the variables are settled: a field without a value anywhere, whose statistics
+        anemoi-datasets leaves NaN, is left out before (:func:`~training.data.gappy_points.partial_fields`)."""
+        finite = np.isfinite(self.mean) & np.isfinite(self.stdev)
+        if not finite.all():
+            unusable = [v for v, ok in zip(self.variables, finite) if not ok]
+            raise DatasetError(
+                f"{self.path}: the statistics (mean, stdev) of {unusable} are not finite, so they cannot normalise: "
+                "leave them out (data.variables=[...]) or rebuild the store with anemoi-datasets"
+            )
 
     def _read_around_nans(
         self, latitudes: np.ndarray, longitudes: np.ndarray, chosen: tuple, plan_dir: str | Path | None, attrs: Any
@@ -177,14 +190,8 @@ class ZarrDataset:
         unknown = [v for v in wanted if v not in names]
         if unknown:
             raise DatasetError(f"variables {unknown} are not in {self.path}; it has {names}")
-        self._index = [names.index(v) for v in wanted]
-        unusable = [v for v, i in zip(wanted, self._index) if not np.isfinite([mean[i], stdev[i]]).all()]
-        if unusable:
-            raise DatasetError(
-                f"{self.path}: the statistics (mean, stdev) of {unusable} are not finite, so they cannot"
-                " normalise: rebuild the store with anemoi-datasets (build.allow_nans: true where fields have gaps)"
-            )
         self.variables = wanted
+        self._index = [names.index(v) for v in wanted]
         self._states = StateCache(STATE_CACHE_BYTES)
         self.mean = mean[self._index].astype(np.float32)
         self.stdev = np.maximum(stdev[self._index], 1e-12).astype(np.float32)

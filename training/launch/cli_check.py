@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -80,6 +81,21 @@ def _values(override) -> list[str]:  # noqa: ANN001 - hydra's Override
     return [str(override.value())]
 
 
+def _unreadable(argv: list[str], exc: HydraException) -> str:
+    """Why Hydra cannot parse ``argv``: its own first line, or, where the override it stops at is
+    a path under ``~`` (which the shell leaves as it is after ``key=``), the ``$HOME`` form."""
+    for override in _overrides(argv):
+        try:
+            OverridesParser.create().parse_overrides([override])
+        except HydraException:
+            key, _, value = override.partition("=")
+            home = re.sub(r"(^|,)~(?=/|,|$)", r"\1$HOME", value)
+            if home != value:
+                return f"{override}: write {key}={home} (Hydra does not read '~' in a value)"
+            break
+    return str(exc).splitlines()[0]
+
+
 def check_overrides(argv: list[str]) -> None:
     """Raise :class:`ConfigValueError` for the first override of ``argv`` whose key is not a
     setting, whose value does not fit the setting's type, whose config-group option does not
@@ -87,12 +103,7 @@ def check_overrides(argv: list[str]) -> None:
     try:
         overrides = OverridesParser.create().parse_overrides(_overrides(argv))
     except HydraException as exc:
-        reason = str(exc).splitlines()[0]
-        home = [a for a in _overrides(argv) if "=~" in a]
-        if home:  # the shell leaves ~ after a key= as it is, and Hydra's grammar refuses it
-            key, path = home[0].split("=", 1)
-            reason = f"{home[0]}: write {key}=$HOME{path[1:]} (Hydra does not read '~' in a value)"
-        raise ConfigValueError(f"cannot read the command line: {reason}") from None
+        raise ConfigValueError(f"cannot read the command line: {_unreadable(argv, exc)}") from None
     schema = OmegaConf.structured(RunConfig)  # its keys listed before any value is tried on it
     groups, known = group_options(), schema_keys(schema)
     for o in overrides:

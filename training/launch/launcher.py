@@ -98,7 +98,7 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     cfg, saved = _continued(cfg, given) if command.continues_run else (cfg, None)
     check_ranges(cfg)  # before the store is read: a value out of range names its key
     cfg.trainer.device = resolve_device(cfg.trainer.device)  # the device it ran on, in the record
-    cfg.run_dir = str(Path(cfg.run_dir).expanduser().resolve())
+    cfg.run_dir = str(run_dir_path(cfg))
     if command.adopt is not None:
         command.adopt(cfg)
     share_sweep_store(cfg)
@@ -143,11 +143,17 @@ def prepare(composed: DictConfig | RunConfig, command: Command = TRAIN, given: l
     return cfg
 
 
+def run_dir_path(cfg: RunConfig | DictConfig) -> Path:
+    """``cfg.run_dir`` as an absolute path, ``~`` the home directory (a YAML or quoted value:
+    the shell expands an unquoted ``run_dir=~/...`` itself)."""
+    return Path(str(cfg.run_dir)).expanduser().resolve()
+
+
 def _continued(cfg: RunConfig, given: list[str] | None) -> tuple[RunConfig, SavedRun | None]:
     """A training run's configuration over the run it continues in its run directory, with that
     run (:mod:`training.launch.run_settings`); ``cfg`` and None for a new run, with
     ``trainer.resume=false``, or outside Hydra (``given`` None)."""
-    saved = saved_run(Path(cfg.run_dir).resolve()) if given is not None and cfg.trainer.resume else None
+    saved = saved_run(run_dir_path(cfg)) if given is not None and cfg.trainer.resume else None
     return (cfg, None) if saved is None else (continue_from(cfg, saved, given), saved)
 
 
@@ -181,7 +187,7 @@ def run(cfg: DictConfig | RunConfig, command: Command, rank_main: RankMain, give
     checkpoint); a training result then carries the signal (``"signal"``)."""
     if under_torchrun():
         return _run_torchrun(cfg, command, rank_main, given)
-    with RunDirLock(Path(cfg.run_dir).resolve()):  # one run per run directory
+    with RunDirLock(run_dir_path(cfg)):  # one run per run directory
         resolved = prepare(cfg, command, given)
         t = resolved.trainer
         if t.nprocs == 1:
@@ -229,7 +235,7 @@ def _run_torchrun(cfg: DictConfig, command: Command, rank_main: RankMain, given:
         payload: list[Any] = [None]
         if dist.get_rank() == 0:
             try:  # rank 0 holds the run directory's lock until its ranks' work is done
-                lock.enter_context(RunDirLock(Path(cfg.run_dir).resolve()))
+                lock.enter_context(RunDirLock(run_dir_path(cfg)))
                 payload = [("ok", prepare(cfg, command, given))]
             except Exception as exc:
                 payload = [("error", exc)]
@@ -312,6 +318,6 @@ def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> An
 
 def _run_dir_of(cfg: DictConfig) -> str | None:
     try:
-        return str(cfg.run_dir)
+        return str(run_dir_path(cfg))
     except Exception:  # an interpolation that cannot resolve here: nothing to tidy
         return None

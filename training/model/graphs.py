@@ -33,8 +33,8 @@ def knn_graph(
     """Edges from the ``k`` nearest source points into every destination point (from all of
     them where the source grid has fewer than ``k``: a point set of a few stations).
 
-    Returns ``edge_index`` ``(2, dst * k)`` (source, destination; grouped by destination) and
-    ``edge_attr`` ``(dst * k, EDGE_FEATURES[features])``: ``chord``, the source minus the
+    Returns ``edge_index`` ``(2, dst * min(k, src))`` (source, destination; grouped by destination) and
+    ``edge_attr`` ``(dst * min(k, src), EDGE_FEATURES[features])``: ``chord``, the source minus the
     destination position and the chord length; ``local_frame``, the chord length and its
     eastward and northward components in the destination's local frame, in units of the
     graph's median edge length (so of order one on any grid).

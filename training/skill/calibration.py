@@ -12,10 +12,10 @@ weights move the forecast toward the climatology and the damped persistence fitt
 lead, as a deterministic forecast should when predictability is gone (its mean squared error is
 least there).
 
-Fitted on up to :data:`CALIBRATION_SAMPLES` (fewer on a large grid) of the training samples the fitted baselines read
-(:func:`training.skill.baselines.fit_samples`): no validation date is seen. Every rank rolls out
-its replica's share of them on its points; the sums are added over the model and data-parallel
-groups, so every rank solves the same weights."""
+Fitted on :func:`calibration_count` (at most :data:`CALIBRATION_SAMPLES`; fewer on a large grid)
+of the training samples the fitted baselines read (:func:`training.skill.baselines.fit_samples`):
+no validation date is seen. Every rank rolls out its replica's share of them on its points; the
+sums are added over the model and data-parallel groups, so every rank solves the same weights."""
 
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ from training.skill.baselines import Baselines, fit_samples
 from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
 
-CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (evenly spread; 128 weighed noisily)
-# Fewer on a large grid, where its points are statistics enough and the rollouts are the cost: at
-# most this many samples x data points, 128 samples at least. Every store of up to 8,192 points
-# keeps 512; a global 1-degree grid's 64,800 roll out 128 (at 512, 7 of the 18 minutes of the
-# README's command on a 2-core host, docs/real-data.md).
+CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (evenly spread; 128 weighed
+# noisily on the real stores, of 11 to 1,617 points)
+# Fewer on a large grid, where the rollouts are the cost: at most this many samples x data points,
+# 128 samples at least. Every store of up to 8,192 points keeps 512; a global 1-degree grid's
+# 64,800 roll out 128 (at 512, 7 of the 18 minutes of the README's command on a 2-core host,
+# docs/real-data.md). Measured on one synthetic global store only, where 128 and 512 gave the same
+# skill table: a grid's points on the same dates are correlated, and do not stand for dates.
 POINT_SAMPLES = 2**22
 MIN_CALIBRATION_SAMPLES = 128
 CHUNK_POINTS = 8192  # rolled out together: as many samples as fit in this many data points (at most 8)

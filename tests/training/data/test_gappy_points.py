@@ -110,6 +110,18 @@ def test_a_field_over_part_of_the_grid_is_left_out_not_the_points(tmp_path):
     assert "u" in as_input.variables and as_input.n_points == ROWS * (COLUMNS - 4)
 
 
+def test_a_field_without_any_value_and_so_without_statistics_is_left_out_not_refused(tmp_path):
+    """anemoi-datasets leaves such a field's mean and stdev NaN: it goes, as any partial field."""
+    store = _store_with_a_partial_field(tmp_path / "empty.zarr", lacking_columns=COLUMNS)
+    root = zarr.open_group(str(store), mode="a")
+    for name in ("mean", "stdev"):
+        values = root[name][:]
+        values[2] = np.nan
+        root[name][:] = values
+    dataset = ZarrDataset(store)
+    assert dataset.variables == ["psi", "zeta", "v", "tracer"] and dataset.n_points == ROWS * COLUMNS
+
+
 def test_a_field_lacking_a_few_points_keeps_its_place_and_they_are_left_out(tmp_path):
     store = _store_with_a_partial_field(tmp_path / "coast.zarr", lacking_columns=1)  # 12 of 168: under 10%
     dataset = ZarrDataset(store)

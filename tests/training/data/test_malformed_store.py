@@ -83,3 +83,5 @@ def test_a_store_whose_statistics_are_not_finite_is_refused_by_name(store):
     name = json.loads((store / ".zattrs").read_text())["variables"][1]
     with pytest.raises(DatasetError, match=rf"statistics \(mean, stdev\) of \['{name}'\] are not finite"):
         ZarrDataset(store)
+    others = [v for v in json.loads((store / ".zattrs").read_text())["variables"] if v != name]
+    assert ZarrDataset(store, variables=others).variables == others  # left out, it is not read

@@ -154,8 +154,13 @@ def test_a_store_and_run_directory_under_the_home_directory_may_be_given_with_a_
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "store.zarr").symlink_to(small_dataset)
-    cfg = prepare(small_config(tmp_path, small_dataset, 'data.path="~/store.zarr"', 'run_dir="~/run"'))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # a literal "~" folder made here would show
+    home = ('data.path="~/store.zarr"', 'run_dir="~/run"')
+    cfg = prepare(small_config(tmp_path, small_dataset, *home))
     assert cfg.data.path == str((tmp_path / "store.zarr").resolve()) and cfg.run_dir == str(tmp_path / "run")
+    run(small_config(tmp_path, small_dataset, *home, "trainer.steps=2", "logging.mlflow=false"))  # locked, resumable
+    assert (tmp_path / "run" / "checkpoints" / "latest.pt").exists() and not (tmp_path / "cwd" / "~").exists()
 
 
 @pytest.mark.slow

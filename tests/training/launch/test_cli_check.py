@@ -19,6 +19,11 @@ from training.launch.cli_check import check_overrides
         (["data.forcing={a:1}"], "config key data.forcing cannot be {'a': 1}: Cannot merge DictConfig with ListConfig"),
         (["trainer.stepz=3"], "config key trainer.stepz is not a setting of the schema: did you mean trainer.steps?"),
         (["data.path=~/x.zarr"], "cannot read the command line: data.path=~/x.zarr: write data.path=$HOME/x.zarr"),
+        (
+            ["-m", "data.path=~/a,~/b"],
+            "cannot read the command line: data.path=~/a,~/b: write data.path=$HOME/a,$HOME/b",
+        ),
+        (["data.path=~user/x", "trainer.steps=2"], "cannot read the command line: LexerNoViableAltException"),
     ],
 )
 def test_a_value_of_the_wrong_type_or_an_unknown_key_is_refused_naming_the_key(argv, message):

@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.skill.calibration import MODEL, LeadCalibration, blend_weights, describe, products, solve
+from training.skill.calibration import (
+    MODEL,
+    LeadCalibration,
+    blend_weights,
+    calibration_count,
+    describe,
+    products,
+    solve,
+)
 from training.skill.fitted import DAMPED_PERSISTENCE
 
 KINDS = (MODEL, DAMPED_PERSISTENCE)
@@ -127,7 +135,6 @@ def test_fitted_on_training_samples_the_baselines_read(tmp_path, small_dataset, 
 
 
 def test_a_large_grid_rolls_out_fewer_samples_and_never_below_the_minimum():
-    from training.skill.calibration import calibration_count
-
+    """512 on every store of up to 8,192 points, then 2^22 samples x points, 128 at least."""
     assert [calibration_count(n) for n in (11, 1_617, 8_192)] == [512, 512, 512]
     assert [calibration_count(n) for n in (16_384, 64_800, 542_080)] == [256, 128, 128]
