@@ -29,17 +29,18 @@ from training.model.rollout import rollout
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import Baselines, fit_samples
+from training.skill.climatologies import POINT_DATES
 from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
 
 CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (evenly spread; 128 weighed
 # noisily on the real stores, of 11 to 1,617 points)
-# Fewer on a large grid, where the rollouts are the cost: at most this many samples x data points,
-# 128 samples at least. Every store of up to 8,192 points keeps 512; a global 1-degree grid's
-# 64,800 roll out 128 (at 512, 7 of the 18 minutes of the README's command on a 2-core host,
-# docs/real-data.md). Measured on one synthetic global store only, where 128 and 512 gave the same
-# skill table: a grid's points on the same dates are correlated, and do not stand for dates.
-POINT_SAMPLES = 2**22
+# Fewer on a large grid, where the rollouts are the cost: at most as many samples x data points as
+# the baselines' statistics read (climatologies.POINT_DATES, 2^22), 128 samples at least. Every
+# store of up to 8,192 points keeps 512; a global 1-degree grid's 64,800 roll out 128 (at 512, 7
+# of the 18 minutes of the README's command on a 2-core host, docs/real-data.md). Measured on one
+# synthetic global store only, where 128 and 512 gave the same skill table: a grid's points on the
+# same dates are correlated, and do not stand for dates.
 MIN_CALIBRATION_SAMPLES = 128
 CHUNK_POINTS = 8192  # rolled out together: as many samples as fit in this many data points (at most 8)
 REFERENCES = ("climatology", "hourly_climatology", "doy_climatology")  # the anchors c it chooses from
@@ -137,7 +138,7 @@ def blend_weights(gram: np.ndarray, cross: np.ndarray) -> np.ndarray:
 
 def calibration_count(n_points: int) -> int:
     """How many training samples the calibration rolls out on a grid of ``n_points`` data points."""
-    return min(CALIBRATION_SAMPLES, max(MIN_CALIBRATION_SAMPLES, POINT_SAMPLES // n_points))
+    return min(CALIBRATION_SAMPLES, max(MIN_CALIBRATION_SAMPLES, POINT_DATES // n_points))
 
 
 def calibration_samples(session: Session, steps: int) -> list[Sample]:
