@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from typing import NoReturn
 
 from processor.errors import UserError
 from processor.runtime import PeerFailureError, RanksFailedError
 from processor.runtime.failures import NOT_TO_BLAME, FailureKind
 from processor.runtime.torchrun import torchrun_rank
-from training.launch.cli_check import discard_refused_run_dir
+from training.config.schema import ConfigValueError
+from training.launch.cli_check import check_overrides, discard_refused_run_dir
 
 EXIT_USER_ERROR = 2  # the exit code of a configuration or data error
 EXIT_PEER_FAILURE = 3  # another rank or node was lost, stuck or failed: running again may well work
@@ -20,6 +23,32 @@ DEBUG_HINT = "set HYDRA_FULL_ERROR=1 for the traceback"
 # What a user fixes, besides every processor.errors.UserError: the forecast store refuses to
 # overwrite an existing one with a plain FileExistsError.
 _ALSO_USER_ERRORS = (FileExistsError,)
+# Seconds a torchrun follower waits before exiting on an error that rank 0 reports (seen: rank 1
+# exited first and torchrun's SIGTERM reached rank 0 before its line).
+FOLLOWER_GRACE_S = 10.0
+
+
+def exit_on_bad_command_line(argv: list[str]) -> None:
+    """Exit in one line (:func:`exit_on_user_error`) on the first override of ``argv`` that is
+    not a setting of the training schema, does not fit its type, or names no config-group option
+    (:func:`~training.launch.cli_check.check_overrides`); a torchrun rank other than 0 leaves the
+    line to rank 0. This module and its imports are light beside the model's: ``python -m
+    training`` calls this before it loads the app, so a misspelt key costs seconds less."""
+    try:
+        check_overrides(argv)
+    except ConfigValueError as exc:
+        if torchrun_rank() != 0:
+            follower_exit()
+        exit_on_user_error(exc)
+        raise
+
+
+def follower_exit() -> NoReturn:
+    """Exit a torchrun rank other than 0 on an error that rank 0 reports: after
+    :data:`FOLLOWER_GRACE_S` (torchrun stops it sooner, once rank 0 has exited), so that rank 0's
+    one line is out before torchrun stops every rank."""
+    time.sleep(FOLLOWER_GRACE_S)
+    sys.exit(EXIT_USER_ERROR)
 
 
 def exit_on_user_error(exc: BaseException, run_dir: str | None = None) -> None:

@@ -29,10 +29,9 @@ import secrets
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
@@ -66,9 +65,8 @@ from training.distributed.device import (
     threads_per_rank,
 )
 from training.hooks import check_hooks
-from training.launch.cli_check import check_overrides
 from training.launch.command import TRAIN, Command
-from training.launch.errors import EXIT_USER_ERROR, exit_on_user_error, user_error
+from training.launch.errors import exit_on_bad_command_line, exit_on_user_error, follower_exit, user_error
 from training.launch.interrupt import LauncherSignals, remove_stop_marker
 from training.launch.run_end import RunFinished, check_not_finished
 from training.launch.run_lock import RunDirLock
@@ -253,19 +251,6 @@ def _run_torchrun(cfg: DictConfig, command: Command, rank_main: RankMain, given:
         lock.close()
 
 
-# Seconds a torchrun follower waits before exiting on an error that rank 0 reports (seen: rank 1
-# exited first and torchrun's SIGTERM reached rank 0 before its line).
-FOLLOWER_GRACE_S = 10.0
-
-
-def follower_exit() -> NoReturn:
-    """Exit a torchrun rank other than 0 on an error that rank 0 reports: after
-    :data:`FOLLOWER_GRACE_S` (torchrun stops it sooner, once rank 0 has exited), so that rank 0's
-    one line is out before torchrun stops every rank."""
-    time.sleep(FOLLOWER_GRACE_S)
-    sys.exit(EXIT_USER_ERROR)
-
-
 def follower_overrides(scratch: str) -> list[str]:
     """Hydra overrides for torchrun ranks other than 0: the current directory as output directory
     (nothing is created), no ``.hydra`` record, logs to stdout only, and a ``--multirun`` sweep
@@ -285,14 +270,8 @@ def main(hydra_main: Callable[[], Any], training_schema: bool = True) -> None:
     :func:`follower_overrides` first. ``training_schema``: the app's configuration is the training
     schema, whose keys and group options are checked before Hydra runs (the evaluation and
     prediction apps; not the benchmarks, whose schema is their own)."""
-    if training_schema:
-        try:  # before Hydra makes a run directory: a misspelt key or option is one line
-            check_overrides(sys.argv[1:])
-        except ConfigValueError as exc:
-            if torchrun_rank() != 0:  # rank 0 reports it
-                follower_exit()
-            exit_on_user_error(exc)
-            raise
+    if training_schema:  # before Hydra makes a run directory: a misspelt key or option is one line
+        exit_on_bad_command_line(sys.argv[1:])
     scratch = None
     if torchrun_rank() != 0:
         # Not made here: Hydra makes it only for a --multirun sweep, so a follower that torchrun
