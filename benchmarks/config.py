@@ -80,6 +80,7 @@ class BenchmarkConfig(StrategyOptions):  # type: ignore[misc, valid-type]
     profile: bool = False  # rank 0 profiles one more step: time split by kernel
     warmup: int = setting(1, at_least(0))
     steps: int = setting(3, at_least(1))
+    gemm_size: int = setting(2048, at_least(16))  # the side of the fp32 GEMM every efficiency is a share of
     seed: int = 0
     timeout_s: float = setting(900.0, above(0))
     results_root: str = "benchmarks/results"  # the sweep's MLflow store lives here

@@ -249,7 +249,7 @@ def measure(group: dist.ProcessGroup | None, cfg: BenchmarkConfig) -> dict[str, 
         "peak_increase_bytes": peak - memory.base,
         "step_peak_bytes": step_peak,
         "bytes_sent": sent,
-        "gemm_flop_per_s": gemm_flop_rate(device),
+        "gemm_flop_per_s": gemm_flop_rate(device, cfg.gemm_size),
         "node": this_node(),
     }
     if cfg.profile:

@@ -27,6 +27,7 @@ def test_a_small_sweep_writes_all_outputs(tmp_path):
         "model.num_channels=16",
         "model.window_size=16",
         "warmup=0",
+        "gemm_size=256",
         "steps=2",
     )
     assert out.returncode == 0, out.stderr[-3000:]

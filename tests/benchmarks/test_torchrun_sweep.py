@@ -30,6 +30,7 @@ def test_a_sweep_runs_on_two_nodes_and_places_its_groups(tmp_path):
         "model.num_channels=16",
         "model.window_size=16",
         "warmup=0",
+        "gemm_size=256",
         "steps=2",
     ]
     procs, logs, _ = two_nodes(tmp_path, "sweep", args, agent_env())
