@@ -1,12 +1,20 @@
-"""``python -m training``: train a forecaster (:mod:`training.app`)."""
+"""``python -m training`` (and the ``gridshard-train`` command): train a forecaster
+(:mod:`training.app`)."""
 
 import sys
 
 from training.launch.errors import exit_on_bad_command_line
 
-if __name__ == "__main__":
-    exit_on_bad_command_line(sys.argv[1:])  # before the app's modules load: a misspelt key is one quick line
-    from training.app import _hydra_main
-    from training.launch.launcher import main
 
-    main(_hydra_main)
+def main() -> None:
+    """Train from the command line's Hydra overrides. They are checked before the app's modules
+    load (seconds of imports), so that a misspelt key is one quick line."""
+    exit_on_bad_command_line(sys.argv[1:])
+    from training.app import _hydra_main  # deferred: the model, torch_geometric, zarr (seconds)
+    from training.launch.launcher import main as launch  # deferred: as training.app
+
+    launch(_hydra_main)
+
+
+if __name__ == "__main__":
+    main()
