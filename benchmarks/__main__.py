@@ -140,4 +140,4 @@ def main(composed: DictConfig) -> None:
 if __name__ == "__main__":
     from training.launch.launcher import main as launch  # torchrun ranks but 0 get Hydra overrides that write nothing
 
-    launch(main, training_schema=False)
+    launch(main, check_command_line=False)

@@ -13,7 +13,7 @@ def main() -> None:
     from training.app import _hydra_main  # deferred: the model, torch_geometric, zarr (seconds)
     from training.launch.launcher import main as launch  # deferred: as training.app
 
-    launch(_hydra_main)
+    launch(_hydra_main, check_command_line=False)
 
 
 if __name__ == "__main__":

@@ -264,13 +264,14 @@ def follower_overrides(scratch: str) -> list[str]:
     ]
 
 
-def main(hydra_main: Callable[[], Any], training_schema: bool = True) -> None:
+def main(hydra_main: Callable[[], Any], check_command_line: bool = True) -> None:
     """A command's ``hydra_main``: Hydra composes the configuration from ``configs/`` and the
     command line, then the command calls :func:`run`; torchrun ranks other than 0 get
-    :func:`follower_overrides` first. ``training_schema``: the app's configuration is the training
-    schema, whose keys and group options are checked before Hydra runs (the evaluation and
-    prediction apps; not the benchmarks, whose schema is their own)."""
-    if training_schema:  # before Hydra makes a run directory: a misspelt key or option is one line
+    :func:`follower_overrides` first. ``check_command_line``: check the overrides' keys and group
+    options against the training schema before Hydra runs (the evaluation and prediction apps);
+    false where the schema is another's (the benchmarks) or the caller checked them already
+    (``python -m training``, before it imports the app)."""
+    if check_command_line:  # before Hydra makes a run directory: a misspelt key or option is one line
         exit_on_bad_command_line(sys.argv[1:])
     scratch = None
     if torchrun_rank() != 0:
