@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.data.batches import Batches
 from training.data.samples import Sample
 from training.model.linear_baseline import LINEAR_REGRESSION, training_chunks
 from training.model.ridge import RidgeFit
@@ -29,7 +30,9 @@ from training.skill.climatologies import Climatologies
 
 DAMPED_PERSISTENCE = "damped_persistence"
 FITTED = (LINEAR_REGRESSION, DAMPED_PERSISTENCE)
-MAX_NORMAL_EQUATIONS_BYTES = 2**30  # the regression's sums, all leads; larger: not fitted
+# The regression's sums held at once; leads beyond them are fitted in further passes over the
+# training samples, and a grid where one lead's alone pass it is not fitted.
+MAX_NORMAL_EQUATIONS_BYTES = 2**30
 
 log = logging.getLogger(__name__)
 
@@ -77,43 +80,70 @@ class FittedBaselines:
         return out
 
 
-def regression_fits(points: int, features: int, outputs: int, leads: int) -> list[RidgeFit] | None:
-    """One :class:`RidgeFit` per lead, or None (logged) when their sums would pass
-    :data:`MAX_NORMAL_EQUATIONS_BYTES`."""
-    size = leads * points * (features + 1) * (features + 1 + outputs) * 8
-    if size > MAX_NORMAL_EQUATIONS_BYTES:
+def regression_lead_groups(points: int, features: int, outputs: int, leads: int) -> list[range]:
+    """The lead indices whose regressions are fitted together, one pass over the training samples
+    a group: as many as their sums fit in :data:`MAX_NORMAL_EQUATIONS_BYTES`; none (logged) where
+    one lead's alone would not."""
+    per_lead = points * (features + 1) * (features + 1 + outputs) * 8
+    if per_lead > MAX_NORMAL_EQUATIONS_BYTES:
         log.warning(
-            "linear_regression is not scored: %d points x %d features would need %.1f GiB of sums on this rank",
+            "linear_regression is not scored: %d points x %d features would need %.1f GiB of sums a lead on this rank",
             points,
             features,
-            size / 2**30,
+            per_lead / 2**30,
         )
-        return None
-    return [RidgeFit(points, features, outputs) for _ in range(leads)]
+        return []
+    together = min(leads, MAX_NORMAL_EQUATIONS_BYTES // per_lead)
+    return [range(first, min(first + together, leads)) for first in range(0, leads, together)]
 
 
 def fit_baselines(session: Session, steps: int, climatologies: Climatologies, starts: list[Sample]) -> FittedBaselines:
     """Fit both baselines for leads 1 to ``steps`` on ``session``'s points from the training
     samples ``starts`` (each with targets ``steps`` leads on), read a chunk at a time
-    (:func:`training.model.linear_baseline.training_chunks`)."""
+    (:func:`training.model.linear_baseline.training_chunks`): the lag correlations and the first
+    group of regressions (:func:`regression_lead_groups`) in one pass, each further group in its own."""
     dataset, batches, lead = session.dataset, session.batches, session.samples.lead
     columns = dataset.roles.output_columns()
     correlations: list[LagCorrelation] = []
-    regressions: list[RidgeFit] | None = None
+    groups: list[range] = []
+    regressions: dict[int, RidgeFit] = {}
     for chunk, x, targets in training_chunks(batches, starts, steps):
         valid_forcings = batches.valid_forcings(chunk, steps)
         if not correlations:
             points, outputs = targets.shape[2:]
+            features = x.shape[-1] + valid_forcings.shape[-1]
             correlations = [LagCorrelation(points, outputs) for _ in range(steps)]
-            regressions = regression_fits(points, x.shape[-1] + valid_forcings.shape[-1], outputs, steps)
+            groups = regression_lead_groups(points, features, outputs, steps)
+            regressions = {k: RidgeFit(points, features, outputs) for k in (groups[0] if groups else ())}
+        _add_regressions(regressions, x, valid_forcings, targets)
         initial = [dataset.denormalise(dataset.state(t, session.points, m))[:, columns] for t, m in chunk]
         for k in range(steps):
-            if regressions is not None:
-                regressions[k].add(np.concatenate([x, valid_forcings[k]], axis=-1), targets[k])
             truth = dataset.denormalise_outputs(targets[k])
             for i, (t, _) in enumerate(chunk):
                 at_start, at_valid = climatologies.anomaly_reference(t, t + (k + 1) * lead)
                 correlations[k].add(initial[i] - at_start, truth[i] - at_valid)
-    for fit in regressions or []:
+    for fit in regressions.values():
+        fit.solve()  # before the next group's sums are made
+    for group in groups[1:]:
+        regressions |= _fit_regressions(batches, starts, steps, group, points, features, outputs)
+    fits = [regressions[k] for k in range(steps)] if groups else None
+    return FittedBaselines(fits, [c.rho() for c in correlations])
+
+
+def _add_regressions(fits: dict[int, RidgeFit], x: np.ndarray, valid_forcings: np.ndarray, targets: np.ndarray) -> None:
+    """Add a chunk to each lead ``k``'s fit: the model's inputs ``x`` and the valid date's
+    forcings ``valid_forcings[k]`` against ``targets[k]``."""
+    for k, fit in fits.items():
+        fit.add(np.concatenate([x, valid_forcings[k]], axis=-1), targets[k])
+
+
+def _fit_regressions(
+    batches: Batches, starts: list[Sample], steps: int, group: range, points: int, features: int, outputs: int
+) -> dict[int, RidgeFit]:
+    """The solved regressions of the leads ``group``, from one more pass over ``starts``."""
+    fits = {k: RidgeFit(points, features, outputs) for k in group}
+    for chunk, x, targets in training_chunks(batches, starts, steps):
+        _add_regressions(fits, x, batches.valid_forcings(chunk, steps), targets)
+    for fit in fits.values():
         fit.solve()
-    return FittedBaselines(regressions, [c.rho() for c in correlations])
+    return fits

@@ -5,14 +5,19 @@ they make. Scored in a training run, sharded and not: tests/training/data/test_b
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from tests.training.skill.test_baselines import TWO_DAYS, _session
 from training.model.ridge import RidgeFit
+from training.skill import fitted as fitted_module
+from training.skill.climatologies import training_climatologies
 from training.skill.fitted import (
     DAMPED_PERSISTENCE,
     LINEAR_REGRESSION,
     FittedBaselines,
     LagCorrelation,
-    regression_fits,
+    fit_baselines,
+    regression_lead_groups,
 )
 
 
@@ -57,7 +62,38 @@ def test_fitted_forecasts_by_hand():
     assert FittedBaselines(None, [np.zeros((1, 1))]).kinds == (DAMPED_PERSISTENCE,)
 
 
-def test_a_regression_too_large_is_left_out(caplog):
-    assert regression_fits(points=10**6, features=200, outputs=50, leads=8) is None
+def test_a_solved_fit_keeps_its_coefficients_alone():
+    fit = RidgeFit(points=1, features=1, outputs=1)
+    fit.add(np.array([[[1.0]], [[-1.0]]]), np.array([[[5.0]], [[1.0]]]))
+    fit.solve()
+    assert fit.gram is None and fit.cross is None
+    with pytest.raises(RuntimeError, match="after solve"):
+        fit.add(np.array([[[1.0]]]), np.array([[[5.0]]]))
+
+
+def test_the_leads_are_fitted_in_groups_whose_sums_fit_and_a_regression_too_large_is_left_out(caplog, monkeypatch):
+    assert regression_lead_groups(points=4, features=3, outputs=2, leads=5) == [range(0, 5)]
+    one_lead = 4 * (3 + 1) * (3 + 1 + 2) * 8  # points x (features + 1) x (features + 1 + outputs) float64s
+    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", 2 * one_lead + 1)
+    assert regression_lead_groups(points=4, features=3, outputs=2, leads=5) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert "not scored" not in caplog.text
+    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", one_lead - 1)
+    assert regression_lead_groups(points=4, features=3, outputs=2, leads=5) == []
     assert "linear_regression is not scored" in caplog.text
-    assert len(regression_fits(points=4, features=3, outputs=2, leads=2)) == 2
+
+
+def test_a_fit_in_one_pass_a_lead_is_the_fit_in_one_pass(monkeypatch):
+    """Three leads' regressions and lag correlations on a tiny store: fitted together, or a lead
+    a pass over the training samples (as on a grid whose sums do not fit at once), the same."""
+    session = _session(TWO_DAYS, [0, 1, 2])
+    starts, steps = session.samples.train, 3
+    climatologies = training_climatologies(session, list(range(6)))
+    together = fit_baselines(session, steps, climatologies, starts)
+    one_lead = 2 * (1 + 1) * (1 + 1 + 1) * 8  # 2 points, 1 feature, 1 output
+    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", one_lead)
+    apart = fit_baselines(session, steps, climatologies, starts)
+    assert together.regressions is not None and apart.regressions is not None
+    for k in range(steps):
+        np.testing.assert_array_equal(apart.regressions[k].coef.numpy(), together.regressions[k].coef.numpy())
+        np.testing.assert_array_equal(apart.damping[k], together.damping[k])
+    assert len({float(together.regressions[k].coef[0, 0, 0]) for k in range(steps)}) == steps  # a fit a lead
