@@ -4,9 +4,6 @@ traceback (the caller re-raises)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from processor.errors import UserError
@@ -80,24 +77,3 @@ def test_a_lost_peer_exits_3(capsys):
     assert err[0] == "error: 2 of 2 ranks failed:" and err[-1] == f"({DEBUG_HINT})"
     lost = "  rank 0: processor.runtime.watchdog.PeerFailureError: rank 1 was lost"
     assert any(line.startswith(lost) for line in err), err
-
-
-# Loaded by the app and the launcher, not by the command-line check.
-_APP_MODULES = ("training.app", "training.launch.launcher", "torch_geometric")
-
-
-def test_a_misspelt_key_ends_the_command_before_the_app_loads(tmp_path):
-    """``python -m training`` checks its overrides before it imports the app: the one line comes
-    without the model's modules (seconds of imports) and without a run directory."""
-    probe = (
-        "import runpy, sys\n"
-        "sys.argv = ['training', 'trainer.stpes=5']\n"
-        "try:\n"
-        "    runpy.run_module('training', run_name='__main__')\n"
-        "except SystemExit as exc:\n"
-        f"    print('exit', exc.code, [m for m in {_APP_MODULES!r} if m in sys.modules])\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == f"exit {EXIT_USER_ERROR} []", done.stdout + done.stderr[-2000:]
-    assert done.stderr.startswith("error: config key trainer.stpes is not a setting of the schema"), done.stderr
-    assert list(tmp_path.iterdir()) == []
