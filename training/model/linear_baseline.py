@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from training.data.batches import Batches
 from training.data.samples import Sample, evenly_spread
 from training.data.tendencies import pooled_mean_stdev
-from training.model.ridge import RidgeFit
+from training.model.ridge import fit_in_point_blocks
 
 LINEAR_REGRESSION = "linear_regression"  # model.baseline's value for it
 PERSISTENCE = "persistence"  # model.baseline's other value: each step over the latest state
@@ -78,13 +78,15 @@ def residual_statistics(
 
 def fit_linear_baseline(batches: Batches, train: list[Sample]) -> LinearBaseline:
     """The ridge fit of one step on up to :data:`FIT_SAMPLES` of the training samples ``train``
-    (each with a target a step on), on ``batches``' points, their inputs as the model sees them."""
-    fit: RidgeFit | None = None
-    for _, x, targets in training_chunks(batches, evenly_spread(train, FIT_SAMPLES), 1):
-        if fit is None:
-            fit = RidgeFit(x.shape[1], x.shape[2], targets.shape[3])
-        fit.add(x.astype(np.float64), targets[0])
-    if fit is None:
+    (each with a target a step on), on ``batches``' points, their inputs as the model sees them;
+    on a grid whose sums pass :data:`~training.model.ridge.MAX_NORMAL_EQUATIONS_BYTES`, a block of
+    points a pass over the samples."""
+    starts = evenly_spread(train, FIT_SAMPLES)
+    if not starts:
         raise ValueError("model.baseline = linear_regression: no training sample to fit it on")
-    fit.solve()
-    return LinearBaseline(fit.coef)
+
+    def samples() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for _, x, targets in training_chunks(batches, starts, 1):
+            yield x.astype(np.float64), targets[0]
+
+    return LinearBaseline(fit_in_point_blocks(samples))

@@ -4,10 +4,15 @@ forecaster's linear baseline (:mod:`training.model.linear_baseline`) and the ski
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import torch
 
 RIDGE = 1e-2  # the ridge penalty per fitted sample, on normalised features (not on the constant)
+# A fit's sums (X'X and X'y, float64) held at once; a larger grid is fitted a block of points at
+# a time, each a pass over the samples (:func:`fit_in_point_blocks`).
+MAX_NORMAL_EQUATIONS_BYTES = 2**30
 
 
 class RidgeFit:
@@ -55,3 +60,32 @@ class RidgeFit:
             raise RuntimeError("RidgeFit.predict before solve")
         x = self._design(np.asarray(features)[None])  # (points, 1, features + 1)
         return (x @ self.coef)[:, 0].numpy()
+
+
+def sums_bytes(points: int, features: int, outputs: int) -> int:
+    """Bytes of a :class:`RidgeFit`'s sums for ``points``, ``features`` and ``outputs``."""
+    return points * (features + 1) * (features + 1 + outputs) * 8
+
+
+def fit_in_point_blocks(samples: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> torch.Tensor:
+    """``(points, features + 1, outputs)`` float32: the per-point ridge coefficients of the
+    ``(features (samples, points, features), targets (samples, points, outputs))`` chunks that
+    each call of ``samples`` yields, a block of points at a time whose sums fit in
+    :data:`MAX_NORMAL_EQUATIONS_BYTES` (one pass over ``samples()`` a block; one on most grids)."""
+    coefs: list[torch.Tensor] = []
+    first, points = 0, None
+    while points is None or first < points:
+        fit, stop = None, first
+        for features, targets in samples():
+            if fit is None:
+                points, n_features, outputs = features.shape[1], features.shape[2], targets.shape[2]
+                block = max(1, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, n_features, outputs))
+                stop = min(first + block, points)
+                fit = RidgeFit(stop - first, n_features, outputs)
+            fit.add(features[:, first:stop], targets[:, first:stop])
+        if fit is None or fit.count == 0:
+            raise ValueError("no training sample to fit the regression on")
+        fit.solve()
+        coefs.append(fit.coef.float())  # type: ignore[union-attr]
+        first = stop
+    return torch.cat(coefs)

@@ -24,16 +24,12 @@ import numpy as np
 from training.data.batches import Batches
 from training.data.samples import Sample
 from training.model.linear_baseline import LINEAR_REGRESSION, training_chunks
-from training.model.ridge import RidgeFit
+from training.model.ridge import MAX_NORMAL_EQUATIONS_BYTES, RidgeFit, sums_bytes
 from training.session import Session
 from training.skill.climatologies import Climatologies
 
 DAMPED_PERSISTENCE = "damped_persistence"
 FITTED = (LINEAR_REGRESSION, DAMPED_PERSISTENCE)
-# The regression's sums held at once; leads beyond them are fitted in further passes over the
-# training samples, and a grid where one lead's alone pass it is not fitted.
-MAX_NORMAL_EQUATIONS_BYTES = 2**30
-
 log = logging.getLogger(__name__)
 
 
@@ -84,7 +80,7 @@ def regression_lead_groups(points: int, features: int, outputs: int, leads: int)
     """The lead indices whose regressions are fitted together, one pass over the training samples
     a group: as many as their sums fit in :data:`MAX_NORMAL_EQUATIONS_BYTES`; none (logged) where
     one lead's alone would not."""
-    per_lead = points * (features + 1) * (features + 1 + outputs) * 8
+    per_lead = sums_bytes(points, features, outputs)
     if per_lead > MAX_NORMAL_EQUATIONS_BYTES:
         log.warning(
             "linear_regression is not scored: %d points x %d features would need %.1f GiB of sums a lead on this rank",
