@@ -54,6 +54,19 @@ class RidgeFit:
         self.coef = torch.linalg.solve(self.gram + torch.diag(penalty), self.cross)
         self.gram = self.cross = None
 
+    @classmethod
+    def stacked(cls, blocks: list[RidgeFit]) -> RidgeFit:
+        """One solved fit of the points of the solved ``blocks``, in their order."""
+        if any(block.coef is None for block in blocks):
+            raise RuntimeError("RidgeFit.stacked before solve")
+        if len(blocks) == 1:
+            return blocks[0]
+        whole = cls.__new__(cls)
+        whole.gram = whole.cross = None
+        whole.count = blocks[0].count
+        whole.coef = torch.cat([block.coef for block in blocks])  # type: ignore[misc]
+        return whole
+
     def predict(self, features: np.ndarray) -> np.ndarray:
         """``(points, outputs)`` the prediction from ``features`` ``(points, features)``."""
         if self.coef is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from training.skill.climatologies import Climatologies
 
 DAMPED_PERSISTENCE = "damped_persistence"
 FITTED = (LINEAR_REGRESSION, DAMPED_PERSISTENCE)
+
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +58,7 @@ class LagCorrelation:
 class FittedBaselines:
     """The two fitted baselines of one rank's points, one fit per lead (see the module)."""
 
-    regressions: list[RidgeFit] | None  # None: too large to fit here (logged)
+    regressions: list[RidgeFit] | None  # None: not fitted
     damping: list[np.ndarray]  # per lead: (local points, outputs) the lag correlation
 
     @property
@@ -76,68 +78,83 @@ class FittedBaselines:
         return out
 
 
-def regression_lead_groups(points: int, features: int, outputs: int, leads: int) -> list[range]:
-    """The lead indices whose regressions are fitted together, one pass over the training samples
-    a group: as many as their sums fit in :data:`MAX_NORMAL_EQUATIONS_BYTES`; none (logged) where
-    one lead's alone would not."""
-    per_lead = sums_bytes(points, features, outputs)
-    if per_lead > MAX_NORMAL_EQUATIONS_BYTES:
-        log.warning(
-            "linear_regression is not scored: %d points x %d features would need %.1f GiB of sums a lead on this rank",
-            points,
-            features,
-            per_lead / 2**30,
-        )
-        return []
-    together = min(leads, MAX_NORMAL_EQUATIONS_BYTES // per_lead)
-    return [range(first, min(first + together, leads)) for first in range(0, leads, together)]
+class Unit(NamedTuple):
+    """A regression fitted in one pass: its lead index and its block of points."""
+
+    lead: int
+    first: int
+    stop: int
+
+    @property
+    def points(self) -> slice:
+        return slice(self.first, self.stop)
+
+
+def regression_groups(points: int, features: int, outputs: int, leads: int) -> list[list[Unit]]:
+    """The regressions fitted together, one pass over the training samples a group, their sums
+    within :data:`MAX_NORMAL_EQUATIONS_BYTES`: each lead over every point where one lead's sums
+    fit (as many leads a pass as fit), else each lead a block of points a pass."""
+    block = max(1, min(points, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, features, outputs)))
+    units = [Unit(k, a, min(a + block, points)) for k in range(leads) for a in range(0, points, block)]
+    together = max(1, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(block, features, outputs))
+    return [units[first : first + together] for first in range(0, len(units), together)]
 
 
 def fit_baselines(session: Session, steps: int, climatologies: Climatologies, starts: list[Sample]) -> FittedBaselines:
     """Fit both baselines for leads 1 to ``steps`` on ``session``'s points from the training
     samples ``starts`` (each with targets ``steps`` leads on), read a chunk at a time
     (:func:`training.model.linear_baseline.training_chunks`): the lag correlations and the first
-    group of regressions (:func:`regression_lead_groups`) in one pass, each further group in its own."""
+    group of regressions (:func:`regression_groups`) in one pass, each further group in its own."""
     dataset, batches, lead = session.dataset, session.batches, session.samples.lead
     columns = dataset.roles.output_columns()
     correlations: list[LagCorrelation] = []
-    groups: list[range] = []
-    regressions: dict[int, RidgeFit] = {}
+    groups: list[list[Unit]] = []
+    fits: dict[Unit, RidgeFit] = {}
     for chunk, x, targets in training_chunks(batches, starts, steps):
         valid_forcings = batches.valid_forcings(chunk, steps)
         if not correlations:
             points, outputs = targets.shape[2:]
             features = x.shape[-1] + valid_forcings.shape[-1]
             correlations = [LagCorrelation(points, outputs) for _ in range(steps)]
-            groups = regression_lead_groups(points, features, outputs, steps)
-            regressions = {k: RidgeFit(points, features, outputs) for k in (groups[0] if groups else ())}
-        _add_regressions(regressions, x, valid_forcings, targets)
+            groups = regression_groups(points, features, outputs, steps)
+            if len(groups) > 1:
+                need = sums_bytes(points, features, outputs) * steps / 2**30
+                log.info("linear_regression: %.1f GiB of sums, fitted in %d passes over the dates", need, len(groups))
+            fits = _new_fits(groups[0], features, outputs)
+        _add_regressions(fits, x, valid_forcings, targets)
         initial = [dataset.denormalise(dataset.state(t, session.points, m))[:, columns] for t, m in chunk]
         for k in range(steps):
             truth = dataset.denormalise_outputs(targets[k])
             for i, (t, _) in enumerate(chunk):
                 at_start, at_valid = climatologies.anomaly_reference(t, t + (k + 1) * lead)
                 correlations[k].add(initial[i] - at_start, truth[i] - at_valid)
-    for fit in regressions.values():
+    for fit in fits.values():
         fit.solve()  # before the next group's sums are made
     for group in groups[1:]:
-        regressions |= _fit_regressions(batches, starts, steps, group, points, features, outputs)
-    fits = [regressions[k] for k in range(steps)] if groups else None
-    return FittedBaselines(fits, [c.rho() for c in correlations])
+        fits |= _fit_regressions(batches, starts, steps, group, features, outputs)
+    by_lead = [[fit for unit, fit in fits.items() if unit.lead == lead] for lead in range(steps)]
+    regressions = [RidgeFit.stacked(blocks) for blocks in by_lead] if fits else None
+    return FittedBaselines(regressions, [c.rho() for c in correlations])
 
 
-def _add_regressions(fits: dict[int, RidgeFit], x: np.ndarray, valid_forcings: np.ndarray, targets: np.ndarray) -> None:
-    """Add a chunk to each lead ``k``'s fit: the model's inputs ``x`` and the valid date's
-    forcings ``valid_forcings[k]`` against ``targets[k]``."""
-    for k, fit in fits.items():
-        fit.add(np.concatenate([x, valid_forcings[k]], axis=-1), targets[k])
+def _new_fits(group: list[Unit], features: int, outputs: int) -> dict[Unit, RidgeFit]:
+    """An empty fit for each regression of ``group``."""
+    return {unit: RidgeFit(unit.stop - unit.first, features, outputs) for unit in group}
+
+
+def _add_regressions(fits: dict[Unit, RidgeFit], x: np.ndarray, forcings: np.ndarray, targets: np.ndarray) -> None:
+    """Add a chunk to each regression: the model's inputs ``x`` and the valid date's forcings
+    ``forcings[k]`` against ``targets[k]`` at its lead ``k``, on its points."""
+    for unit, fit in fits.items():
+        k, block = unit.lead, unit.points
+        fit.add(np.concatenate([x[:, block], forcings[k][:, block]], axis=-1), targets[k][:, block])
 
 
 def _fit_regressions(
-    batches: Batches, starts: list[Sample], steps: int, group: range, points: int, features: int, outputs: int
-) -> dict[int, RidgeFit]:
-    """The solved regressions of the leads ``group``, from one more pass over ``starts``."""
-    fits = {k: RidgeFit(points, features, outputs) for k in group}
+    batches: Batches, starts: list[Sample], steps: int, group: list[Unit], features: int, outputs: int
+) -> dict[Unit, RidgeFit]:
+    """The solved regressions of ``group``, from one more pass over ``starts``."""
+    fits = _new_fits(group, features, outputs)
     for chunk, x, targets in training_chunks(batches, starts, steps):
         _add_regressions(fits, x, batches.valid_forcings(chunk, steps), targets)
     for fit in fits.values():

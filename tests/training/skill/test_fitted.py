@@ -17,7 +17,7 @@ from training.skill.fitted import (
     FittedBaselines,
     LagCorrelation,
     fit_baselines,
-    regression_lead_groups,
+    regression_groups,
 )
 
 
@@ -71,26 +71,28 @@ def test_a_solved_fit_keeps_its_coefficients_alone():
         fit.add(np.array([[[1.0]]]), np.array([[[5.0]]]))
 
 
-def test_the_leads_are_fitted_in_groups_whose_sums_fit_and_a_regression_too_large_is_left_out(caplog, monkeypatch):
-    assert regression_lead_groups(points=4, features=3, outputs=2, leads=5) == [range(0, 5)]
+def test_the_regressions_are_fitted_in_groups_whose_sums_fit(monkeypatch):
+    assert regression_groups(points=4, features=3, outputs=2, leads=5) == [[(k, 0, 4) for k in range(5)]]
     one_lead = 4 * (3 + 1) * (3 + 1 + 2) * 8  # points x (features + 1) x (features + 1 + outputs) float64s
     monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", 2 * one_lead + 1)
-    assert regression_lead_groups(points=4, features=3, outputs=2, leads=5) == [range(0, 2), range(2, 4), range(4, 5)]
-    assert "not scored" not in caplog.text
-    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", one_lead - 1)
-    assert regression_lead_groups(points=4, features=3, outputs=2, leads=5) == []
-    assert "linear_regression is not scored" in caplog.text
+    two_leads = regression_groups(points=4, features=3, outputs=2, leads=5)
+    assert two_leads == [[(0, 0, 4), (1, 0, 4)], [(2, 0, 4), (3, 0, 4)], [(4, 0, 4)]]
+    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", one_lead - 1)  # 3 points' sums fit
+    blocks = regression_groups(points=4, features=3, outputs=2, leads=2)
+    assert blocks == [[(0, 0, 3)], [(0, 3, 4)], [(1, 0, 3)], [(1, 3, 4)]]  # (lead, first point, stop)
 
 
-def test_a_fit_in_one_pass_a_lead_is_the_fit_in_one_pass(monkeypatch):
+@pytest.mark.parametrize("points_a_pass", [2, 1], ids=["a lead a pass", "a point a pass"])
+def test_a_fit_in_passes_is_the_fit_in_one_pass(monkeypatch, points_a_pass):
     """Three leads' regressions and lag correlations on a tiny store: fitted together, or a lead
-    a pass over the training samples (as on a grid whose sums do not fit at once), the same."""
+    (or a point of a lead) a pass over the training samples, as on a grid whose sums do not fit
+    at once, the same."""
     session = _session(TWO_DAYS, [0, 1, 2])
     starts, steps = session.samples.train, 3
     climatologies = training_climatologies(session, list(range(6)))
     together = fit_baselines(session, steps, climatologies, starts)
-    one_lead = 2 * (1 + 1) * (1 + 1 + 1) * 8  # 2 points, 1 feature, 1 output
-    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", one_lead)
+    one_point = (1 + 1) * (1 + 1 + 1) * 8  # 1 feature, 1 output
+    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", points_a_pass * one_point)
     apart = fit_baselines(session, steps, climatologies, starts)
     assert together.regressions is not None and apart.regressions is not None
     for k in range(steps):
