@@ -51,7 +51,8 @@ class RidgeFit:
             raise RuntimeError("RidgeFit.solve twice")
         penalty = torch.full((self.gram.shape[-1],), ridge * max(self.count, 1), dtype=torch.float64)
         penalty[-1] = 1e-9 * max(self.count, 1)  # the constant: unpenalised, but never singular
-        self.coef = torch.linalg.solve(self.gram + torch.diag(penalty), self.cross)
+        self.gram.diagonal(dim1=-2, dim2=-1).add_(penalty)  # in place: the sums go once solved
+        self.coef = torch.linalg.solve(self.gram, self.cross)
         self.gram = self.cross = None
 
     @classmethod

@@ -24,8 +24,9 @@ import numpy as np
 
 from training.data.batches import Batches
 from training.data.samples import Sample
+from training.model import ridge
 from training.model.linear_baseline import LINEAR_REGRESSION, training_chunks
-from training.model.ridge import MAX_NORMAL_EQUATIONS_BYTES, RidgeFit, sums_bytes
+from training.model.ridge import RidgeFit, sums_bytes
 from training.session import Session
 from training.skill.climatologies import Climatologies
 
@@ -58,7 +59,7 @@ class LagCorrelation:
 class FittedBaselines:
     """The two fitted baselines of one rank's points, one fit per lead (see the module)."""
 
-    regressions: list[RidgeFit] | None  # None: not fitted
+    regressions: list[RidgeFit] | None  # None: no training sample to fit them on
     damping: list[np.ndarray]  # per lead: (local points, outputs) the lag correlation
 
     @property
@@ -78,26 +79,33 @@ class FittedBaselines:
         return out
 
 
-class Unit(NamedTuple):
-    """A regression fitted in one pass: its lead index and its block of points."""
+class RegressionBlock(NamedTuple):
+    """One lead's regression on a block of points, fitted in one pass over the training samples."""
 
-    lead: int
-    first: int
-    stop: int
+    lead: int  # the lead's index
+    first: int  # the block's first point
+    stop: int  # and the point after its last
 
     @property
-    def points(self) -> slice:
+    def point_slice(self) -> slice:
         return slice(self.first, self.stop)
 
 
-def regression_groups(points: int, features: int, outputs: int, leads: int) -> list[list[Unit]]:
+Fits = dict[RegressionBlock, RidgeFit]  # the regressions of a pass, or of every pass
+
+
+def regression_groups(points: int, features: int, outputs: int, leads: int) -> list[list[RegressionBlock]]:
     """The regressions fitted together, one pass over the training samples a group, their sums
-    within :data:`MAX_NORMAL_EQUATIONS_BYTES`: each lead over every point where one lead's sums
-    fit (as many leads a pass as fit), else each lead a block of points a pass."""
-    block = max(1, min(points, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, features, outputs)))
-    units = [Unit(k, a, min(a + block, points)) for k in range(leads) for a in range(0, points, block)]
-    together = max(1, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(block, features, outputs))
-    return [units[first : first + together] for first in range(0, len(units), together)]
+    within :data:`~training.model.ridge.MAX_NORMAL_EQUATIONS_BYTES`: the leads' points in turn
+    (lead 0's, then lead 1's, ...) cut into passes of as many points as fit, so a pass holds
+    several whole leads on a small grid and part of one or two on a large one."""
+    per_pass = max(1, ridge.MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, features, outputs))
+    groups = []
+    for start in range(0, leads * points, per_pass):
+        stop = min(start + per_pass, leads * points)
+        in_pass = range(start // points, (stop - 1) // points + 1)
+        groups.append([RegressionBlock(k, max(start - k * points, 0), min(stop - k * points, points)) for k in in_pass])
+    return groups
 
 
 def fit_baselines(session: Session, steps: int, climatologies: Climatologies, starts: list[Sample]) -> FittedBaselines:
@@ -108,8 +116,8 @@ def fit_baselines(session: Session, steps: int, climatologies: Climatologies, st
     dataset, batches, lead = session.dataset, session.batches, session.samples.lead
     columns = dataset.roles.output_columns()
     correlations: list[LagCorrelation] = []
-    groups: list[list[Unit]] = []
-    fits: dict[Unit, RidgeFit] = {}
+    groups: list[list[RegressionBlock]] = []
+    fits: Fits = {}
     for chunk, x, targets in training_chunks(batches, starts, steps):
         valid_forcings = batches.valid_forcings(chunk, steps)
         if not correlations:
@@ -120,7 +128,7 @@ def fit_baselines(session: Session, steps: int, climatologies: Climatologies, st
             if len(groups) > 1:
                 need = sums_bytes(points, features, outputs) * steps / 2**30
                 log.info("linear_regression: %.1f GiB of sums, fitted in %d passes over the dates", need, len(groups))
-            fits = _new_fits(groups[0], features, outputs)
+            fits = _new_fits(groups[0], features, outputs) if groups else {}
         _add_regressions(fits, x, valid_forcings, targets)
         initial = [dataset.denormalise(dataset.state(t, session.points, m))[:, columns] for t, m in chunk]
         for k in range(steps):
@@ -132,27 +140,27 @@ def fit_baselines(session: Session, steps: int, climatologies: Climatologies, st
         fit.solve()  # before the next group's sums are made
     for group in groups[1:]:
         fits |= _fit_regressions(batches, starts, steps, group, features, outputs)
-    by_lead = [[fit for unit, fit in fits.items() if unit.lead == lead] for lead in range(steps)]
+    by_lead = [[fit for block, fit in fits.items() if block.lead == k] for k in range(steps)]  # in point order
     regressions = [RidgeFit.stacked(blocks) for blocks in by_lead] if fits else None
     return FittedBaselines(regressions, [c.rho() for c in correlations])
 
 
-def _new_fits(group: list[Unit], features: int, outputs: int) -> dict[Unit, RidgeFit]:
+def _new_fits(group: list[RegressionBlock], features: int, outputs: int) -> Fits:
     """An empty fit for each regression of ``group``."""
-    return {unit: RidgeFit(unit.stop - unit.first, features, outputs) for unit in group}
+    return {block: RidgeFit(block.stop - block.first, features, outputs) for block in group}
 
 
-def _add_regressions(fits: dict[Unit, RidgeFit], x: np.ndarray, forcings: np.ndarray, targets: np.ndarray) -> None:
+def _add_regressions(fits: Fits, x: np.ndarray, forcings: np.ndarray, targets: np.ndarray) -> None:
     """Add a chunk to each regression: the model's inputs ``x`` and the valid date's forcings
     ``forcings[k]`` against ``targets[k]`` at its lead ``k``, on its points."""
-    for unit, fit in fits.items():
-        k, block = unit.lead, unit.points
-        fit.add(np.concatenate([x[:, block], forcings[k][:, block]], axis=-1), targets[k][:, block])
+    for block, fit in fits.items():
+        k, at = block.lead, block.point_slice
+        fit.add(np.concatenate([x[:, at], forcings[k][:, at]], axis=-1), targets[k][:, at])
 
 
 def _fit_regressions(
-    batches: Batches, starts: list[Sample], steps: int, group: list[Unit], features: int, outputs: int
-) -> dict[Unit, RidgeFit]:
+    batches: Batches, starts: list[Sample], steps: int, group: list[RegressionBlock], features: int, outputs: int
+) -> Fits:
     """The solved regressions of ``group``, from one more pass over ``starts``."""
     fits = _new_fits(group, features, outputs)
     for chunk, x, targets in training_chunks(batches, starts, steps):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import training.model.ridge as ridge
 from training.model.ridge import RidgeFit, fit_in_point_blocks, sums_bytes
 
 
-def _chunks(rng: np.random.Generator, points: int = 7, features: int = 3, outputs: int = 2):
+def _chunks(rng: np.random.Generator, points: int = 7, features: int = 3, outputs: int = 2) -> list:
     """Two chunks of (features (samples, points, features), targets (samples, points, outputs))."""
     out = []
     for samples in (5, 4):
@@ -29,7 +30,7 @@ def test_a_fit_a_block_of_points_a_pass_is_the_fit_in_one_pass(monkeypatch):
         yield from chunks
 
     whole = fit_in_point_blocks(samples)
-    assert len(passes) == 1 and whole.shape == (7, 4, 2) and whole.dtype.is_floating_point
+    assert len(passes) == 1 and whole.shape == (7, 4, 2) and whole.dtype == torch.float32
     one = RidgeFit(7, 3, 2)
     for x, y in chunks:
         one.add(x, y)

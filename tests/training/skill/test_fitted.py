@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.training.skill.test_baselines import TWO_DAYS, _session
+from training.model import ridge
 from training.model.ridge import RidgeFit
-from training.skill import fitted as fitted_module
 from training.skill.climatologies import training_climatologies
 from training.skill.fitted import (
     DAMPED_PERSISTENCE,
@@ -74,12 +74,12 @@ def test_a_solved_fit_keeps_its_coefficients_alone():
 def test_the_regressions_are_fitted_in_groups_whose_sums_fit(monkeypatch):
     assert regression_groups(points=4, features=3, outputs=2, leads=5) == [[(k, 0, 4) for k in range(5)]]
     one_lead = 4 * (3 + 1) * (3 + 1 + 2) * 8  # points x (features + 1) x (features + 1 + outputs) float64s
-    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", 2 * one_lead + 1)
+    monkeypatch.setattr(ridge, "MAX_NORMAL_EQUATIONS_BYTES", 2 * one_lead + 1)
     two_leads = regression_groups(points=4, features=3, outputs=2, leads=5)
     assert two_leads == [[(0, 0, 4), (1, 0, 4)], [(2, 0, 4), (3, 0, 4)], [(4, 0, 4)]]
-    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", one_lead - 1)  # 3 points' sums fit
+    monkeypatch.setattr(ridge, "MAX_NORMAL_EQUATIONS_BYTES", one_lead - 1)  # 3 points' sums fit
     blocks = regression_groups(points=4, features=3, outputs=2, leads=2)
-    assert blocks == [[(0, 0, 3)], [(0, 3, 4)], [(1, 0, 3)], [(1, 3, 4)]]  # (lead, first point, stop)
+    assert blocks == [[(0, 0, 3)], [(0, 3, 4), (1, 0, 2)], [(1, 2, 4)]]  # (lead, first point, stop)
 
 
 @pytest.mark.parametrize("points_a_pass", [2, 1], ids=["a lead a pass", "a point a pass"])
@@ -92,7 +92,7 @@ def test_a_fit_in_passes_is_the_fit_in_one_pass(monkeypatch, points_a_pass):
     climatologies = training_climatologies(session, list(range(6)))
     together = fit_baselines(session, steps, climatologies, starts)
     one_point = (1 + 1) * (1 + 1 + 1) * 8  # 1 feature, 1 output
-    monkeypatch.setattr(fitted_module, "MAX_NORMAL_EQUATIONS_BYTES", points_a_pass * one_point)
+    monkeypatch.setattr(ridge, "MAX_NORMAL_EQUATIONS_BYTES", points_a_pass * one_point)
     apart = fit_baselines(session, steps, climatologies, starts)
     assert together.regressions is not None and apart.regressions is not None
     for k in range(steps):
