@@ -40,8 +40,8 @@ class RidgeFit:
             raise RuntimeError("RidgeFit.add after solve: a solved fit keeps its coefficients alone")
         x = self._design(features)
         y = torch.from_numpy(np.asarray(targets, dtype=np.float64)).transpose(0, 1)
-        self.gram += x.transpose(1, 2) @ x
-        self.cross += x.transpose(1, 2) @ y
+        self.gram.baddbmm_(x.transpose(1, 2), x)  # in place: no product the size of the sums
+        self.cross.baddbmm_(x.transpose(1, 2), y)
         self.count += x.shape[1]
 
     def solve(self, ridge: float = RIDGE) -> None:
