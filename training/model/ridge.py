@@ -5,6 +5,7 @@ forecaster's linear baseline (:mod:`training.model.linear_baseline`) and the ski
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -81,25 +82,51 @@ def sums_bytes(points: int, features: int, outputs: int) -> int:
     return points * (features + 1) * (features + 1 + outputs) * 8
 
 
+class RegressionBlock(NamedTuple):
+    """One lead's regression on a block of points, fitted in one pass over the training samples."""
+
+    lead: int  # the lead's index
+    first: int  # the block's first point
+    stop: int  # and the point after its last
+
+    @property
+    def point_slice(self) -> slice:
+        return slice(self.first, self.stop)
+
+
+def regression_groups(points: int, features: int, outputs: int, leads: int) -> list[list[RegressionBlock]]:
+    """The regressions fitted together, one pass over the training samples a group, their sums
+    within :data:`MAX_NORMAL_EQUATIONS_BYTES`: the leads' points in turn
+    (lead 0's, then lead 1's, ...) cut into passes of as many points as fit, so a pass holds
+    several whole leads on a small grid and part of one or two on a large one."""
+    per_pass = max(1, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, features, outputs))
+    groups = []
+    for start in range(0, leads * points, per_pass):
+        stop = min(start + per_pass, leads * points)
+        in_pass = range(start // points, (stop - 1) // points + 1)
+        groups.append([RegressionBlock(k, max(start - k * points, 0), min(stop - k * points, points)) for k in in_pass])
+    return groups
+
+
 def fit_in_point_blocks(samples: Callable[[], Iterable[tuple[np.ndarray, np.ndarray]]]) -> torch.Tensor:
     """``(points, features + 1, outputs)`` float32: the per-point ridge coefficients of the
     ``(features (samples, points, features), targets (samples, points, outputs))`` chunks that
     each call of ``samples`` yields, a block of points at a time whose sums fit in
-    :data:`MAX_NORMAL_EQUATIONS_BYTES` (one pass over ``samples()`` a block; one on most grids)."""
+    :data:`MAX_NORMAL_EQUATIONS_BYTES` (:func:`regression_groups` of one lead: one pass over
+    ``samples()`` a block; one on most grids)."""
     coefs: list[torch.Tensor] = []
-    first, points = 0, None
-    while points is None or first < points:
-        fit, stop = None, first
+    groups: list[list[RegressionBlock]] | None = None
+    while groups is None or len(coefs) < len(groups):
+        fit, at = None, slice(0)
         for features, targets in samples():
             if fit is None:
                 points, n_features, outputs = features.shape[1], features.shape[2], targets.shape[2]
-                block = max(1, MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, n_features, outputs))
-                stop = min(first + block, points)
-                fit = RidgeFit(stop - first, n_features, outputs)
-            fit.add(features[:, first:stop], targets[:, first:stop])
+                groups = groups or regression_groups(points, n_features, outputs, leads=1)
+                (block,) = groups[len(coefs)]
+                at, fit = block.point_slice, RidgeFit(block.stop - block.first, n_features, outputs)
+            fit.add(features[:, at], targets[:, at])
         if fit is None or fit.count == 0:
             raise ValueError("no training sample to fit the regression on")
         fit.solve()
         coefs.append(fit.coef.float())  # type: ignore[union-attr]
-        first = stop
     return torch.cat(coefs)

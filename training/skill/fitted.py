@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from training.data.batches import Batches
 from training.data.samples import Sample
-from training.model import ridge
 from training.model.linear_baseline import LINEAR_REGRESSION, training_chunks
-from training.model.ridge import RidgeFit, sums_bytes
+from training.model.ridge import RegressionBlock, RidgeFit, regression_groups, sums_bytes
 from training.session import Session
 from training.skill.climatologies import Climatologies
 
@@ -79,33 +77,7 @@ class FittedBaselines:
         return out
 
 
-class RegressionBlock(NamedTuple):
-    """One lead's regression on a block of points, fitted in one pass over the training samples."""
-
-    lead: int  # the lead's index
-    first: int  # the block's first point
-    stop: int  # and the point after its last
-
-    @property
-    def point_slice(self) -> slice:
-        return slice(self.first, self.stop)
-
-
 Fits = dict[RegressionBlock, RidgeFit]  # the regressions of a pass, or of every pass
-
-
-def regression_groups(points: int, features: int, outputs: int, leads: int) -> list[list[RegressionBlock]]:
-    """The regressions fitted together, one pass over the training samples a group, their sums
-    within :data:`~training.model.ridge.MAX_NORMAL_EQUATIONS_BYTES`: the leads' points in turn
-    (lead 0's, then lead 1's, ...) cut into passes of as many points as fit, so a pass holds
-    several whole leads on a small grid and part of one or two on a large one."""
-    per_pass = max(1, ridge.MAX_NORMAL_EQUATIONS_BYTES // sums_bytes(1, features, outputs))
-    groups = []
-    for start in range(0, leads * points, per_pass):
-        stop = min(start + per_pass, leads * points)
-        in_pass = range(start // points, (stop - 1) // points + 1)
-        groups.append([RegressionBlock(k, max(start - k * points, 0), min(stop - k * points, points)) for k in in_pass])
-    return groups
 
 
 def fit_baselines(session: Session, steps: int, climatologies: Climatologies, starts: list[Sample]) -> FittedBaselines:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.training.skill.test_baselines import TWO_DAYS, _session
 from training.model import ridge
-from training.model.ridge import RidgeFit
+from training.model.ridge import RidgeFit, regression_groups
 from training.skill.climatologies import training_climatologies
 from training.skill.fitted import (
     DAMPED_PERSISTENCE,
@@ -17,7 +17,6 @@ from training.skill.fitted import (
     FittedBaselines,
     LagCorrelation,
     fit_baselines,
-    regression_groups,
 )
 
 
