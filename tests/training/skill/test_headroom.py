@@ -1,0 +1,81 @@
+"""What a store holds beyond the per-point regression (training/skill/headroom.py,
+``python -m training.headroom``): the dual fit against the primal ridge worked in numpy, the
+penalty chosen on held-out training samples, and a store whose weather moves from point to point,
+which no per-point regression can forecast and the field forecasts do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+
+from training.data.anemoi_layout import write_anemoi_store
+from training.headroom import run
+from training.skill.headroom import DualFit, choose_and_fit, rbf, squared_distances
+
+
+def test_the_dual_fit_is_the_ridge_regression():
+    """With the linear kernel ``X X'``, the dual fit forecasts ``x (X'X + l I)^-1 X'(y - mean) + mean``."""
+    rng = np.random.default_rng(0)
+    x, y, new = rng.normal(size=(30, 4)), rng.normal(size=(30, 2)), rng.normal(size=(5, 4))
+    penalty = 0.7
+    primal = new @ np.linalg.solve(x.T @ x + penalty * np.eye(4), x.T @ (y - y.mean(0))) + y.mean(0)
+    fit = DualFit.fit(x @ x.T, y, penalty)
+    np.testing.assert_allclose(fit.predict(new @ x.T), primal, rtol=1e-10)
+
+
+def test_squared_distances_and_the_gaussian_kernel():
+    a, b = np.array([[0.0, 0.0], [1.0, 2.0]]), np.array([[3.0, 4.0]])
+    d = squared_distances(a @ b.T, (a * a).sum(1), (b * b).sum(1))
+    np.testing.assert_allclose(d, [[25.0], [8.0]])
+    np.testing.assert_allclose(rbf(d, 0.1), np.exp([[-2.5], [-0.8]]))
+
+
+def test_each_variable_takes_the_penalty_its_held_out_samples_choose():
+    """Two variables at two points (columns point-major): a line takes a small penalty; pure noise
+    the largest (its mean); each refitted on every sample."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 3))
+    line, noise = x @ [1.0, 2.0, -1.0], rng.normal(size=200)
+    targets = np.stack([line, noise, 2 * line, noise[::-1]], axis=1)
+    penalties = (1e-6, 1e-2, 1e2, 1e6)
+    fit = choose_and_fit({"linear": x @ x.T}, targets, penalties, np.array([0, 1, 0, 1]))
+    line_choice, noise_choice = fit.choices
+    assert line_choice.key == "linear" and line_choice.penalty < 1 and noise_choice.penalty == 1e6
+    expected = DualFit.fit(x @ x.T, targets[:, [0, 2]], line_choice.penalty).predict(x[:5] @ x.T)
+    np.testing.assert_allclose(fit.predict({"linear": x[:5] @ x.T})[:, [0, 2]], expected)
+
+
+def _moving_weather_store(path):
+    """A 3 x 4 box, 6-hourly for 75 days: each date's values are the last date's moved one point
+    along (a new random value enters at the first point). A point's own past says nothing of its
+    next value; its neighbour's last value says everything."""
+    rng = np.random.default_rng(2)
+    dates = np.arange("2021-01-01T00", "2021-03-17T00", 6, dtype="datetime64[h]")
+    values = np.zeros((len(dates), 12))
+    values[0] = rng.normal(size=12)
+    for t in range(1, len(dates)):
+        values[t, 1:], values[t, 0] = values[t - 1, :-1], rng.normal()
+    lat, lon = np.repeat([50.0, 49.0, 48.0], 4), np.tile([0.0, 1.0, 2.0, 3.0], 3)
+    return write_anemoi_store(path, 280 + values[:, None, None, :], dates, ["2t"], lat, lon, "1.0")
+
+
+def test_the_field_forecasts_see_what_moves_between_points(tmp_path):
+    store = _moving_weather_store(tmp_path / "moving.zarr")
+    overrides = [f"run_dir={tmp_path / 'run'}", "data=zarr", f"data.path={store}", "evaluate.steps=1"]
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        text = run(compose(config_name="config", overrides=overrides))
+    row = next(line for line in text.splitlines() if line.startswith("| 2t |"))
+    persistence, regression, ridge, kernel = (float(c) for c in row.split("|")[2:6])
+    # The neighbour's value, found: all but the first point's new value (a twelfth of the area).
+    assert ridge < 0.5 * regression and kernel < 0.8 * regression
+    assert regression > 0.6 * persistence  # what no regression of a point's own past can do
+    assert (tmp_path / "run" / "headroom.md").read_text().count("| 2t |") == 1
+
+
+def test_more_than_one_rank_is_refused(tmp_path):
+    store = _moving_weather_store(tmp_path / "moving.zarr")
+    overrides = [f"run_dir={tmp_path / 'run'}", "data=zarr", f"data.path={store}", "trainer.nprocs=2"]
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        with pytest.raises(ValueError, match="trainer.nprocs = 2: python -m training.headroom runs on one rank"):
+            run(compose(config_name="config", overrides=overrides))

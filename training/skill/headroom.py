@@ -1,0 +1,238 @@
+"""What a store holds at the first lead beyond the per-point regression: the skill of two
+statisticians' forecasts that see every point's inputs at once, scored beside persistence and the
+skill table's ``linear_regression`` (one regression per point, on that point's inputs) on the
+validation dates the skill table scores.
+
+Both learn what the per-point regression leaves (its forecast plus theirs), from every point's
+inputs (the model's input states and the forcings at the valid date, standardised), solved in the
+dual (``n x n`` over the training samples), so a grid of any size costs the same per sample:
+
+- ``field_ridge``: a ridge regression, a linear forecast from the whole field;
+- ``field_kernel``: a Gaussian (RBF) kernel ridge regression: a non-linear one.
+
+Each output variable's penalty (and the kernel's width) is chosen on the last tenth of the
+training samples (by date), then refitted on them all: nothing is tuned on the validation dates.
+Where a trained model does no better than these at the first lead, it has learnt what such a
+forecast learns from the store's inputs (docs/real-data.md). Used by ``python -m
+training.headroom``; one rank holds every point.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from training.data import DatasetError
+from training.data.samples import Sample, evenly_spread
+from training.session import Session
+from training.skill.area import scored_weights
+from training.skill.baselines import Baselines, fit_samples, training_baselines
+from training.skill.by_lead import evaluation_samples, lead_hours
+from training.skill.fitted import LINEAR_REGRESSION
+from training.skill.scores import SkillAccumulator, SkillTable
+
+FIELD_KINDS = ("field_ridge", "field_kernel")
+MAX_FIT_SAMPLES = 4096  # the dual systems are n x n: at most 128 MiB each in float64
+MAX_FEATURE_VALUES = 2**26  # samples x features held at once (512 MiB in float64)
+HOLD_OUT = 0.1  # the last tenth of the training samples chooses the penalty
+RIDGE_PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4)  # times the mean squared norm of a sample's features
+KERNEL_WIDTHS = (0.1, 0.3, 1.0)  # gamma times the median squared distance between samples
+KERNEL_PENALTIES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)  # the RBF kernel's diagonal is 1
+
+
+@dataclass(frozen=True)
+class DualFit:
+    """A kernel ridge regression fitted in the dual: ``predict(k) = k @ coef + offset`` for the
+    kernel ``k (samples, training samples)`` between new samples and the training samples."""
+
+    coef: np.ndarray  # (training samples, outputs)
+    offset: np.ndarray  # (outputs,)
+
+    @classmethod
+    def fit(cls, kernel: np.ndarray, targets: np.ndarray, penalty: float) -> DualFit:
+        """Fit ``targets (n, outputs)`` on the training kernel ``(n, n)`` with ``penalty``."""
+        offset = targets.mean(axis=0)
+        system = kernel + penalty * np.eye(len(kernel))
+        return cls(np.linalg.solve(system, targets - offset), offset)
+
+    def predict(self, kernel: np.ndarray) -> np.ndarray:
+        return kernel @ self.coef + self.offset
+
+
+def rbf(sq_distances: np.ndarray, width: float) -> np.ndarray:
+    return np.exp(-width * sq_distances)
+
+
+def squared_distances(gram: np.ndarray, norms_a: np.ndarray, norms_b: np.ndarray) -> np.ndarray:
+    """``|a_i - b_j|^2`` from the Gram matrix ``a_i . b_j`` and the squared norms of each side."""
+    return np.maximum(norms_a[:, None] + norms_b[None, :] - 2 * gram, 0.0)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A kernel (its key in the kernels offered) and a penalty, chosen for one output variable."""
+
+    key: float | str
+    penalty: float
+
+
+@dataclass(frozen=True)
+class PerVariableFit:
+    """One :class:`DualFit` per output variable: ``(choice, its target columns, fit)`` each."""
+
+    fits: list[tuple[Choice, np.ndarray, DualFit]]
+
+    @property
+    def choices(self) -> list[Choice]:
+        return [choice for choice, _, _ in self.fits]
+
+    def predict(self, kernels: dict) -> np.ndarray:
+        """``(samples, target columns)`` from each kernel key's ``(samples, training samples)``."""
+        first = next(iter(kernels.values()))
+        out = np.empty((len(first), sum(len(c) for _, c, _ in self.fits)))
+        for choice, columns, fit in self.fits:
+            out[:, columns] = fit.predict(kernels[choice.key])
+        return out
+
+
+def choose_and_fit(
+    kernels: dict, targets: np.ndarray, penalties: tuple[float, ...], variables: np.ndarray
+) -> PerVariableFit:
+    """For each output variable (``variables``: the variable index of each target column), the
+    kernel and penalty whose fit on the first ``1 - HOLD_OUT`` of the training samples forecasts
+    the rest best, refitted on every training sample; ``kernels``: key -> ``(n, n)``."""
+    n, count = len(targets), int(variables.max()) + 1
+    cut = max(1, min(n - 1, round(n * (1 - HOLD_OUT))))
+    errors = {}  # (key, penalty) -> the held-out squared error summed per variable
+    for key, kernel in kernels.items():
+        for penalty in penalties:
+            fit = DualFit.fit(kernel[:cut, :cut], targets[:cut], penalty)
+            squared = np.mean((fit.predict(kernel[cut:, :cut]) - targets[cut:]) ** 2, axis=0)
+            errors[(key, penalty)] = np.bincount(variables, weights=squared, minlength=count)
+    fits = []
+    for v in range(count):
+        key, penalty = min(errors, key=lambda c, v=v: errors[c][v])
+        columns = np.flatnonzero(variables == v)
+        fits.append((Choice(key, penalty), columns, DualFit.fit(kernels[key], targets[:, columns], penalty)))
+    return PerVariableFit(fits)
+
+
+@dataclass
+class FieldData:
+    """Every point's inputs ``features (samples, points x inputs)`` and normalised next states
+    ``targets (samples, points x outputs)`` of a list of samples."""
+
+    features: np.ndarray
+    targets: np.ndarray
+    regression: np.ndarray  # the per-point regression's forecasts of the targets
+
+
+def field_data(session: Session, baselines: Baselines, samples: list[Sample]) -> FieldData:
+    """The inputs the regression per point reads (the model's input and the valid date's forcings,
+    :class:`training.skill.baselines.Baselines`), of every point; the first lead's states and the
+    per-point regression's forecasts of them, normalised."""
+    batches, dataset, lead = session.batches, session.dataset, session.samples.lead
+    columns, mean, stdev = dataset.roles.output_columns(), dataset.output_mean, dataset.output_stdev
+    features, targets, regression = [], [], []
+    for t, member in samples:
+        x = batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
+        forcings = batches.valid_forcings([(t, member)], 1)[0][0]
+        features.append(np.concatenate([x, forcings], axis=-1).ravel())
+        targets.append(dataset.state(t + lead, session.points, member)[:, columns].ravel())
+        regression.append(((baselines.forecasts(t, member)[0][LINEAR_REGRESSION] - mean) / stdev).ravel())
+    as_array = functools.partial(np.array, dtype=np.float64)
+    return FieldData(np.stack(features).astype(np.float32), as_array(targets), as_array(regression))
+
+
+class FieldForecasts:
+    """``field_ridge`` and ``field_kernel`` fitted on ``starts`` (training samples) over what the
+    per-point regression of ``baselines`` leaves of them (see the module)."""
+
+    def __init__(self, session: Session, baselines: Baselines, starts: list[Sample]) -> None:
+        width = field_data(session, baselines, starts[:1]).features.shape[1]
+        count = max(2, min(len(starts), MAX_FIT_SAMPLES, MAX_FEATURE_VALUES // width))
+        train = field_data(session, baselines, evenly_spread(starts, count))
+        mean, stdev = train.features.mean(axis=0), train.features.std(axis=0)
+        self.kept = stdev > 1e-6 * max(float(stdev.max()), 1e-30)  # constant inputs (positions) say nothing
+        self.mean, self.stdev = mean[self.kept], stdev[self.kept]
+        self.train = self._standardise(train.features)
+        self.norms = np.einsum("ij,ij->i", self.train, self.train)
+        gram = self.train @ self.train.T
+        left = train.targets - train.regression
+        variables = np.arange(left.shape[1]) % len(session.dataset.roles.outputs)  # columns point-major
+        scale = float(self.norms.mean()) or 1.0
+        self.ridge = choose_and_fit({"linear": gram}, left, tuple(p * scale for p in RIDGE_PENALTIES), variables)
+        distances = squared_distances(gram, self.norms, self.norms)
+        median = float(np.median(distances[np.triu_indices(len(gram), 1)])) or 1.0
+        kernels = {w / median: rbf(distances, w / median) for w in KERNEL_WIDTHS}
+        self.kernel = choose_and_fit(kernels, left, KERNEL_PENALTIES, variables)
+
+    def _standardise(self, features: np.ndarray) -> np.ndarray:
+        return ((features[:, self.kept] - self.mean) / self.stdev).astype(np.float64)
+
+    def forecasts(self, data: FieldData) -> dict[str, np.ndarray]:
+        """Each kind's normalised forecast ``(samples, points x outputs)`` of ``data``'s samples."""
+        x = self._standardise(data.features)
+        gram = x @ self.train.T
+        distances = squared_distances(gram, np.einsum("ij,ij->i", x, x), self.norms)
+        kernels = {c.key: rbf(distances, c.key) for c in self.kernel.choices}
+        return {
+            "field_ridge": data.regression + self.ridge.predict({"linear": gram}),
+            "field_kernel": data.regression + self.kernel.predict(kernels),
+        }
+
+    def describe(self, variables: list[str]) -> str:
+        """The chosen penalties (and widths) per variable, as the log says them."""
+        parts = [
+            f"{v}: ridge penalty {r.penalty:.3g}, kernel gamma {k.key:.3g} penalty {k.penalty:.3g}"
+            for v, r, k in zip(variables, self.ridge.choices, self.kernel.choices)
+        ]
+        return f"fitted on {len(self.train)} training samples of {self.train.shape[1]:,} inputs; " + "; ".join(parts)
+
+
+def headroom_table(session: Session, steps: int, count: int) -> tuple[SkillTable, FieldForecasts, int]:
+    """Persistence, the skill table's per-point regression and :data:`FIELD_KINDS` scored at the
+    first lead on the ``count`` validation samples the skill table scores (with ``steps`` leads),
+    on one rank that holds every point."""
+    dataset, lead = session.dataset, session.samples.lead
+    outputs = dataset.roles.outputs
+    samples = evaluation_samples(session, steps, count)
+    starts = fit_samples(session, steps)
+    dates = [t + k * lead for t, _ in [*samples, *starts] for k in range(steps + 1)]
+    baselines = training_baselines(session, steps, dates)
+    if LINEAR_REGRESSION not in baselines.kinds:
+        raise DatasetError(f"evaluate.steps = {steps}: no training sample has targets that many leads on")
+    fields = FieldForecasts(session, baselines, starts)
+    kinds = ("persistence", LINEAR_REGRESSION, *FIELD_KINDS)
+    scores = SkillAccumulator(
+        outputs, lead_hours(session, 1), kinds, scored_weights(session), baselines.climatologies.plain
+    )
+    valid = field_data(session, baselines, samples)
+    by_kind = fields.forecasts(valid)
+    shape = (valid.targets.shape[1] // len(outputs), len(outputs))
+    for i, (t, member) in enumerate(samples):
+        truth = dataset.denormalise_outputs(valid.targets[i].reshape(shape))
+        scores.add("persistence", 0, baselines.forecasts(t, member)[0]["persistence"], truth, i)
+        for kind in (LINEAR_REGRESSION, *FIELD_KINDS):
+            forecast = valid.regression[i] if kind == LINEAR_REGRESSION else by_kind[kind][i]
+            scores.add(kind, 0, dataset.denormalise_outputs(forecast.reshape(shape)), truth, i)
+    return scores.finalize(None, None), fields, len(samples)
+
+
+def headroom_markdown(table: SkillTable, fields: FieldForecasts, samples: int) -> str:
+    """Each output variable's RMSE of every kind at the first lead, and the field forecasts'
+    margin over the per-point regression."""
+    lines = [
+        f"RMSE at {table.lead_hours[0]:g} h on {samples} validation samples ({fields.describe(table.variables)}).",
+        "",
+        "| variable | persistence | linear_regression | field_ridge | field_kernel "
+        "| field_ridge over linear_regression | field_kernel over linear_regression |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v in table.variables:
+        rmse = {k: table.rmse(k, v)[0] for k in ("persistence", "linear_regression", *FIELD_KINDS)}
+        gains = [f"{(1 - rmse[k] / rmse['linear_regression']) * 100:+.1f}%" for k in FIELD_KINDS]
+        lines.append(f"| {v} | " + " | ".join(f"{r:.4g}" for r in rmse.values()) + " | " + " | ".join(gains) + " |")
+    return "\n".join(lines)
