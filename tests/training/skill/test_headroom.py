@@ -1,7 +1,7 @@
 """What a store holds beyond the per-point regression (training/skill/headroom.py,
-``python -m training.headroom``): the dual fit against the primal ridge worked in numpy, the
-penalty chosen on held-out training samples, and a store whose weather moves from point to point,
-which no per-point regression can forecast and the field forecasts do."""
+``python -m training.headroom``): a store whose weather moves from point to point, which no
+per-point regression can forecast and the field forecasts do; one rank only. The dual fits
+themselves: tests/training/model/test_dual_ridge.py."""
 
 from __future__ import annotations
 
@@ -11,39 +11,6 @@ from hydra import compose, initialize_config_module
 
 from training.data.anemoi_layout import write_anemoi_store
 from training.headroom import run
-from training.skill.headroom import DualFit, choose_and_fit, rbf, squared_distances
-
-
-def test_the_dual_fit_is_the_ridge_regression():
-    """With the linear kernel ``X X'``, the dual fit forecasts ``x (X'X + l I)^-1 X'(y - mean) + mean``."""
-    rng = np.random.default_rng(0)
-    x, y, new = rng.normal(size=(30, 4)), rng.normal(size=(30, 2)), rng.normal(size=(5, 4))
-    penalty = 0.7
-    primal = new @ np.linalg.solve(x.T @ x + penalty * np.eye(4), x.T @ (y - y.mean(0))) + y.mean(0)
-    fit = DualFit.fit(x @ x.T, y, penalty)
-    np.testing.assert_allclose(fit.predict(new @ x.T), primal, rtol=1e-10)
-
-
-def test_squared_distances_and_the_gaussian_kernel():
-    a, b = np.array([[0.0, 0.0], [1.0, 2.0]]), np.array([[3.0, 4.0]])
-    d = squared_distances(a @ b.T, (a * a).sum(1), (b * b).sum(1))
-    np.testing.assert_allclose(d, [[25.0], [8.0]])
-    np.testing.assert_allclose(rbf(d, 0.1), np.exp([[-2.5], [-0.8]]))
-
-
-def test_each_variable_takes_the_penalty_its_held_out_samples_choose():
-    """Two variables at two points (columns point-major): a line takes a small penalty; pure noise
-    the largest (its mean); each refitted on every sample."""
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(200, 3))
-    line, noise = x @ [1.0, 2.0, -1.0], rng.normal(size=200)
-    targets = np.stack([line, noise, 2 * line, noise[::-1]], axis=1)
-    penalties = (1e-6, 1e-2, 1e2, 1e6)
-    fit = choose_and_fit({"linear": x @ x.T}, targets, penalties, np.array([0, 1, 0, 1]))
-    line_choice, noise_choice = fit.choices
-    assert line_choice.key == "linear" and line_choice.penalty < 1 and noise_choice.penalty == 1e6
-    expected = DualFit.fit(x @ x.T, targets[:, [0, 2]], line_choice.penalty).predict(x[:5] @ x.T)
-    np.testing.assert_allclose(fit.predict({"linear": x[:5] @ x.T})[:, [0, 2]], expected)
 
 
 def _moving_weather_store(path):
