@@ -24,7 +24,6 @@ from training.distributed.parallel import ParallelDims
 from training.distributed.ranks import check_ranks_agree
 from training.model import Forecaster, ShardedGrids
 from training.model.build import build_model
-from training.model.field_baseline import FIELD_REGRESSION, fit_field_baseline
 from training.model.hidden_grid import HiddenGrid, hidden_grid
 from training.model.linear_baseline import LINEAR_REGRESSION, fit_linear_baseline, residual_statistics
 from training.model.rollout import rollout_horizon
@@ -119,10 +118,8 @@ def learn_over_baseline(
     it leaves, from the one-step training samples ``train``. A checkpoint loaded later brings its
     own statistics."""
     dataset, points = batches.dataset, batches.points
-    if cfg.model.baseline in (LINEAR_REGRESSION, FIELD_REGRESSION):
+    if cfg.model.baseline == LINEAR_REGRESSION:
         baseline = fit_linear_baseline(batches, train)
-        if cfg.model.baseline == FIELD_REGRESSION:
-            baseline = fit_field_baseline(batches, train, baseline)
         model.set_linear_baseline(baseline)
         if cfg.model.normalise_increments:
             prognostic = len(dataset.roles.prognostic_columns())

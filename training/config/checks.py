@@ -53,11 +53,6 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
     per_model = cfg.trainer.ranks_per_model if cfg.trainer.ranks_per_model is not None else world
     if world is not None and per_model is not None and world % per_model:
         raise ConfigValueError(f"trainer.ranks_per_model = {per_model} does not divide the world size {world}")
-    if cfg.model.baseline == "field_regression" and per_model is not None and per_model > 1:
-        raise ConfigValueError(
-            f"model.baseline = field_regression reads every point on one rank, but trainer.ranks_per_model = "
-            f"{per_model}: set trainer.ranks_per_model=1, or model.baseline=linear_regression"
-        )
     try:
         processor = run_processor_config(cfg)
         if per_model is not None:

@@ -104,11 +104,9 @@ ModelConfig = processor_schema(
         # None: derived from the store (2 on a limited area, 1 on global data)
         ("multistep_input", int | None, setting(None, or_null(at_least(1)))),
         # what each step is learned over: the latest state (persistence), or a ridge regression
-        # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py),
-        # or that plus a ridge regression of what it leaves on every point's inputs (field_regression:
-        # one rank holds every point, training/model/field_baseline.py); auto: derived from the store
-        # (the regression on a limited area, persistence on global data)
-        ("baseline", str, setting("auto", one_of("auto", "persistence", "linear_regression", "field_regression"))),
+        # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py);
+        # auto: derived from the store (the regression on a limited area, persistence on global data)
+        ("baseline", str, setting("auto", one_of("auto", "persistence", "linear_regression"))),
         # each step is also given, at its dates, the mean of each prognostic variable over the
         # training dates of the same UTC hour, per point (training/data/climatology_input.py)
         ("climatology_input", bool, field(default=False)),

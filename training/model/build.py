@@ -5,7 +5,6 @@ from __future__ import annotations
 from processor import TransformerProcessor
 from training.config.schema import RunConfig, run_processor_config
 from training.data.forcings import VariableRoles
-from training.model.field_baseline import FIELD_REGRESSION
 from training.model.forecaster import Forecaster, ShardedGrids
 from training.model.linear_baseline import LINEAR_REGRESSION
 
@@ -27,7 +26,7 @@ def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Fo
         multistep=model.multistep_input,
         node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
         normalise_increments=model.normalise_increments,
-        baseline_inputs=model.baseline in (LINEAR_REGRESSION, FIELD_REGRESSION),
+        baseline_inputs=model.baseline == LINEAR_REGRESSION,
     )
 
 

@@ -31,7 +31,6 @@ from processor.distributed import (
 from processor.geometry import unit_vectors
 from processor.grids import Grid
 from processor.matmul import Linear
-from training.model.field_baseline import FieldBaseline
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
 from training.model.hidden_grid import HiddenGrid
@@ -158,8 +157,7 @@ class Forecaster(nn.Module):
         if normalise_increments:  # buffers: checkpoints keep the statistics a model was trained with
             self.register_buffer("increment_mean", torch.zeros(num_variables))
             self.register_buffer("increment_stdev", torch.ones(num_variables))
-        # model.baseline=linear_regression or field_regression: set_linear_baseline
-        self.linear_baseline: LinearBaseline | FieldBaseline | None = None
+        self.linear_baseline: LinearBaseline | None = None  # model.baseline=linear_regression: set_linear_baseline
 
     @torch.no_grad()
     def set_increment_statistics(self, mean: np.ndarray, stdev: np.ndarray) -> None:
@@ -169,7 +167,7 @@ class Forecaster(nn.Module):
         self.increment_mean.copy_(torch.as_tensor(mean))
         self.increment_stdev.copy_(torch.as_tensor(stdev))
 
-    def set_linear_baseline(self, baseline: LinearBaseline | FieldBaseline) -> None:
+    def set_linear_baseline(self, baseline: LinearBaseline) -> None:
         """Learn each step as what ``baseline`` (this rank's points, fitted on the training dates)
         leaves, rather than as an increment over the latest state."""
         self.linear_baseline = baseline.to_device(self.head[1].weight.device)

@@ -61,10 +61,9 @@ def training_chunks(
 
 
 def residual_statistics(
-    baseline: nn.Module, batches: Batches, train: list[Sample], prognostic: int, group: dist.ProcessGroup | None
+    baseline: LinearBaseline, batches: Batches, train: list[Sample], prognostic: int, group: dist.ProcessGroup | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(mean, stdev)`` ``(prognostic,)`` of what ``baseline`` (a :class:`LinearBaseline` or
-    :class:`~training.model.field_baseline.FieldBaseline`) leaves of one step's first
+    """``(mean, stdev)`` ``(prognostic,)`` of what ``baseline`` leaves of one step's first
     ``prognostic`` outputs (normalised) on the samples it was fitted on, over every point (this
     rank's, summed over ``group``): the scale of what the network learns over it, as the
     increment's statistics are over the latest state (:mod:`training.data.tendencies`)."""
