@@ -20,20 +20,25 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from training.config.checks import AUTO
 from training.config.schema import RunConfig
 from training.config.settings import ConfigValueError
 from training.distributed.ranks import join_ranks
 from training.launch import launcher
 from training.launch.command import Command
 from training.launch.launcher import run_reporting_errors
+from training.model.linear_baseline import PERSISTENCE
 from training.session import open_session
 from training.skill.headroom import headroom_markdown, headroom_table
 
 log = logging.getLogger(__name__)
 
 
-def one_rank(cfg: RunConfig) -> None:
-    """Every point on one rank: the field forecasts read the whole grid at once."""
+def one_untrained_rank(cfg: RunConfig) -> None:
+    """Every point on one rank: the field forecasts read the whole grid at once. No model is
+    trained, so the model's own regression (``model.baseline``) is not fitted unless asked."""
+    if cfg.model.baseline == AUTO:
+        cfg.model.baseline = PERSISTENCE
     trainer = cfg.trainer
     for key in ("nprocs", "ranks_per_model"):
         value = getattr(trainer, key)
@@ -59,7 +64,7 @@ def headroom_on_rank(cfg: RunConfig) -> str:
 
 def run(cfg: DictConfig | RunConfig) -> str:
     """:func:`headroom_on_rank` on one local rank, after the launcher's checks."""
-    return launcher.run(cfg, Command("headroom", trains=False, adopt=one_rank), headroom_on_rank)
+    return launcher.run(cfg, Command("headroom", trains=False, adopt=one_untrained_rank), headroom_on_rank)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")

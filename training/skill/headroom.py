@@ -29,9 +29,10 @@ from training.data.samples import Sample, evenly_spread
 from training.model.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
 from training.session import Session
 from training.skill.area import scored_weights
-from training.skill.baselines import Baselines, fit_samples, training_baselines
+from training.skill.baselines import Baselines, fit_samples
 from training.skill.by_lead import evaluation_samples, lead_hours
-from training.skill.fitted import LINEAR_REGRESSION
+from training.skill.climatologies import training_climatologies
+from training.skill.fitted import LINEAR_REGRESSION, fit_baselines
 from training.skill.scores import SkillAccumulator, SkillTable
 
 FIELD_KINDS = ("field_ridge", "field_kernel")
@@ -121,11 +122,11 @@ def headroom_table(session: Session, steps: int, count: int) -> tuple[SkillTable
     dataset, lead = session.dataset, session.samples.lead
     outputs = dataset.roles.outputs
     samples = evaluation_samples(session, steps, count)
-    starts = fit_samples(session, steps)
-    dates = [t + k * lead for t, _ in [*samples, *starts] for k in range(steps + 1)]
-    baselines = training_baselines(session, steps, dates)
-    if LINEAR_REGRESSION not in baselines.kinds:
+    starts = fit_samples(session, steps)  # the skill table's: its first lead's regression, to the digit
+    if not starts:
         raise DatasetError(f"evaluate.steps = {steps}: no training sample has targets that many leads on")
+    climatologies = training_climatologies(session, [t + k * lead for t, _ in [*samples, *starts] for k in (0, 1)])
+    baselines = Baselines(session, 1, climatologies, fit_baselines(session, 1, climatologies, starts))
     fields = FieldForecasts(session, baselines, starts)
     kinds = ("persistence", LINEAR_REGRESSION, *FIELD_KINDS)
     scores = SkillAccumulator(
