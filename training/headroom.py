@@ -7,7 +7,9 @@ Opens the store as a training run would (the settings derived from it, the same 
 validation dates) and scores, at the first lead on the validation samples the skill table scores,
 persistence and the per-point ``linear_regression`` beside two forecasts that see every point's
 inputs at once: a ridge regression and a Gaussian-kernel ridge regression
-(:mod:`training.skill.headroom`). Writes ``headroom.md`` in its run directory and prints it.
+(:mod:`training.skill.headroom`). Writes ``headroom.md`` in its run directory and prints it; logs
+the scores to MLflow as an evaluation would (``eval/rmse/<variable>/<kind>/<lead>``, tagged
+``kind: headroom``).
 A trained model well past ``field_ridge`` has learnt more than a linear forecast of the whole
 field; a model level with it has learnt what the inputs hold linearly.
 """
@@ -28,6 +30,7 @@ from training.launch import launcher
 from training.launch.command import Command
 from training.launch.launcher import run_reporting_errors
 from training.model.linear_baseline import PERSISTENCE
+from training.reporting.report import open_tracker
 from training.session import open_session
 from training.skill.headroom import headroom_markdown, headroom_table
 
@@ -59,6 +62,10 @@ def headroom_on_rank(cfg: RunConfig) -> str:
         path = Path(cfg.run_dir) / "headroom.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"# What {cfg.data.path or cfg.data.open_dataset} holds at the first lead\n\n{text}\n")
+        tracker = open_tracker(cfg, dims, 0, {"kind": "headroom"})
+        tracker.log_evaluation(0, table.metrics())  # eval/rmse/<variable>/field_ridge/<lead>, ...
+        tracker.log_artifact(path)
+        tracker.finish()
         return text
 
 

@@ -5,6 +5,8 @@ themselves: tests/training/model/test_dual_ridge.py."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
@@ -38,6 +40,8 @@ def test_the_field_forecasts_see_what_moves_between_points(tmp_path):
     assert ridge < 0.5 * regression and kernel < 0.8 * regression
     assert regression > 0.6 * persistence  # what no regression of a point's own past can do
     assert (tmp_path / "run" / "headroom.md").read_text().count("| 2t |") == 1
+    logged = json.loads((tmp_path / "run" / "evaluations.jsonl").read_text().splitlines()[-1])
+    assert logged["eval/rmse/2t/field_ridge/006h"] == pytest.approx(ridge, rel=1e-3)  # as MLflow has it
 
 
 def test_more_than_one_rank_is_refused(tmp_path):
