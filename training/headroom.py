@@ -17,11 +17,13 @@ field; a model level with it has learnt what the inputs hold linearly.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from processor.runtime.torchrun import under_torchrun
 from training.config.checks import AUTO
 from training.config.schema import RunConfig
 from training.config.settings import ConfigValueError
@@ -42,12 +44,14 @@ def one_untrained_rank(cfg: RunConfig) -> None:
     trained, so the model's own regression (``model.baseline``) is not fitted unless asked."""
     if cfg.model.baseline == AUTO:
         cfg.model.baseline = PERSISTENCE
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        raise ConfigValueError("python -m training.headroom runs on one rank: start it without torchrun")
     trainer = cfg.trainer
     for key in ("nprocs", "ranks_per_model"):
         value = getattr(trainer, key)
         if value is not None and value != 1:
             raise ConfigValueError(
-                f"trainer.{key} = {value}: python -m training.headroom runs on one rank; leave it unset"
+                f"trainer.{key} = {value}: python -m training.headroom runs on one rank; leave it unset or set 1"
             )
         setattr(trainer, key, 1)
 

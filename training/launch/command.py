@@ -1,7 +1,8 @@
 """What a command tells the launcher about itself (:func:`training.launch.launcher.run`): its
 name, whether its ranks train, whether it is a training run of its run directory, what it
 makes of the resolved configuration first, and what it checks. Each command (:mod:`training.app`,
-:mod:`training.evaluate`, :mod:`training.predict`, :mod:`training.parity`) declares one."""
+:mod:`training.evaluate`, :mod:`training.predict`, :mod:`training.parity`, :mod:`training.headroom`)
+declares one."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ class Command:
     """One command, as the launcher prepares its run.
 
     Args:
-        name: ``train``, ``evaluate``, ``predict`` or ``parity``.
+        name: ``train``, ``evaluate``, ``predict``, ``parity`` or ``headroom``.
         trains: its ranks train: ``model.attention_path=auto`` times backward passes too.
         continues_run: it is a training run of its run directory: it continues the run saved
             there (with the settings its command line does not give), refuses a checkpoint of

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 
 HOLD_OUT = 0.1  # the last tenth of the training samples chooses the penalty
-# A linear kernel's penalties, times the mean squared norm of a sample's inputs (the kernel's mean
-# diagonal): from nearly none to so much that the fit is nearly zero.
+MIN_HELD_OUT = 2  # samples
+# A linear kernel's penalties, in units of its mean diagonal (the mean squared norm of a sample's
+# standardised inputs: their number), which the caller multiplies in: from nearly none to so
+# much that the fit is nearly zero.
 RIDGE_PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4)
+Kernels = dict[float | str, np.ndarray]  # a kernel's key (its width, or a name) -> the kernel
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class DualFit:
         return cls(np.linalg.solve(system, targets - offset), offset)
 
     def predict(self, kernel: np.ndarray) -> np.ndarray:
+        """``(samples, outputs)`` from the kernel ``(samples, training samples)``."""
         return kernel @ self.coef + self.offset
 
 
@@ -61,7 +65,7 @@ class PerVariableFit:
     def choices(self) -> list[Choice]:
         return [choice for choice, _, _ in self.fits]
 
-    def predict(self, kernels: dict) -> np.ndarray:
+    def predict(self, kernels: Kernels) -> np.ndarray:
         """``(samples, target columns)`` from each kernel key's ``(samples, training samples)``."""
         first = next(iter(kernels.values()))
         out = np.empty((len(first), sum(len(c) for _, c, _ in self.fits)))
@@ -70,20 +74,34 @@ class PerVariableFit:
         return out
 
 
+def held_out_cut(n: int) -> int:
+    """How many of ``n`` training samples (in date order) fit; the rest choose the penalty."""
+    cut = round(n * (1 - HOLD_OUT))
+    if n - cut < MIN_HELD_OUT or cut < MIN_HELD_OUT:
+        raise ValueError(f"{n} training samples: too few to choose a penalty on the last tenth of them")
+    return cut
+
+
 def choose_and_fit(
-    kernels: dict, targets: np.ndarray, penalties: tuple[float, ...], variables: np.ndarray
+    kernels: Kernels,
+    targets: np.ndarray,
+    penalties: tuple[float, ...],
+    variables: np.ndarray,
+    weights: np.ndarray | None = None,
 ) -> PerVariableFit:
     """For each output variable (``variables``: the variable index of each target column), the
-    kernel and penalty whose fit on the first ``1 - HOLD_OUT`` of the training samples forecasts
-    the rest best, refitted on every training sample; ``kernels``: key -> ``(n, n)``."""
+    kernel and penalty whose fit on the first ``1 - HOLD_OUT`` of the training samples (in date
+    order) forecasts the rest best, by the squared error weighed per column (``weights``, e.g. the
+    points' areas; None: equal), refitted on every training sample; ``kernels``: key -> ``(n, n)``."""
     n, count = len(targets), int(variables.max()) + 1
-    cut = max(1, min(n - 1, round(n * (1 - HOLD_OUT))))
+    cut = held_out_cut(n)
+    column_weights = np.ones(targets.shape[1]) if weights is None else weights
     errors = {}  # (key, penalty) -> the held-out squared error summed per variable
     for key, kernel in kernels.items():
         for penalty in penalties:
             fit = DualFit.fit(kernel[:cut, :cut], targets[:cut], penalty)
             squared = np.mean((fit.predict(kernel[cut:, :cut]) - targets[cut:]) ** 2, axis=0)
-            errors[(key, penalty)] = np.bincount(variables, weights=squared, minlength=count)
+            errors[(key, penalty)] = np.bincount(variables, weights=squared * column_weights, minlength=count)
     fits = []
     for v in range(count):
         key, penalty = min(errors, key=lambda c, v=v: errors[c][v])

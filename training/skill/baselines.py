@@ -68,13 +68,14 @@ def fit_samples(session: Session, steps: int) -> list[Sample]:
     return evenly_spread(train, date_count(session.dataset.n_points))
 
 
-def training_baselines(session: Session, steps: int, dates: Iterable[int]) -> Baselines:
-    """The :class:`Baselines` of ``session``'s training period for leads 1 to ``steps``, scored at
-    the date indices ``dates`` (initial and valid: the climatology by day of year is computed
-    for those and the fit's own dates only)."""
-    starts = fit_samples(session, steps)
+def training_baselines(session: Session, steps: int, dates: Iterable[int], leads: int | None = None) -> Baselines:
+    """The :class:`Baselines` of ``session``'s training period for leads 1 to ``leads`` (None:
+    ``steps``), fitted on the samples of ``steps`` leads (:func:`fit_samples`: the same fit of a
+    lead for any ``leads``), scored at the date indices ``dates`` (initial and valid: the
+    climatology by day of year is computed for those and the fit's own dates only)."""
+    starts, leads = fit_samples(session, steps), leads or steps
     lead = session.samples.lead
-    fit_dates = [t + k * lead for t, _ in starts for k in range(steps + 1)]
+    fit_dates = [t + k * lead for t, _ in starts for k in range(leads + 1)]
     climatologies = training_climatologies(session, [*dates, *fit_dates])
-    fitted = fit_baselines(session, steps, climatologies, starts) if starts else None
-    return Baselines(session, steps, climatologies, fitted)
+    fitted = fit_baselines(session, leads, climatologies, starts) if starts else None
+    return Baselines(session, leads, climatologies, fitted)

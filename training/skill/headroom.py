@@ -11,7 +11,9 @@ dual (``n x n`` over the training samples), so a grid of any size costs the same
 - ``field_kernel``: a Gaussian (RBF) kernel ridge regression: a non-linear one.
 
 Each output variable's penalty (and the kernel's width) is chosen on the last tenth of the
-training samples (by date), then refitted on them all: nothing is tuned on the validation dates.
+training samples (by date; the squared error weighed by the points' areas, as scored), then
+refitted on them all: nothing is tuned on the validation dates. The per-point regression they
+learn over is the skill table's, fitted on every training sample, the held-out tenth too.
 Where a trained model does no better than these at the first lead, it has learnt what such a
 forecast learns from the store's inputs (docs/real-data.md). Used by ``python -m
 training.headroom``; one rank holds every point.
@@ -29,15 +31,18 @@ from training.data.samples import Sample, evenly_spread
 from training.model.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
 from training.session import Session
 from training.skill.area import scored_weights
-from training.skill.baselines import Baselines, fit_samples
+from training.skill.baselines import Baselines, fit_samples, training_baselines
 from training.skill.by_lead import evaluation_samples, lead_hours
-from training.skill.climatologies import training_climatologies
-from training.skill.fitted import LINEAR_REGRESSION, fit_baselines
+from training.skill.fitted import LINEAR_REGRESSION
 from training.skill.scores import SkillAccumulator, SkillTable
 
 FIELD_KINDS = ("field_ridge", "field_kernel")
+MIN_FIT_SAMPLES = 20  # training samples at least: the last tenth of them chooses the penalties
 MAX_FIT_SAMPLES = 4096  # the dual systems are n x n: at most 128 MiB each in float64
-MAX_FEATURE_VALUES = 2**26  # samples x features held at once (512 MiB in float64)
+# Training samples x standardised inputs held at once (512 MiB in float64; the raw inputs read
+# take half that again, the validation's are read a chunk at a time).
+MAX_FEATURE_VALUES = 2**26
+SCORED_CHUNK = 16  # validation samples read at a time
 KERNEL_WIDTHS = (0.1, 0.3, 1.0)  # gamma times the median squared distance between samples
 KERNEL_PENALTIES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)  # the RBF kernel's diagonal is 1
 
@@ -49,7 +54,7 @@ class FieldData:
 
     features: np.ndarray
     targets: np.ndarray
-    regression: np.ndarray  # the per-point regression's forecasts of the targets
+    regression: np.ndarray  # the per-point regression's forecasts of the targets, normalised
 
 
 def field_data(session: Session, baselines: Baselines, samples: list[Sample]) -> FieldData:
@@ -57,43 +62,47 @@ def field_data(session: Session, baselines: Baselines, samples: list[Sample]) ->
     :class:`training.skill.baselines.Baselines`), of every point; the first lead's states and the
     per-point regression's forecasts of them, normalised."""
     batches, dataset, lead = session.batches, session.dataset, session.samples.lead
-    columns, mean, stdev = dataset.roles.output_columns(), dataset.output_mean, dataset.output_stdev
-    features, targets, regression = [], [], []
+    columns, regression = dataset.roles.output_columns(), baselines.fitted.regressions[0]
+    features, targets, forecasts = [], [], []
     for t, member in samples:
         x = batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
-        forcings = batches.valid_forcings([(t, member)], 1)[0][0]
-        features.append(np.concatenate([x, forcings], axis=-1).ravel())
+        row = np.concatenate([x, batches.valid_forcings([(t, member)], 1)[0][0]], axis=-1)
+        features.append(row.ravel())
         targets.append(dataset.state(t + lead, session.points, member)[:, columns].ravel())
-        regression.append(((baselines.forecasts(t, member)[0][LINEAR_REGRESSION] - mean) / stdev).ravel())
+        forecasts.append(regression.predict(row).ravel())
     as_array = functools.partial(np.array, dtype=np.float64)
-    return FieldData(np.stack(features).astype(np.float32), as_array(targets), as_array(regression))
+    return FieldData(np.stack(features), as_array(targets), as_array(forecasts))
 
 
 class FieldForecasts:
-    """``field_ridge`` and ``field_kernel`` fitted on ``starts`` (training samples) over what the
-    per-point regression of ``baselines`` leaves of them (see the module)."""
+    """``field_ridge`` and ``field_kernel`` fitted on ``starts`` (training samples, in date order)
+    over what the per-point regression of ``baselines`` leaves of them (see the module): each
+    variable's penalty chosen by the squared error weighed by the points' ``weights``."""
 
-    def __init__(self, session: Session, baselines: Baselines, starts: list[Sample]) -> None:
+    def __init__(self, session: Session, baselines: Baselines, starts: list[Sample], weights: np.ndarray) -> None:
         width = field_data(session, baselines, starts[:1]).features.shape[1]
-        count = max(2, min(len(starts), MAX_FIT_SAMPLES, MAX_FEATURE_VALUES // width))
-        train = field_data(session, baselines, evenly_spread(starts, count))
+        count = min(len(starts), MAX_FIT_SAMPLES, MAX_FEATURE_VALUES // width)
+        train = field_data(session, baselines, evenly_spread(starts, max(count, MIN_FIT_SAMPLES)))
         mean, stdev = train.features.mean(axis=0), train.features.std(axis=0)
         self.kept = stdev > 1e-6 * max(float(stdev.max()), 1e-30)  # constant inputs (positions) say nothing
         self.mean, self.stdev = mean[self.kept], stdev[self.kept]
         self.train = self._standardise(train.features)
+        del train.features
         self.norms = np.einsum("ij,ij->i", self.train, self.train)
         gram = self.train @ self.train.T
-        left = train.targets - train.regression
-        variables = np.arange(left.shape[1]) % len(session.dataset.roles.outputs)  # columns point-major
-        scale = float(self.norms.mean()) or 1.0
-        self.ridge = choose_and_fit({"linear": gram}, left, tuple(p * scale for p in RIDGE_PENALTIES), variables)
+        residual = train.targets - train.regression
+        outputs = len(session.dataset.roles.outputs)
+        variables = np.arange(residual.shape[1]) % outputs  # the columns are point-major
+        column_weights = np.repeat(weights, outputs)
+        penalties = tuple(p * (float(self.norms.mean()) or 1.0) for p in RIDGE_PENALTIES)
+        self.ridge = choose_and_fit({"linear": gram}, residual, penalties, variables, column_weights)
         distances = squared_distances(gram, self.norms, self.norms)
         median = float(np.median(distances[np.triu_indices(len(gram), 1)])) or 1.0
         kernels = {w / median: rbf(distances, w / median) for w in KERNEL_WIDTHS}
-        self.kernel = choose_and_fit(kernels, left, KERNEL_PENALTIES, variables)
+        self.kernel = choose_and_fit(kernels, residual, KERNEL_PENALTIES, variables, column_weights)
 
     def _standardise(self, features: np.ndarray) -> np.ndarray:
-        return ((features[:, self.kept] - self.mean) / self.stdev).astype(np.float64)
+        return (features[:, self.kept] - self.mean) / self.stdev
 
     def forecasts(self, data: FieldData) -> dict[str, np.ndarray]:
         """Each kind's normalised forecast ``(samples, points x outputs)`` of ``data``'s samples."""
@@ -120,27 +129,29 @@ def headroom_table(session: Session, steps: int, count: int) -> tuple[SkillTable
     first lead on the ``count`` validation samples the skill table scores (with ``steps`` leads),
     on one rank that holds every point."""
     dataset, lead = session.dataset, session.samples.lead
-    outputs = dataset.roles.outputs
-    samples = evaluation_samples(session, steps, count)
-    starts = fit_samples(session, steps)  # the skill table's: its first lead's regression, to the digit
-    if not starts:
-        raise DatasetError(f"evaluate.steps = {steps}: no training sample has targets that many leads on")
-    climatologies = training_climatologies(session, [t + k * lead for t, _ in [*samples, *starts] for k in (0, 1)])
-    baselines = Baselines(session, 1, climatologies, fit_baselines(session, 1, climatologies, starts))
-    fields = FieldForecasts(session, baselines, starts)
+    outputs, columns = dataset.roles.outputs, dataset.roles.output_columns()
+    samples, starts = evaluation_samples(session, steps, count), fit_samples(session, steps)
+    if len(starts) < MIN_FIT_SAMPLES:
+        raise DatasetError(
+            f"evaluate.steps = {steps}: {len(starts)} training samples have targets that many leads on; "
+            f"python -m training.headroom needs {MIN_FIT_SAMPLES}: lower evaluate.steps or data.val_fraction"
+        )
+    baselines = training_baselines(session, steps, [t + k * lead for t, _ in samples for k in (0, 1)], leads=1)
+    weights = scored_weights(session)
+    fields = FieldForecasts(session, baselines, starts, weights)
     kinds = ("persistence", LINEAR_REGRESSION, *FIELD_KINDS)
-    scores = SkillAccumulator(
-        outputs, lead_hours(session, 1), kinds, scored_weights(session), baselines.climatologies.plain
-    )
-    valid = field_data(session, baselines, samples)
-    by_kind = fields.forecasts(valid)
-    shape = (valid.targets.shape[1] // len(outputs), len(outputs))
-    for i, (t, member) in enumerate(samples):
-        truth = dataset.denormalise_outputs(valid.targets[i].reshape(shape))
-        scores.add("persistence", 0, baselines.forecasts(t, member)[0]["persistence"], truth, i)
-        for kind in (LINEAR_REGRESSION, *FIELD_KINDS):
-            forecast = valid.regression[i] if kind == LINEAR_REGRESSION else by_kind[kind][i]
-            scores.add(kind, 0, dataset.denormalise_outputs(forecast.reshape(shape)), truth, i)
+    scores = SkillAccumulator(outputs, lead_hours(session, 1), kinds, weights, baselines.climatologies.plain)
+    for first in range(0, len(samples), SCORED_CHUNK):
+        chunk = samples[first : first + SCORED_CHUNK]
+        valid = field_data(session, baselines, chunk)
+        by_kind = {LINEAR_REGRESSION: valid.regression, **fields.forecasts(valid)}
+        for i, (t, member) in enumerate(chunk):
+            shape = (-1, len(outputs))
+            truth = dataset.denormalise_outputs(valid.targets[i].reshape(shape))
+            initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
+            scores.add("persistence", 0, initial, truth, first + i)
+            for kind, forecast in by_kind.items():
+                scores.add(kind, 0, dataset.denormalise_outputs(forecast[i].reshape(shape)), truth, first + i)
     return scores.finalize(None, None), fields, len(samples)
 
 

@@ -4,8 +4,9 @@ in numpy; the kernel; each variable's penalty chosen on held-out training sample
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from training.model.dual_ridge import DualFit, choose_and_fit, rbf, squared_distances
+from training.model.dual_ridge import DualFit, choose_and_fit, held_out_cut, rbf, squared_distances
 
 
 def test_the_dual_fit_is_the_ridge_regression():
@@ -36,5 +37,27 @@ def test_each_variable_takes_the_penalty_its_held_out_samples_choose():
     fit = choose_and_fit({"linear": x @ x.T}, targets, penalties, np.array([0, 1, 0, 1]))
     line_choice, noise_choice = fit.choices
     assert line_choice.key == "linear" and line_choice.penalty < 1 and noise_choice.penalty == 1e6
-    expected = DualFit.fit(x @ x.T, targets[:, [0, 2]], line_choice.penalty).predict(x[:5] @ x.T)
-    np.testing.assert_allclose(fit.predict({"linear": x[:5] @ x.T})[:, [0, 2]], expected)
+    for columns, choice in (([0, 2], line_choice), ([1, 3], noise_choice)):
+        expected = DualFit.fit(x @ x.T, targets[:, columns], choice.penalty).predict(x[:5] @ x.T)
+        np.testing.assert_allclose(fit.predict({"linear": x[:5] @ x.T})[:, columns], expected)
+
+
+def test_the_latest_samples_choose_and_the_weights_weigh():
+    """Targets that follow x for the first 90 samples and -x for the last 10: fitted on the first,
+    the held-out latest ones choose the largest penalty (the least wrong). A column of zero
+    weight does not take part in the choice."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(100, 1))
+    flips = np.where(np.arange(100) < 90, 1.0, -1.0)[:, None] * x
+    targets = np.concatenate([flips, x], axis=1)  # one variable: the flipped column, then a plain one
+    penalties = (1e-6, 1e6)
+    chosen = choose_and_fit({"linear": x @ x.T}, targets, penalties, np.array([0, 0]), np.array([1.0, 0.0]))
+    assert chosen.choices[0].penalty == 1e6
+    plain = choose_and_fit({"linear": x @ x.T}, targets, penalties, np.array([0, 0]), np.array([0.0, 1.0]))
+    assert plain.choices[0].penalty == 1e-6
+
+
+def test_too_few_samples_to_hold_out_are_refused():
+    with pytest.raises(ValueError, match="10 training samples: too few"):
+        held_out_cut(10)
+    assert held_out_cut(20) == 18

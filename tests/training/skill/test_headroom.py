@@ -44,6 +44,20 @@ def test_the_field_forecasts_see_what_moves_between_points(tmp_path):
     assert logged["eval/rmse/2t/field_ridge/006h"] == pytest.approx(ridge, rel=1e-3)  # as MLflow has it
 
 
+def test_too_few_training_samples_are_refused(tmp_path):
+    store = _moving_weather_store(tmp_path / "moving.zarr")
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "data=zarr",
+        f"data.path={store}",
+        "data.val_fraction=0.9",
+        "evaluate.steps=12",
+    ]
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        with pytest.raises(ValueError, match="training samples have targets that many leads on; python -m training"):
+            run(compose(config_name="config", overrides=overrides))
+
+
 def test_more_than_one_rank_is_refused(tmp_path):
     store = _moving_weather_store(tmp_path / "moving.zarr")
     overrides = [f"run_dir={tmp_path / 'run'}", "data=zarr", f"data.path={store}", "trainer.nprocs=2"]
