@@ -28,11 +28,11 @@ import numpy as np
 
 from training.data import DatasetError
 from training.data.samples import Sample, evenly_spread
-from training.model.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import Baselines, fit_samples, training_baselines
 from training.skill.by_lead import evaluation_samples, lead_hours
+from training.skill.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
 from training.skill.fitted import LINEAR_REGRESSION
 from training.skill.scores import SkillAccumulator, SkillTable
 
@@ -141,12 +141,12 @@ def headroom_table(session: Session, steps: int, count: int) -> tuple[SkillTable
     fields = FieldForecasts(session, baselines, starts, weights)
     kinds = ("persistence", LINEAR_REGRESSION, *FIELD_KINDS)
     scores = SkillAccumulator(outputs, lead_hours(session, 1), kinds, weights, baselines.climatologies.plain)
+    shape = (-1, len(outputs))  # a sample's (points, outputs)
     for first in range(0, len(samples), SCORED_CHUNK):
         chunk = samples[first : first + SCORED_CHUNK]
         valid = field_data(session, baselines, chunk)
         by_kind = {LINEAR_REGRESSION: valid.regression, **fields.forecasts(valid)}
         for i, (t, member) in enumerate(chunk):
-            shape = (-1, len(outputs))
             truth = dataset.denormalise_outputs(valid.targets[i].reshape(shape))
             initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
             scores.add("persistence", 0, initial, truth, first + i)
@@ -166,7 +166,7 @@ def headroom_markdown(table: SkillTable, fields: FieldForecasts, samples: int) -
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for v in table.variables:
-        rmse = {k: table.rmse(k, v)[0] for k in ("persistence", "linear_regression", *FIELD_KINDS)}
-        gains = [f"{(1 - rmse[k] / rmse['linear_regression']) * 100:+.1f}%" for k in FIELD_KINDS]
+        rmse = {k: table.rmse(k, v)[0] for k in ("persistence", LINEAR_REGRESSION, *FIELD_KINDS)}
+        gains = [f"{(1 - rmse[k] / rmse[LINEAR_REGRESSION]) * 100:+.1f}%" for k in FIELD_KINDS]
         lines.append(f"| {v} | " + " | ".join(f"{r:.4g}" for r in rmse.values()) + " | " + " | ".join(gains) + " |")
     return "\n".join(lines)
