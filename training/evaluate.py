@@ -79,7 +79,7 @@ def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> dict[str
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     given = command_line_keys(multirun_members=True)
-    result = run_reporting_errors(lambda c: run(c, given), cfg)
+    result = run_reporting_errors(lambda c: run(c, given), cfg, interrupted="no skill table written")
     log_skill(result["skill"], cfg.run_dir, cfg.logging.plots)
 
 

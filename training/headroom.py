@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 import hydra
@@ -81,11 +80,7 @@ def run(cfg: DictConfig | RunConfig) -> str:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        text = run_reporting_errors(run, cfg)
-    except KeyboardInterrupt:  # headroom.md and the MLflow run are written at the end only
-        print("error: interrupted: nothing written", file=sys.stderr)
-        sys.exit(130)
+    text = run_reporting_errors(run, cfg, interrupted="nothing written")  # headroom.md, MLflow: at the end only
     print(text)
 
 

@@ -17,6 +17,7 @@ data-parallel replicas take turns with the initial dates.
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -86,15 +87,20 @@ def forecast_to_store(session, t: int, steps: int, output: Path, attributes: dic
         transport=session.transport,
         order=dataset.point_set.order,  # the states are in the processor's order; the store in the source's
     )
-    initial = dataset.state(t, session.points)[:, dataset.roles.output_columns()]
-    store.write(0, _physical(dataset, to_device(initial, session.device)))
-    x, forcings = session.batches.forecast_inputs(t, 0, steps)
-    with torch.no_grad():
-        states = rollout(
-            session.model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
-        )
-        for k, state in enumerate(states):
-            store.write(k + 1, _physical(dataset, state[0]))
+    try:
+        initial = dataset.state(t, session.points)[:, dataset.roles.output_columns()]
+        store.write(0, _physical(dataset, to_device(initial, session.device)))
+        x, forcings = session.batches.forecast_inputs(t, 0, steps)
+        with torch.no_grad():
+            states = rollout(
+                session.model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
+            )
+            for k, state in enumerate(states):
+                store.write(k + 1, _physical(dataset, state[0]))
+    except KeyboardInterrupt:  # a half-written forecast would refuse the next run's: remove it
+        if dims.mp_rank == 0:
+            shutil.rmtree(store.writing_path, ignore_errors=True)
+        raise
     store.close()
     return path
 
@@ -142,7 +148,8 @@ def run(cfg: DictConfig | RunConfig, given: list[str] | None = None) -> list[str
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     given = command_line_keys(multirun_members=True)
-    for path in run_reporting_errors(lambda c: run(c, given), cfg):
+    kept = "the forecasts finished before it are kept, the one being written is removed"
+    for path in run_reporting_errors(lambda c: run(c, given), cfg, interrupted=kept):
         log.info("wrote %s", path)
 
 

@@ -81,13 +81,13 @@ def _attributes(
     data: np.ndarray,
     dates: np.ndarray,
     variables: list[str],
-    resolution: str | None,
+    resolution: str | float | None,
     present: np.ndarray,
     frequency_s: int,
 ) -> dict[str, Any]:
     """The store's attributes; ``present`` ``(time,)`` is False at the missing dates."""
     field_shape = [int(data.shape[-1])]
-    grid = resolution.upper() if resolution else None
+    grid = str(resolution).upper() if resolution else None
     return {
         "version": FORMAT_VERSION,
         "frequency": frequency_to_string(frequency_s),
@@ -121,7 +121,7 @@ def write_anemoi_store(
     variables: list[str],
     latitudes: np.ndarray,
     longitudes: np.ndarray,
-    resolution: str | None,
+    resolution: str | float | None,
     missing: tuple[int, ...] = (),
     extra_attrs: dict[str, Any] | None = None,
     recipe: dict[str, Any] | None = None,
@@ -132,7 +132,8 @@ def write_anemoi_store(
 
     The dates in ``missing`` (indices) are written as NaN and listed in ``missing_dates``;
     statistics leave them out. Tendency statistics are written for ``tendencies`` x frequency.
-    ``resolution``: the grid's name (``o96``, ``n320``, ``0.25``), None for a point set.
+    ``resolution``: the grid's name (``o96``, ``n320``, ``0.25``; or 0.25, as a store's attribute
+    may read), None for a point set.
     """
     dates = np.asarray(dates).astype("datetime64[s]")
     steps = np.diff(dates).astype(np.int64)

@@ -286,11 +286,17 @@ def main(hydra_main: Callable[[], Any], check_command_line: bool = True) -> None
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+def run_reporting_errors(fn: Callable[[DictConfig], Any], cfg: DictConfig, interrupted: str | None = None) -> Any:
     """``fn(cfg)``; a configuration or data error it raises is printed as one line (see
-    :func:`exit_on_user_error`), any other exception propagates."""
+    :func:`exit_on_user_error`), any other exception propagates. With ``interrupted`` (what a
+    Ctrl-C leaves behind), a Ctrl-C prints ``error: interrupted: <interrupted>`` and exits 130."""
     try:
         return fn(cfg)
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"error: interrupted: {interrupted}", file=sys.stderr)
+        sys.exit(130)
     except Exception as exc:
         exit_on_user_error(exc, _run_dir_of(cfg))
         raise

@@ -23,3 +23,12 @@ def test_a_written_store_s_statistics_leave_its_points_without_a_value_out(tmp_p
     np.testing.assert_allclose(root["mean"][:], [np.nanmean(values)])
     np.testing.assert_allclose(root["stdev"][:], [np.nanstd(values)])
     np.testing.assert_allclose([root["minimum"][0], root["maximum"][0]], [np.nanmin(values), np.nanmax(values)])
+
+
+def test_a_store_written_again_with_the_resolution_its_attributes_hold(tmp_path):
+    """A store's ``resolution`` attribute may read as a number (0.25): writing a copy with it works."""
+    data = np.zeros((4, 1, 1, 4), dtype=np.float32)
+    dates = np.datetime64("2020-01-01") + np.arange(4) * np.timedelta64(6, "h")
+    lat, lon = np.array([50.0, 50.0, 50.25, 50.25]), np.array([0.0, 0.25, 0.0, 0.25])
+    store = write_anemoi_store(tmp_path / "s.zarr", data, dates, ["2t"], lat, lon, 0.25)
+    assert zarr.open_group(str(store), mode="r").attrs["resolution"] == "0.25"

@@ -77,3 +77,21 @@ def test_a_lost_peer_exits_3(capsys):
     assert err[0] == "error: 2 of 2 ranks failed:" and err[-1] == f"({DEBUG_HINT})"
     lost = "  rank 0: processor.runtime.watchdog.PeerFailureError: rank 1 was lost"
     assert any(line.startswith(lost) for line in err), err
+
+
+def test_ctrl_c_is_one_line_where_the_command_says_what_it_leaves(capsys):
+    """python -m training.evaluate / predict / headroom: no traceback, exit 130."""
+    from omegaconf import OmegaConf
+
+    from training.launch.launcher import run_reporting_errors
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    cfg = OmegaConf.create({"run_dir": "unused"})
+    with pytest.raises(SystemExit) as exited:
+        run_reporting_errors(interrupted, cfg, interrupted="no skill table written")
+    assert exited.value.code == 130
+    assert capsys.readouterr().err.splitlines() == ["error: interrupted: no skill table written"]
+    with pytest.raises(KeyboardInterrupt):  # a command that handles it itself gets it
+        run_reporting_errors(interrupted, cfg)

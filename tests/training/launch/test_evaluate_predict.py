@@ -115,3 +115,26 @@ def test_predict_writes_forecasts_that_the_reader_opens(trained, tmp_path, small
     np.testing.assert_allclose(store.state(1), one, rtol=1e-4, atol=1e-4)  # written by 2 ranks
     with pytest.raises(RuntimeError, match="FileExistsError: .* a forecast store is never overwritten"):
         predict.run(cfg)  # never overwrites (the app prints this one line)
+
+
+def test_predict_interrupted_removes_the_forecast_it_was_writing(trained, tmp_path, small_dataset, monkeypatch):
+    """A half-written store would make the next run refuse its date: Ctrl-C removes it."""
+    run_dir, _ = trained
+    source = ZarrDataset(small_dataset)
+    output = tmp_path / "forecasts"
+    cfg = small_config(
+        tmp_path,
+        small_dataset,
+        *ONE_RANK,
+        f"predict.checkpoint={run_dir / 'checkpoints' / 'latest.pt'}",
+        f"predict.initial_dates=[{source.dates[30]}]",
+        f"predict.output={output}",
+    )
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(predict, "rollout", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        predict.run(cfg)
+    assert output.exists() and not list(output.iterdir())
