@@ -24,6 +24,7 @@ from training.distributed.parallel import ParallelDims
 from training.distributed.ranks import check_ranks_agree
 from training.model import Forecaster, ShardedGrids
 from training.model.build import build_model
+from training.model.field_forecast import fit_field_forecast
 from training.model.hidden_grid import HiddenGrid, hidden_grid
 from training.model.linear_baseline import LINEAR_REGRESSION, fit_linear_baseline, residual_statistics
 from training.model.rollout import rollout_horizon
@@ -115,12 +116,14 @@ def learn_over_baseline(
     """What the model learns each step over (``model.baseline``), and in which units
     (``model.normalise_increments``): the latest state and the increment's statistics, or the
     linear regression fitted on this rank's points (no communication) and the statistics of what
-    it leaves, from the one-step training samples ``train``. A checkpoint loaded later brings its
-    own statistics."""
+    it leaves, from the one-step training samples ``train``, and (``model.field_input``) the
+    whole-field forecast over it. A checkpoint loaded later brings its own statistics."""
     dataset, points = batches.dataset, batches.points
     if cfg.model.baseline == LINEAR_REGRESSION:
         baseline = fit_linear_baseline(batches, train)
         model.set_linear_baseline(baseline)
+        if cfg.model.field_input:
+            model.set_field_forecast(fit_field_forecast(batches, train, baseline))
         if cfg.model.normalise_increments:
             prognostic = len(dataset.roles.prognostic_columns())
             model.set_increment_statistics(*residual_statistics(baseline, batches, train, prognostic, group))

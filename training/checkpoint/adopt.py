@@ -52,6 +52,7 @@ DERIVED_MODEL_KEYS = (
     "model.baseline",
     "model.trainable_size",
     "model.multistep_input",
+    "model.field_input",
 )
 
 

@@ -53,6 +53,7 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
     per_model = cfg.trainer.ranks_per_model if cfg.trainer.ranks_per_model is not None else world
     if world is not None and per_model is not None and world % per_model:
         raise ConfigValueError(f"trainer.ranks_per_model = {per_model} does not divide the world size {world}")
+    check_field_input(cfg, per_model)
     try:
         processor = run_processor_config(cfg)
         if per_model is not None:
@@ -63,3 +64,19 @@ def check_config(cfg: RunConfig, world_size: int | None = None) -> None:
         ) from None
     except ValueError as exc:  # processor_config's, naming the key
         raise ConfigValueError(str(exc)) from None
+
+
+def check_field_input(cfg: RunConfig, per_model: int | None) -> None:
+    """``model.field_input=true`` reads every point on one rank, over the per-point regression."""
+    if not cfg.model.field_input:
+        return
+    if cfg.model.baseline == "persistence":
+        raise ConfigValueError(
+            "model.field_input = true gives the network a forecast over the per-point regression: set "
+            "model.baseline=linear_regression (or auto on a limited area), or model.field_input=false"
+        )
+    if per_model is not None and per_model > 1:
+        raise ConfigValueError(
+            f"model.field_input = true reads every point on one rank, but trainer.ranks_per_model = {per_model}: "
+            "set trainer.ranks_per_model=1, or model.field_input=false"
+        )

@@ -70,6 +70,7 @@ FORECASTER_KEYS = (
     "valid_time_forcing",
     "multistep_input",
     "baseline",
+    "field_input",
     "climatology_input",
 )
 # The processor's settings, then the forecaster's own (FORECASTER_KEYS). A model preset
@@ -107,6 +108,11 @@ ModelConfig = processor_schema(
         # per point on the step's inputs fitted on the training dates (training/model/linear_baseline.py);
         # auto: derived from the store (the regression on a limited area, persistence on global data)
         ("baseline", str, setting("auto", one_of("auto", "persistence", "linear_regression"))),
+        # each step is also given a forecast from every point's inputs at once: the regression's
+        # plus a ridge map of what it leaves, fitted on the training dates and, for the training
+        # steps, out of fold (training/model/field_forecast.py); needs model.baseline=linear_regression
+        # and one rank a model; None: derived (on where it fits)
+        ("field_input", bool | None, field(default=None)),
         # each step is also given, at its dates, the mean of each prognostic variable over the
         # training dates of the same UTC hour, per point (training/data/climatology_input.py)
         ("climatology_input", bool, field(default=False)),

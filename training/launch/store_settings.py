@@ -19,6 +19,10 @@ practitioner would pick from what the store says, so that ``data=zarr data.path=
   learned features per point (``model.trainable_size``) and :data:`AREA_INPUT_STATES` input states
   (``model.multistep_input``), at the learning rate :data:`AREA_LR` (``trainer.lr``); on global
   data over persistence, with neither, at :data:`GLOBAL_LR`.
+- ``model.field_input``: on where each step is learned over the per-point regression, one rank
+  holds a model (``trainer.ranks_per_model=1``), the step is not compiled and the fit's samples
+  and maps fit in :data:`~training.model.field_forecast.MAX_FIELD_VALUES` with at least
+  :data:`~training.model.field_forecast.MIN_FIELD_SAMPLES` training samples; off elsewhere.
 - ``trainer.batch_size``: the most samples, a power of two up to :data:`MAX_BATCH`, whose data
   points fit in :data:`AREA_POINTS_PER_STEP` on a limited area, :data:`GLOBAL_POINTS_PER_STEP` on
   global data (one where a sample alone is more).
@@ -42,6 +46,8 @@ from training.config.checks import AUTO, DATA
 from training.config.schema import RunConfig
 from training.data import DatasetError, ZarrDataset
 from training.data.samples import build_samples, lead_steps, select_members
+from training.model.build import forcings_per_step
+from training.model.field_forecast import field_samples_that_fit
 from training.model.hidden_grid import hidden_grid
 from training.model.linear_baseline import LINEAR_REGRESSION, PERSISTENCE
 from training.model.rollout import rollout_horizon
@@ -242,6 +248,30 @@ def derive_ranks(cfg: RunConfig, hidden_points: int) -> list[Derived]:
     return out
 
 
+def derive_field_input(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
+    """``model.field_input`` where null (see the module)."""
+    if cfg.model.field_input is not None:
+        return []
+    m, roles, points = cfg.model, dataset.roles, len(dataset.latitudes)
+    inputs = len(roles.prognostic) * m.multistep_input + forcings_per_step(cfg, roles)
+    outputs = len(roles.prognostic) + len(roles.diagnostic)
+    members = len(select_members(dataset.n_members, cfg.data.members))
+    training = round(dataset.n_times * (1 - cfg.data.val_fraction)) * members
+    count = field_samples_that_fit(points, inputs, outputs, training)
+    if m.baseline != LINEAR_REGRESSION:
+        on, why = False, f"each step is learned over {m.baseline}"
+    elif cfg.trainer.ranks_per_model != 1:
+        on, why = False, f"{cfg.trainer.ranks_per_model} ranks a model: none holds every point"
+    elif cfg.trainer.compile:
+        on, why = False, "trainer.compile: the out-of-fold maps are chosen per sample"
+    elif count == 0:
+        on, why = False, f"{points:,} points x {inputs} inputs: too few training samples fit in memory"
+    else:
+        on, why = True, f"one rank holds every point: a ridge map of all {points * inputs:,} inputs, on {count} samples"
+    m.field_input = on
+    return [Derived("model.field_input", on, why)]
+
+
 def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     """Fill every derived key ``cfg`` leaves null (in place) from its store, ``dataset``
     (:func:`~training.data.open_store.open_store` of ``cfg.data``); what was derived."""
@@ -258,6 +288,7 @@ def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
         cfg.model.trainable_size is None,
         cfg.model.multistep_input is None,
         cfg.trainer.lr is None,
+        cfg.model.field_input is None,
     )
     if not any(needed):
         return []
@@ -272,7 +303,7 @@ def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     if cfg.trainer.nprocs is None:
         m, lat, lon = cfg.model, dataset.latitudes, dataset.longitudes
         hidden_points = hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, lat, lon).n_points
-    return derived + derive_ranks(cfg, hidden_points)
+    return derived + derive_ranks(cfg, hidden_points) + derive_field_input(cfg, dataset)
 
 
 def describe(derived: list[Derived]) -> str:

@@ -191,7 +191,8 @@ class Trainer:
         self.hooks.start_step(step, self.last_step_s)
         x = self.hooks.model_inputs(step, batch.x)
         after_backward = functools.partial(self.hooks.after_backward, step)
-        loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
+        with s.model.out_of_fold([s.samples.train[i][0] for i in picks]):
+            loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
         if self.average is not None:
             self.average.update()
         synchronize(s.device)  # the step's time includes the work queued on the GPU

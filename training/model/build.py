@@ -27,6 +27,7 @@ def build_model(cfg: RunConfig, roles: VariableRoles, grids: ShardedGrids) -> Fo
         node_parameters=(grids.data_layout.total, grids.hidden_layout.total, model.trainable_size),
         normalise_increments=model.normalise_increments,
         baseline_inputs=model.baseline == LINEAR_REGRESSION,
+        field_input=bool(model.field_input),
     )
 
 

@@ -10,6 +10,8 @@ through the shard boundaries are exact.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +33,7 @@ from processor.distributed import (
 from processor.geometry import unit_vectors
 from processor.grids import Grid
 from processor.matmul import Linear
+from training.model.field_forecast import FieldForecast
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
 from training.model.hidden_grid import HiddenGrid
@@ -122,7 +125,7 @@ class Forecaster(nn.Module):
     after :meth:`split_node_parameters`. ``baseline_inputs``: each step is learned over a linear
     baseline (:meth:`set_linear_baseline`), whose forecast the network is also given as inputs:
     undoing it where it is wrong is then a linear map of what the network sees, not a per-point
-    one."""
+    one. ``field_input``: it is given the whole-field forecast too (:meth:`set_field_forecast`)."""
 
     def __init__(
         self,
@@ -137,6 +140,7 @@ class Forecaster(nn.Module):
         node_parameters: tuple[int, int, int] = (0, 0, 0),
         normalise_increments: bool = False,
         baseline_inputs: bool = False,
+        field_input: bool = False,
     ) -> None:
         super().__init__()
         self.mapper = mapper
@@ -146,7 +150,8 @@ class Forecaster(nn.Module):
         # None without any: a model of trainable_size 0 has the parameters (and checkpoints) it had before
         self.data_nodes = NodeParameters(data_points, size) if size else None
         self.hidden_nodes = NodeParameters(hidden_points, size) if size else None
-        self.baseline_inputs = num_variables + diagnostics if baseline_inputs else 0
+        self.baseline_inputs = (num_variables + diagnostics) * (int(baseline_inputs) + int(field_input))
+        self.field_input = field_input
         inputs = num_variables * multistep + forcings + self.baseline_inputs
         self.data_embed = Linear(inputs + 4 + size, num_channels)
         self.hidden_embed = Linear(4 + size, num_channels)
@@ -158,6 +163,7 @@ class Forecaster(nn.Module):
             self.register_buffer("increment_mean", torch.zeros(num_variables))
             self.register_buffer("increment_stdev", torch.ones(num_variables))
         self.linear_baseline: LinearBaseline | None = None  # model.baseline=linear_regression: set_linear_baseline
+        self.field_forecast: FieldForecast | None = None  # model.field_input: set_field_forecast
 
     @torch.no_grad()
     def set_increment_statistics(self, mean: np.ndarray, stdev: np.ndarray) -> None:
@@ -171,6 +177,15 @@ class Forecaster(nn.Module):
         """Learn each step as what ``baseline`` (this rank's points, fitted on the training dates)
         leaves, rather than as an increment over the latest state."""
         self.linear_baseline = baseline.to_device(self.head[1].weight.device)
+
+    def set_field_forecast(self, field: FieldForecast) -> None:
+        """Give each step ``field``'s forecast too (every point on this rank, fitted on the training dates)."""
+        self.field_forecast = field.to_device(self.head[1].weight.device)
+
+    def out_of_fold(self, starts: Sequence[int]) -> AbstractContextManager[None]:
+        """Within: a training step on the samples starting at date indices ``starts``, whose field
+        forecast is each sample's out-of-fold one (:meth:`FieldForecast.out_of_fold`)."""
+        return nullcontext() if self.field_forecast is None else self.field_forecast.out_of_fold(starts)
 
     def forward(
         self, x: Tensor, grids: ShardedGrids, group: GroupLike, *, transport: Transport | None = None
@@ -188,7 +203,7 @@ class Forecaster(nn.Module):
         data_nodes = _with_nodes(grids.data_features, self.data_nodes, grids.data_layout)
         hidden_nodes = _with_nodes(grids.hidden_features, self.hidden_nodes, grids.hidden_layout)
         base = self._baseline(x)  # (b, local points, outputs), or None
-        given = x if base is None else torch.cat([x, base.to(x.dtype)], dim=-1)
+        given = x if base is None else torch.cat([x, base.to(x.dtype), *self._field(x)], dim=-1)
         data = self.data_embed(torch.cat([given, data_nodes.expand(b, -1, -1)], dim=-1))
         hidden = self.hidden_embed(hidden_nodes).expand(b, -1, -1)
         src = _with_halo(data, grids.encoder.halo, grids.data_layout, group, transport)
@@ -215,6 +230,14 @@ class Forecaster(nn.Module):
                 raise RuntimeError("this forecaster learns over a linear baseline: call set_linear_baseline first")
             return None
         return self.linear_baseline(x)
+
+    def _field(self, x: Tensor) -> list[Tensor]:
+        """The field forecast of ``x``'s next step as the network's input, none without one."""
+        if not self.field_input:
+            return []
+        if self.field_forecast is None:
+            raise RuntimeError("this forecaster is given a field forecast: call set_field_forecast first")
+        return [self.field_forecast(x).to(x.dtype)]
 
     def split_node_parameters(self, grids: ShardedGrids) -> None:
         """Keep this rank's blocks of the node parameters (of ``grids``' layouts)."""

@@ -28,11 +28,11 @@ import numpy as np
 
 from training.data import DatasetError
 from training.data.samples import Sample, evenly_spread
+from training.model.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import Baselines, fit_samples, training_baselines
 from training.skill.by_lead import evaluation_samples, lead_hours
-from training.skill.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
 from training.skill.fitted import LINEAR_REGRESSION
 from training.skill.scores import SkillAccumulator, SkillTable
 

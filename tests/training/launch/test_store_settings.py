@@ -14,6 +14,7 @@ from training.config.schema import run_config
 from training.launch import store_settings
 from training.launch.store_settings import (
     derive_batch_size,
+    derive_field_input,
     derive_hidden_grid,
     derive_lead_time,
     derive_ranks,
@@ -44,6 +45,7 @@ def _store(points: int, hours: float, dates: int, is_global=False, missing=(), n
         missing=frozenset(missing),
         n_members=1,
         path="store.zarr",
+        roles=SimpleNamespace(prognostic=["2t"], diagnostic=[], forcing=[], computed=["insolation"] * 9),
     )
 
 
@@ -187,6 +189,26 @@ def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
     assert _values(derive_ranks(under_torchrun, 404))["trainer.nprocs"] == 8
 
 
+def test_the_field_input_where_one_rank_holds_every_point_and_its_map_fits(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def derived(store, *given):
+        cfg = _cfg("data.val_fraction=0.3", *given)
+        derive_recipe(cfg, store.point_set)
+        derive_ranks(cfg, 404)
+        return derive_field_input(cfg, store)
+
+    (on,) = derived(_store(1617, 1, 744))  # ERA5 UK: 2 states and 18 forcings a point, 521 dates to fit
+    assert (on.key, on.value) == ("model.field_input", True) and "on 521 samples" in on.why
+    assert _values(derived(_store(5248, 6, 400, is_global=True))) == {"model.field_input": False}  # persistence
+    assert _values(derived(_store(1617, 1, 744), "trainer.ranks_per_model=2", "trainer.nprocs=2")) == {
+        "model.field_input": False
+    }
+    assert _values(derived(_store(1617, 1, 744), "trainer.compile=true")) == {"model.field_input": False}
+    (box,) = derived(_store(40_000, 1, 744))  # a 0.1 degree box: too few samples fit
+    assert box.value is False and "too few training samples fit in memory" in box.why
+
+
 @pytest.mark.parametrize(
     "given",
     [
@@ -198,6 +220,7 @@ def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
         ["model.baseline=persistence", "model.trainable_size=2", "model.multistep_input=3"],
         ["trainer.batch_size=2"],
         ["trainer.lr=0.005"],
+        ["model.field_input=False"],
     ],
 )
 def test_a_given_key_is_never_derived(given):
@@ -210,6 +233,7 @@ def test_a_given_key_is_never_derived(given):
         *derive_lead_time(cfg, store),
         *derive_validation(cfg, store),
         *derive_ranks(cfg, 404),
+        *derive_field_input(cfg, store),
     ]
     for override in given:
         key, value = override.split("=")

@@ -1,7 +1,7 @@
 """What a store holds beyond the per-point regression (training/skill/headroom.py,
 ``python -m training.headroom``): a store whose weather moves from point to point, which no
 per-point regression can forecast and the field forecasts do; one rank only. The dual fits
-themselves: tests/training/skill/test_dual_ridge.py."""
+themselves: tests/training/model/test_dual_ridge.py."""
 
 from __future__ import annotations
 

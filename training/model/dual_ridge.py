@@ -1,7 +1,8 @@
 """Ridge regressions solved in the dual, over the training samples (``n x n``), for inputs of any
-width: every point's inputs at once (:mod:`training.skill.headroom`). Each output variable takes
-the kernel and penalty that forecast the last :data:`HOLD_OUT` of the training samples (by date)
-best, fitted on the rest; then it is refitted on every sample."""
+width: every point's inputs at once (the forecaster's :mod:`training.model.field_forecast`, and
+:mod:`training.skill.headroom`). Each output variable takes the kernel and penalty that forecast
+the last :data:`HOLD_OUT` of the training samples (by date) best, fitted on the rest; then it is
+refitted on every sample."""
 
 from __future__ import annotations
 

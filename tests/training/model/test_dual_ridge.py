@@ -1,4 +1,4 @@
-"""Ridge regressions in the dual (training/skill/dual_ridge.py), against the primal ridge worked
+"""Ridge regressions in the dual (training/model/dual_ridge.py), against the primal ridge worked
 in numpy; the kernel; each variable's penalty chosen on held-out training samples."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.skill.dual_ridge import DualFit, choose_and_fit, held_out_cut, rbf, squared_distances
+from training.model.dual_ridge import DualFit, choose_and_fit, held_out_cut, rbf, squared_distances
 
 
 def test_the_dual_fit_is_the_ridge_regression():

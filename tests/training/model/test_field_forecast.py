@@ -1,0 +1,122 @@
+"""The whole-field forecast the network is given (model.field_input): what the per-point
+baseline leaves, forecast from a neighbour's input, which no per-point map can; each training
+sample's forecast from a fit without its block of dates; never saved; refused where the points
+are split over ranks or no regression is under it; derived on where one rank holds the grid."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tests.training.conftest import small_config
+from training.config.checks import check_config
+from training.config.schema import run_config
+from training.config.settings import ConfigValueError
+from training.model.dual_ridge import DualFit
+from training.model.field_forecast import FOLDS, MIN_FIELD_SAMPLES, field_samples_that_fit, fit_field_forecast
+from training.model.linear_baseline import LinearBaseline
+
+
+class ShiftedBatches:
+    """What the fit reads of a store (``batches(samples, steps)`` -> inputs, targets): 4 points of
+    2 inputs each; each point's next value is its western neighbour's first input, plus noise."""
+
+    def __init__(self, n: int, seed: int, noise: float = 0.0) -> None:
+        rng = np.random.default_rng(seed)
+        self.x = rng.normal(size=(n, 4, 2)).astype(np.float32)
+        shifted = np.roll(self.x[:, :, :1], 1, axis=1)
+        self.targets = (shifted + noise * rng.normal(size=shifted.shape)).astype(np.float32)[None]
+
+    def __call__(self, samples: list, steps: int = 1) -> SimpleNamespace:
+        index = [t for t, _ in samples]
+        return SimpleNamespace(x=torch.from_numpy(self.x[index]), targets=torch.from_numpy(self.targets[:, index]))
+
+
+def _nothing_per_point() -> LinearBaseline:
+    return LinearBaseline(torch.zeros(4, 3, 1))  # learnt nothing: all is left to the field map
+
+
+def test_the_field_forecast_gives_a_neighbours_value():
+    batches = ShiftedBatches(300, seed=0)
+    field = fit_field_forecast(batches, [(t, 0) for t in range(300)], _nothing_per_point())
+    new = ShiftedBatches(20, seed=1)
+    np.testing.assert_allclose(field(torch.from_numpy(new.x)).numpy(), new.targets[0], atol=0.05)
+    assert field.state_dict() == {}  # never saved: fitted again from the store
+
+
+def test_a_training_sample_s_forecast_is_fitted_without_its_block_of_dates():
+    """Inside ``out_of_fold`` each sample gets the map fitted on the other blocks (worked here
+    with the penalty the fit chose); outside, the map of every sample."""
+    n = 200
+    batches = ShiftedBatches(n, seed=2, noise=0.5)
+    field = fit_field_forecast(batches, [(t, 0) for t in range(n)], _nothing_per_point())
+    x = batches.x.reshape(n, -1).astype(np.float64)
+    standard = (x - x.mean(0)) / x.std(0)
+    gram, targets = standard @ standard.T, batches.targets[0].reshape(n, -1).astype(np.float64)
+    penalties = [1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4]
+    blocks = np.array_split(np.arange(n), FOLDS)
+    samples = [5, 70, 150, 199]  # in blocks 0, 1, 3, 4
+    with field.out_of_fold(samples):
+        out_of_fold = field(torch.from_numpy(batches.x[samples])).numpy().reshape(len(samples), -1)
+    every = field(torch.from_numpy(batches.x[samples])).numpy().reshape(len(samples), -1)
+
+    def forecast(rest: np.ndarray, t: int, penalty: float) -> np.ndarray:
+        fit = DualFit.fit(gram[np.ix_(rest, rest)], targets[rest], penalty * np.trace(gram) / n)
+        return fit.predict(gram[t : t + 1, rest])[0]
+
+    for row, t in enumerate(samples):
+        rest = np.setdiff1d(np.arange(n), next(b for b in blocks if t in b))
+        matches = [np.allclose(out_of_fold[row], forecast(rest, t, p), atol=1e-4) for p in penalties]
+        assert sum(matches) == 1  # the one penalty the fit chose; not the map of every sample:
+        assert not np.allclose(out_of_fold[row], every[row], atol=1e-3)
+    assert field.folds is None  # restored after the step
+
+
+def test_how_many_samples_fit():
+    assert field_samples_that_fit(100, 10, 2, training=10_000) == 2048
+    assert field_samples_that_fit(10_000, 105, 48, training=10_000) == 0  # a 48-field box of 10,000 points
+    assert field_samples_that_fit(100, 10, 2, training=MIN_FIELD_SAMPLES - 1) == 0
+
+
+def test_refused_on_split_points_and_over_persistence(tmp_path, small_dataset):
+    given = ("model.field_input=true", "model.baseline=linear_regression")
+    cfg = run_config(small_config(tmp_path, small_dataset, *given))
+    with pytest.raises(ConfigValueError, match="model.field_input = true reads every point on one rank"):
+        check_config(cfg, world_size=2)
+    cfg = run_config(small_config(tmp_path, small_dataset, "model.field_input=true", "model.baseline=persistence"))
+    with pytest.raises(ConfigValueError, match="set model.baseline=linear_regression"):
+        check_config(cfg, world_size=1)
+
+
+def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_same(tmp_path):
+    """Derived on for a regional box on one rank; evaluating the checkpoint fits the field
+    forecast again (it is not saved) and scores as the run did."""
+    from hydra import compose, initialize_config_module
+
+    from training import evaluate
+    from training.app import run
+    from training.checkpoint.files import load_training_checkpoint
+    from training.data import write_rossby_haurwitz
+
+    lats, lons = np.arange(40.0, 52.5, 1.0), np.arange(-8.0, 8.5, 1.0)
+    box = np.repeat(lats, len(lons)), np.tile(lons, len(lats)) % 360
+    store = write_rossby_haurwitz(tmp_path / "box.zarr", *box, steps=MIN_FIELD_SAMPLES + 100, seed=4)
+    short = ["model.num_layers=1", "model.num_channels=16", "model.num_heads=2", "model.window_size=16"]
+    short += ["trainer.steps=4", "trainer.val_interval=2", "trainer.val_batches=1", "trainer.warmup_steps=1"]
+    short += ["evaluate.steps=2", "evaluate.samples=4", "logging.mlflow=false", "logging.plots=false"]
+    with initialize_config_module(config_module="configs", version_base="1.3"):
+        trained = compose("config", [f"run_dir={tmp_path / 'run'}", "data=zarr", f"data.path={store}", *short])
+        checkpoint = f"evaluate.checkpoint={tmp_path}/run/checkpoints/best.pt"
+        scoring = [checkpoint, "data=zarr", f"data.path={store}", "evaluate.steps=2", "evaluate.samples=4"]
+        scored = compose("config", [f"run_dir={tmp_path / 'eval'}", *scoring])
+    result = run(trained)
+    _, saved = load_training_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert saved["model"]["field_input"] is True  # derived: one rank holds the box's 221 points
+    again = evaluate.run(scored)["skill"]
+    rows = {row[:3]: row.rmse for row in again.rows}
+    assert len(rows) == len(result["skill"].rows)
+    for row in result["skill"].rows:
+        np.testing.assert_allclose(rows[row[:3]], row.rmse, rtol=1e-5)

@@ -1,0 +1,157 @@
+"""The whole-field forecast the network is given as an input (``model.field_input``): the
+per-point linear baseline (:mod:`training.model.linear_baseline`) plus a ridge regression of what
+it leaves on **every point's inputs at once**, so that the network sees a forecast that reads the
+weather upstream as well as at the point. The network still learns each step over the per-point
+baseline; where the field forecast adds nothing, it learns to leave it out.
+
+Fitted in the dual over up to :data:`MAX_FIELD_SAMPLES` training samples
+(:mod:`training.model.dual_ridge`), each output variable's penalty chosen on the last tenth of
+them. A map of thousands of inputs fitted on the very dates the network trains on leaves them a
+forecast better than it gives on new dates, and a network trained on it learns to trust it too
+much (measured: docs/real-data.md). So the fit is also made **out of fold**: the fitted samples in
+:data:`FOLDS` blocks of dates, each block's map fitted on the other blocks; a training step
+gives each sample the map of its block (:meth:`FieldForecast.out_of_fold`), validation,
+evaluation and forecasts the map of every sample.
+
+Every point on one rank: the map reads the whole grid (``model.field_input`` needs
+``trainer.ranks_per_model=1``). Not saved in checkpoints: fitted again whenever a session opens,
+as the per-point baseline is."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from training.config.settings import ConfigValueError
+from training.data.batches import Batches
+from training.data.samples import Sample, evenly_spread
+from training.model.dual_ridge import RIDGE_PENALTIES, DualFit, choose_and_fit
+from training.model.linear_baseline import LinearBaseline, training_chunks
+
+FOLDS = 5  # blocks of dates for the out-of-fold maps
+MAX_FIELD_SAMPLES = 2048  # training samples the fit reads, at most (evenly spread): n x n systems
+MIN_FIELD_SAMPLES = 128  # fewer, and a map of every point's inputs is not worth fitting
+MAX_FIELD_VALUES = 2**26  # the fit's samples' inputs and the maps' coefficients, at most (256 MiB in float32)
+
+
+def field_samples_that_fit(points: int, inputs: int, outputs: int, training: int) -> int:
+    """How many of ``training`` samples the fit reads on a grid of ``points`` with ``inputs``
+    and ``outputs`` a point, within :data:`MAX_FIELD_VALUES` (0: fewer than :data:`MIN_FIELD_SAMPLES`)."""
+    per_sample = points * inputs + (FOLDS + 1) * points * outputs
+    n = min(training, MAX_FIELD_SAMPLES, MAX_FIELD_VALUES // per_sample)
+    return n if n >= MIN_FIELD_SAMPLES else 0
+
+
+class FieldForecast(nn.Module):
+    """``(b, points, inputs) -> (b, points, outputs)``: ``per_point(x)`` plus the dual ridge map
+    of every point's standardised inputs (``kept``: those that vary). ``samples (n, kept)``: the
+    fitted samples' standardised inputs; ``coef (FOLDS + 1, n, points x outputs)`` and ``offset
+    (FOLDS + 1, points x outputs)``: each fold's map (zero rows for its own block) and, last, the
+    map of every sample. Holds no parameters: nothing of it is trained."""
+
+    def __init__(
+        self,
+        per_point: LinearBaseline,
+        standard: tuple[Tensor, Tensor, Tensor],
+        samples: Tensor,
+        coef: Tensor,
+        offset: Tensor,
+        fold_starts: list[int],
+    ) -> None:
+        super().__init__()
+        self.per_point = per_point
+        self.kept, self.mean, self.stdev = standard[0], standard[1].float(), standard[2].float()
+        self.samples, self.coef, self.offset = samples.float(), coef.float(), offset.float()
+        self.fold_starts = fold_starts  # the first date index of folds 1, ..., FOLDS - 1
+        self.folds: Tensor | None = None  # (b,) each sample's fold in a training step; None: every sample's map
+
+    def to_device(self, device: torch.device) -> FieldForecast:
+        self.per_point.to_device(device)
+        for name in ("kept", "mean", "stdev", "samples", "coef", "offset"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+    def fold_of(self, starts: Sequence[int]) -> list[int]:
+        """The fold of each training sample's start date index."""
+        return [bisect.bisect_right(self.fold_starts, t) for t in starts]
+
+    @contextmanager
+    def out_of_fold(self, starts: Sequence[int]) -> Iterator[None]:
+        """Within: the batch of training samples starting at ``starts`` gets each its fold's map."""
+        self.folds = torch.tensor(self.fold_of(starts), device=self.coef.device)
+        try:
+            yield
+        finally:
+            self.folds = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, points, _ = x.shape
+        with torch.autocast(x.device.type, enabled=False):  # the whole state rides on it: full precision
+            flat = (x.float().reshape(b, -1)[:, self.kept] - self.mean) / self.stdev
+            kernel = flat @ self.samples.T  # (b, n)
+            if self.folds is None:
+                field = kernel @ self.coef[-1] + self.offset[-1]
+            else:  # a product per fold in the batch, each sample's row from its own
+                field = kernel.new_zeros(b, self.coef.shape[2])
+                for k in self.folds.unique().tolist():
+                    rows = (self.folds == k).nonzero().squeeze(1)
+                    field = field.index_copy(0, rows, kernel[rows] @ self.coef[k] + self.offset[k])
+            return self.per_point(x) + field.reshape(b, points, -1)
+
+
+def _inputs_and_left(batches: Batches, starts: list[Sample], per_point: LinearBaseline) -> tuple[np.ndarray, ...]:
+    """Every point's inputs ``(n, points x inputs)`` of ``starts`` and what ``per_point`` leaves
+    of their next step ``(n, points, outputs)``, normalised."""
+    inputs, left = [], []
+    for _, x, targets in training_chunks(batches, starts, 1):
+        with torch.no_grad():
+            fitted = per_point(torch.from_numpy(x).to(per_point.coef.device)).cpu().numpy()
+        inputs.append(x.reshape(len(x), -1))
+        left.append(targets[0] - fitted)
+    return np.concatenate(inputs).astype(np.float64), np.concatenate(left).astype(np.float64)
+
+
+def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearBaseline) -> FieldForecast:
+    """The field map over ``per_point`` fitted on as many of the one-step training samples
+    ``train`` as :func:`field_samples_that_fit` allows (evenly spread), every point on
+    ``batches``: each variable's penalty chosen on their last tenth, then the map of every sample
+    and one per fold."""
+    points, inputs = batches([train[0]]).x.shape[1:]
+    count = field_samples_that_fit(points, inputs, per_point.coef.shape[2], len(train))
+    if count == 0:
+        raise ConfigValueError(
+            f"model.field_input = true: {len(train)} training samples of {points:,} points x {inputs} inputs: "
+            f"fewer than {MIN_FIELD_SAMPLES} fit in {MAX_FIELD_VALUES:,} values; set model.field_input=false"
+        )
+    starts = evenly_spread(train, count)
+    x, left = _inputs_and_left(batches, starts, per_point)
+    variables = np.tile(np.arange(left.shape[2]), left.shape[1])  # each column's variable, points first
+    left = left.reshape(len(left), -1)
+    mean, stdev = x.mean(axis=0), x.std(axis=0)
+    kept = np.flatnonzero(stdev > 1e-6 * max(float(stdev.max()), 1e-30))  # constant inputs (positions) say nothing
+    standard = (x[:, kept] - mean[kept]) / stdev[kept]
+    gram = standard @ standard.T
+    scale = float(np.trace(gram) / len(gram)) or 1.0
+    chosen = choose_and_fit({"linear": gram}, left, tuple(p * scale for p in RIDGE_PENALTIES), variables)
+    blocks = np.array_split(np.arange(len(starts)), FOLDS)
+    coef = np.zeros((FOLDS + 1, len(starts), left.shape[1]))
+    offset = np.empty((FOLDS + 1, left.shape[1]))
+    for k, block in enumerate([*blocks, np.array([], dtype=int)]):  # each fold, then every sample
+        rest = np.setdiff1d(np.arange(len(starts)), block)
+        for choice, columns, _ in chosen.fits:
+            fit = DualFit.fit(gram[np.ix_(rest, rest)], left[rest][:, columns], choice.penalty)
+            coef[k][np.ix_(rest, columns)], offset[k, columns] = fit.coef, fit.offset
+    as_tensor = torch.from_numpy
+    return FieldForecast(
+        per_point,
+        (as_tensor(kept), as_tensor(mean[kept]), as_tensor(stdev[kept])),
+        as_tensor(standard),
+        as_tensor(coef),
+        as_tensor(offset),
+        [starts[block[0]][0] for block in blocks[1:]],
+    )
