@@ -44,6 +44,8 @@ def one_untrained_rank(cfg: RunConfig) -> None:
     trained, so the model's own regression (``model.baseline``) is not fitted unless asked."""
     if cfg.model.baseline == AUTO:
         cfg.model.baseline = PERSISTENCE
+    if cfg.model.field_input is None:
+        cfg.model.field_input = False  # the model's field forecast: not used here, not fitted
     if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
         raise ConfigValueError("python -m training.headroom runs on one rank: start it without torchrun")
     trainer = cfg.trainer

@@ -80,3 +80,8 @@ def check_field_input(cfg: RunConfig, per_model: int | None) -> None:
             f"model.field_input = true reads every point on one rank, but trainer.ranks_per_model = {per_model}: "
             "set trainer.ranks_per_model=1, or model.field_input=false"
         )
+    if cfg.trainer.compile:
+        raise ConfigValueError(
+            "model.field_input = true picks each sample's out-of-fold map in Python, which torch.compile "
+            "cannot trace: set trainer.compile=false, or model.field_input=false"
+        )

@@ -18,6 +18,7 @@ EARLIER_VALUES = {
     "model.valid_time_forcing": False,
     "model.multistep_input": 1,
     "model.baseline": "persistence",
+    "model.field_input": False,  # runs before the whole-field forecast was given
     "trainer.batch_size": 1,
     "trainer.keep_best": False,  # runs before best.pt scored their last model
     "trainer.matmul": "aten",  # runs before processor/matmul ran torch's GEMM: they resume on it

@@ -45,6 +45,7 @@ from processor.runtime.torchrun import under_torchrun
 from training.config.checks import AUTO, DATA
 from training.config.schema import RunConfig
 from training.data import DatasetError, ZarrDataset
+from training.data.open_store import dataset_samples
 from training.data.samples import build_samples, lead_steps, select_members
 from training.model.build import forcings_per_step
 from training.model.field_forecast import field_samples_that_fit
@@ -171,6 +172,14 @@ def validation_starts(cfg: RunConfig, dataset: ZarrDataset, fraction: float) -> 
     return len({t for t, _ in samples.val})
 
 
+def one_step_training_samples(cfg: RunConfig, dataset: ZarrDataset) -> int:
+    """The one-step training samples the session fits its regressions on, 0 where none."""
+    try:
+        return len(dataset_samples(cfg.data, dataset, 1, cfg.model.multistep_input - 1).train)
+    except DatasetError:
+        return 0
+
+
 def derive_validation(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     """``data.val_fraction`` and ``evaluate.samples`` where null (see the module)."""
     out = []
@@ -255,9 +264,7 @@ def derive_field_input(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     m, roles, points = cfg.model, dataset.roles, len(dataset.latitudes)
     inputs = len(roles.prognostic) * m.multistep_input + forcings_per_step(cfg, roles)
     outputs = len(roles.prognostic) + len(roles.diagnostic)
-    members = len(select_members(dataset.n_members, cfg.data.members))
-    training = round(dataset.n_times * (1 - cfg.data.val_fraction)) * members
-    count = field_samples_that_fit(points, inputs, outputs, training)
+    count = field_samples_that_fit(points, inputs, outputs, one_step_training_samples(cfg, dataset))
     if m.baseline != LINEAR_REGRESSION:
         on, why = False, f"each step is learned over {m.baseline}"
     elif cfg.trainer.ranks_per_model != 1:

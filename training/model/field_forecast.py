@@ -36,7 +36,9 @@ from training.model.linear_baseline import LinearBaseline, training_chunks
 FOLDS = 5  # blocks of dates for the out-of-fold maps
 MAX_FIELD_SAMPLES = 2048  # training samples the fit reads, at most (evenly spread): n x n systems
 MIN_FIELD_SAMPLES = 128  # fewer, and a map of every point's inputs is not worth fitting
-MAX_FIELD_VALUES = 2**26  # the fit's samples' inputs and the maps' coefficients, at most (256 MiB in float32)
+# The fit's samples' inputs and the maps' coefficients, at most: 256 MiB in float32 as the model
+# holds them; the fit itself, in float64 with its copies, takes a few times that while it runs.
+MAX_FIELD_VALUES = 2**26
 
 
 def field_samples_that_fit(points: int, inputs: int, outputs: int, training: int) -> int:
@@ -45,6 +47,11 @@ def field_samples_that_fit(points: int, inputs: int, outputs: int, training: int
     per_sample = points * inputs + (FOLDS + 1) * points * outputs
     n = min(training, MAX_FIELD_SAMPLES, MAX_FIELD_VALUES // per_sample)
     return n if n >= MIN_FIELD_SAMPLES else 0
+
+
+def fold_of(fold_starts: list[int], starts: Sequence[int]) -> list[int]:
+    """The fold of each sample's start date index; ``fold_starts``: the first date of folds 1, ..."""
+    return [bisect.bisect_right(fold_starts, t) for t in starts]
 
 
 class FieldForecast(nn.Module):
@@ -76,14 +83,10 @@ class FieldForecast(nn.Module):
             setattr(self, name, getattr(self, name).to(device))
         return self
 
-    def fold_of(self, starts: Sequence[int]) -> list[int]:
-        """The fold of each training sample's start date index."""
-        return [bisect.bisect_right(self.fold_starts, t) for t in starts]
-
     @contextmanager
     def out_of_fold(self, starts: Sequence[int]) -> Iterator[None]:
         """Within: the batch of training samples starting at ``starts`` gets each its fold's map."""
-        self.folds = torch.tensor(self.fold_of(starts), device=self.coef.device)
+        self.folds = torch.tensor(fold_of(self.fold_starts, starts), device=self.coef.device)
         try:
             yield
         finally:
@@ -138,13 +141,15 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     gram = standard @ standard.T
     scale = float(np.trace(gram) / len(gram)) or 1.0
     chosen = choose_and_fit({"linear": gram}, left, tuple(p * scale for p in RIDGE_PENALTIES), variables)
-    blocks = np.array_split(np.arange(len(starts)), FOLDS)
+    # Blocks of dates (a date's members together): each sample's fold by its date, as in training.
+    fold_starts = [starts[block[0]][0] for block in np.array_split(np.arange(len(starts)), FOLDS)[1:]]
+    folds = np.array(fold_of(fold_starts, [t for t, _ in starts]))
     coef = np.zeros((FOLDS + 1, len(starts), left.shape[1]))
     offset = np.empty((FOLDS + 1, left.shape[1]))
-    for k, block in enumerate([*blocks, np.array([], dtype=int)]):  # each fold, then every sample
-        rest = np.setdiff1d(np.arange(len(starts)), block)
+    for k in range(FOLDS + 1):  # each fold's map, then (no sample in fold FOLDS) every sample's
+        rest = np.flatnonzero(folds != k)
         for choice, columns, _ in chosen.fits:
-            fit = DualFit.fit(gram[np.ix_(rest, rest)], left[rest][:, columns], choice.penalty)
+            fit = DualFit.fit(gram[np.ix_(rest, rest)], left[np.ix_(rest, columns)], choice.penalty)
             coef[k][np.ix_(rest, columns)], offset[k, columns] = fit.coef, fit.offset
     as_tensor = torch.from_numpy
     return FieldForecast(
@@ -153,5 +158,5 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
         as_tensor(standard),
         as_tensor(coef),
         as_tensor(offset),
-        [starts[block[0]][0] for block in blocks[1:]],
+        fold_starts,
     )

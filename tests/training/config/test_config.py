@@ -183,6 +183,7 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
         "valid_time_forcing": False,
         "multistep_input": 1,
         "baseline": "persistence",
+        "field_input": False,  # and before the whole-field forecast, none: its model has no channels for it
     }
     # it scored its last model, and ran torch's GEMM
     trainer = {"steps": 60, "batch_size": 1, "keep_best": False, "matmul": "aten"}
@@ -193,6 +194,7 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
     assert cfg.model.mapper == "mean_mlp" and _typed().model.mapper == "graph_transformer"
     assert cfg.model.valid_time_forcing is False and _typed().model.valid_time_forcing is True
     assert cfg.model.valid_time_forcing is False  # it ran with the input date's forcings
+    assert cfg.model.field_input is False and _typed().model.field_input is None  # None: derived
     assert current_names({"model": {"mapper": "graph_transformer"}})["model"]["mapper"] == "graph_transformer"
 
 

@@ -198,8 +198,8 @@ def test_the_field_input_where_one_rank_holds_every_point_and_its_map_fits(monke
         derive_ranks(cfg, 404)
         return derive_field_input(cfg, store)
 
-    (on,) = derived(_store(1617, 1, 744))  # ERA5 UK: 2 states and 18 forcings a point, 521 dates to fit
-    assert (on.key, on.value) == ("model.field_input", True) and "on 521 samples" in on.why
+    (on,) = derived(_store(1617, 1, 744))  # ERA5 UK, one state and 18 forcings a point: 520 one-step samples
+    assert (on.key, on.value) == ("model.field_input", True) and "on 520 samples" in on.why
     assert _values(derived(_store(5248, 6, 400, is_global=True))) == {"model.field_input": False}  # persistence
     assert _values(derived(_store(1617, 1, 744), "trainer.ranks_per_model=2", "trainer.nprocs=2")) == {
         "model.field_input": False

@@ -17,6 +17,7 @@ from training.config.schema import run_config
 from training.config.settings import ConfigValueError
 from training.model.dual_ridge import DualFit
 from training.model.field_forecast import FOLDS, MIN_FIELD_SAMPLES, field_samples_that_fit, fit_field_forecast
+from training.model.forecaster import Forecaster
 from training.model.linear_baseline import LinearBaseline
 
 
@@ -81,7 +82,7 @@ def test_how_many_samples_fit():
     assert field_samples_that_fit(100, 10, 2, training=MIN_FIELD_SAMPLES - 1) == 0
 
 
-def test_refused_on_split_points_and_over_persistence(tmp_path, small_dataset):
+def test_refused_on_split_points_over_persistence_and_compiled(tmp_path, small_dataset):
     given = ("model.field_input=true", "model.baseline=linear_regression")
     cfg = run_config(small_config(tmp_path, small_dataset, *given))
     with pytest.raises(ConfigValueError, match="model.field_input = true reads every point on one rank"):
@@ -89,11 +90,15 @@ def test_refused_on_split_points_and_over_persistence(tmp_path, small_dataset):
     cfg = run_config(small_config(tmp_path, small_dataset, "model.field_input=true", "model.baseline=persistence"))
     with pytest.raises(ConfigValueError, match="set model.baseline=linear_regression"):
         check_config(cfg, world_size=1)
+    cfg = run_config(small_config(tmp_path, small_dataset, *given, "trainer.compile=true"))
+    with pytest.raises(ConfigValueError, match="set trainer.compile=false, or model.field_input=false"):
+        check_config(cfg, world_size=1)
 
 
-def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_same(tmp_path):
-    """Derived on for a regional box on one rank; evaluating the checkpoint fits the field
-    forecast again (it is not saved) and scores as the run did."""
+def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_same(tmp_path, monkeypatch):
+    """Derived on for a regional box on one rank; each training step's forecasts out of fold for
+    its samples' dates; evaluating the checkpoint fits the field forecast again (it is not saved)
+    and scores as the run did."""
     from hydra import compose, initialize_config_module
 
     from training import evaluate
@@ -112,7 +117,16 @@ def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_sam
         checkpoint = f"evaluate.checkpoint={tmp_path}/run/checkpoints/best.pt"
         scoring = [checkpoint, "data=zarr", f"data.path={store}", "evaluate.steps=2", "evaluate.samples=4"]
         scored = compose("config", [f"run_dir={tmp_path / 'eval'}", *scoring])
+    given_folds = []  # what each training step's field forecasts are out of fold for
+    out_of_fold = Forecaster.out_of_fold
+
+    def spy(model, starts):
+        given_folds.append(list(starts))
+        return out_of_fold(model, starts)
+
+    monkeypatch.setattr(Forecaster, "out_of_fold", spy)
     result = run(trained)
+    assert len(given_folds) == 4 and all(0 <= t < 228 for starts in given_folds for t in starts)
     _, saved = load_training_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
     assert saved["model"]["field_input"] is True  # derived: one rank holds the box's 221 points
     again = evaluate.run(scored)["skill"]
