@@ -50,10 +50,12 @@ def squared_distances(gram: np.ndarray, norms_a: np.ndarray, norms_b: np.ndarray
 
 @dataclass(frozen=True)
 class Choice:
-    """A kernel (its key in the kernels offered) and a penalty, chosen for one output variable."""
+    """A kernel (its key in the kernels offered) and a penalty, chosen for one output variable;
+    ``gain``: the share of the held-out squared error it takes off the training samples' mean."""
 
     key: float | str
     penalty: float
+    gain: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ def choose_and_fit(
     cut = held_out_cut(n)
     column_weights = np.ones(targets.shape[1]) if weights is None else weights
     errors = {}  # (key, penalty) -> the held-out squared error summed per variable
+    squared = np.mean((targets[:cut].mean(axis=0) - targets[cut:]) ** 2, axis=0)
+    none = np.bincount(variables, weights=squared * column_weights, minlength=count)  # no fit: the mean
     for key, kernel in kernels.items():
         for penalty in penalties:
             fit = DualFit.fit(kernel[:cut, :cut], targets[:cut], penalty)
@@ -107,5 +111,6 @@ def choose_and_fit(
     for v in range(count):
         key, penalty = min(errors, key=lambda c, v=v: errors[c][v])
         columns = np.flatnonzero(variables == v)
-        fits.append((Choice(key, penalty), columns, DualFit.fit(kernels[key], targets[:, columns], penalty)))
+        gain = 1 - errors[(key, penalty)][v] / none[v] if none[v] > 0 else 0.0
+        fits.append((Choice(key, penalty, gain), columns, DualFit.fit(kernels[key], targets[:, columns], penalty)))
     return PerVariableFit(fits)

@@ -20,6 +20,7 @@ as the per-point baseline is."""
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -33,9 +34,14 @@ from training.data.samples import Sample, evenly_spread
 from training.model.dual_ridge import RIDGE_PENALTIES, DualFit, choose_and_fit
 from training.model.linear_baseline import LinearBaseline, training_chunks
 
+log = logging.getLogger(__name__)
+
 FOLDS = 5  # blocks of dates for the out-of-fold maps
 MAX_FIELD_SAMPLES = 2048  # training samples the fit reads, at most (evenly spread): n x n systems
 MIN_FIELD_SAMPLES = 128  # fewer, and a map of every point's inputs is not worth fitting
+# The map is kept where it takes at least this share of the held-out squared error off what the
+# per-point regression leaves, for some variable; else it is zero and the forecast the regression's.
+MIN_FIELD_GAIN = 0.02
 # The fit's samples' inputs and the maps' coefficients, at most: 256 MiB in float32 as the model
 # holds them; the fit itself, in float64 with its copies, takes a few times that while it runs.
 MAX_FIELD_VALUES = 2**26
@@ -144,9 +150,13 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     # Blocks of dates (a date's members together): each sample's fold by its date, as in training.
     fold_starts = [starts[block[0]][0] for block in np.array_split(np.arange(len(starts)), FOLDS)[1:]]
     folds = np.array(fold_of(fold_starts, [t for t, _ in starts]))
+    gains = [round(100 * choice.gain, 1) for choice in chosen.choices]  # by output variable
+    keep = max(gains) >= 100 * MIN_FIELD_GAIN
+    said = "takes" if keep else "took only: the forecast is the regression's"
+    log.info("field forecast: the map of every point's inputs %s %s%% off the regression's held-out error", said, gains)
     coef = np.zeros((FOLDS + 1, len(starts), left.shape[1]))
-    offset = np.empty((FOLDS + 1, left.shape[1]))
-    for k in range(FOLDS + 1):  # each fold's map, then (no sample in fold FOLDS) every sample's
+    offset = np.zeros((FOLDS + 1, left.shape[1]))
+    for k in range(FOLDS + 1) if keep else []:  # each fold's map, then (no sample in fold FOLDS) every sample's
         rest = np.flatnonzero(folds != k)
         for choice, columns, _ in chosen.fits:
             fit = DualFit.fit(gram[np.ix_(rest, rest)], left[np.ix_(rest, columns)], choice.penalty)

@@ -76,6 +76,16 @@ def test_a_training_sample_s_forecast_is_fitted_without_its_block_of_dates():
     assert field.folds is None  # restored after the step
 
 
+def test_a_map_that_forecasts_nothing_held_out_is_left_out():
+    """Targets that no input tells: the held-out tenth finds no gain, the forecast is the regression's."""
+    batches = ShiftedBatches(300, seed=5)
+    batches.targets = np.random.default_rng(6).normal(size=batches.targets.shape).astype(np.float32)
+    field = fit_field_forecast(batches, [(t, 0) for t in range(300)], _nothing_per_point())
+    assert not field.coef.any() and not field.offset.any()
+    with field.out_of_fold([3, 250]):
+        assert not field(torch.from_numpy(batches.x[[3, 250]])).any()
+
+
 def test_how_many_samples_fit():
     assert field_samples_that_fit(100, 10, 2, training=10_000) == 2048
     assert field_samples_that_fit(10_000, 105, 48, training=10_000) == 0  # a 48-field box of 10,000 points
