@@ -48,7 +48,7 @@ from training.data import DatasetError, ZarrDataset
 from training.data.open_store import dataset_samples
 from training.data.samples import build_samples, lead_steps, select_members
 from training.model.build import forcings_per_step
-from training.model.field_forecast import field_samples_that_fit
+from training.model.field_forecast import MIN_FIELD_SAMPLES, field_samples_that_fit
 from training.model.hidden_grid import hidden_grid
 from training.model.linear_baseline import LINEAR_REGRESSION, PERSISTENCE
 from training.model.rollout import rollout_horizon
@@ -264,7 +264,8 @@ def derive_field_input(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     m, roles, points = cfg.model, dataset.roles, len(dataset.latitudes)
     inputs = len(roles.prognostic) * m.multistep_input + forcings_per_step(cfg, roles)
     outputs = len(roles.prognostic) + len(roles.diagnostic)
-    count = field_samples_that_fit(points, inputs, outputs, one_step_training_samples(cfg, dataset))
+    training = one_step_training_samples(cfg, dataset)
+    count = field_samples_that_fit(points, inputs, outputs, training)
     if m.baseline != LINEAR_REGRESSION:
         on, why = False, f"each step is learned over {m.baseline}"
     elif cfg.trainer.ranks_per_model != 1:
@@ -272,7 +273,8 @@ def derive_field_input(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     elif cfg.trainer.compile:
         on, why = False, "trainer.compile: the out-of-fold maps are chosen per sample"
     elif count == 0:
-        on, why = False, f"{points:,} points x {inputs} inputs: too few training samples fit in memory"
+        sizes = f"{training:,} training samples of {points:,} points x {inputs} inputs"
+        on, why = False, f"{sizes}: under {MIN_FIELD_SAMPLES:,} fit"
     else:
         on, why = True, f"one rank holds every point: a ridge map of all {points * inputs:,} inputs, on {count} samples"
     m.field_input = on

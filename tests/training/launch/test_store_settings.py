@@ -198,15 +198,17 @@ def test_the_field_input_where_one_rank_holds_every_point_and_its_map_fits(monke
         derive_ranks(cfg, 404)
         return derive_field_input(cfg, store)
 
-    (on,) = derived(_store(1617, 1, 744))  # ERA5 UK, one state and 18 forcings a point: 520 one-step samples
-    assert (on.key, on.value) == ("model.field_input", True) and "on 520 samples" in on.why
+    (on,) = derived(_store(561, 24, 3652))  # NCEP's ten years of days: 2,555 one-step samples, 2,048 read
+    assert (on.key, on.value) == ("model.field_input", True) and "on 2048 samples" in on.why
+    (month,) = derived(_store(1617, 1, 744))  # ERA5 UK's month of hours: 520
+    assert month.value is False and "520 training samples of 1,617 points x 19 inputs: under 1,024 fit" in month.why
     assert _values(derived(_store(5248, 6, 400, is_global=True))) == {"model.field_input": False}  # persistence
-    assert _values(derived(_store(1617, 1, 744), "trainer.ranks_per_model=2", "trainer.nprocs=2")) == {
+    assert _values(derived(_store(561, 24, 3652), "trainer.ranks_per_model=2", "trainer.nprocs=2")) == {
         "model.field_input": False
     }
-    assert _values(derived(_store(1617, 1, 744), "trainer.compile=true")) == {"model.field_input": False}
-    (box,) = derived(_store(40_000, 1, 744))  # a 0.1 degree box: too few samples fit
-    assert box.value is False and "too few training samples fit in memory" in box.why
+    assert _values(derived(_store(561, 24, 3652), "trainer.compile=true")) == {"model.field_input": False}
+    (box,) = derived(_store(40_000, 24, 3652))  # a 0.1 degree box: 64 samples fit in memory
+    assert box.value is False and "under 1,024 fit" in box.why
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from tests.training.conftest import small_config
 from training.config.checks import check_config
 from training.config.schema import run_config
 from training.config.settings import ConfigValueError
+from training.model import field_forecast
 from training.model.dual_ridge import DualFit
 from training.model.field_forecast import FOLDS, MIN_FIELD_SAMPLES, field_samples_that_fit, fit_field_forecast
 from training.model.forecaster import Forecaster
@@ -34,6 +35,12 @@ class ShiftedBatches:
     def __call__(self, samples: list, steps: int = 1) -> SimpleNamespace:
         index = [t for t, _ in samples]
         return SimpleNamespace(x=torch.from_numpy(self.x[index]), targets=torch.from_numpy(self.targets[:, index]))
+
+
+@pytest.fixture(autouse=True)
+def _a_few_samples_fit(monkeypatch):
+    """These stores hold a few hundred samples, where a real one needs MIN_FIELD_SAMPLES."""
+    monkeypatch.setattr(field_forecast, "MIN_FIELD_SAMPLES", 128)
 
 
 def _nothing_per_point() -> LinearBaseline:
@@ -86,10 +93,13 @@ def test_a_map_that_forecasts_nothing_held_out_is_left_out():
         assert not field(torch.from_numpy(batches.x[[3, 250]])).any()
 
 
-def test_how_many_samples_fit():
+def test_how_many_samples_fit(monkeypatch):
+    monkeypatch.setattr(field_forecast, "MIN_FIELD_SAMPLES", MIN_FIELD_SAMPLES)  # the real one
+    assert field_samples_that_fit(100, 10, 2, training=MIN_FIELD_SAMPLES - 1) == 0
     assert field_samples_that_fit(100, 10, 2, training=10_000) == 2048
     assert field_samples_that_fit(10_000, 105, 48, training=10_000) == 0  # a 48-field box of 10,000 points
-    assert field_samples_that_fit(100, 10, 2, training=MIN_FIELD_SAMPLES - 1) == 0
+    assert field_samples_that_fit(1617, 20, 1, training=636) == 0  # ERA5 UK's month of hours
+    assert field_samples_that_fit(100, 10, 2, training=127) == 0
 
 
 def test_refused_on_split_points_over_persistence_and_compiled(tmp_path, small_dataset):
@@ -118,7 +128,7 @@ def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_sam
 
     lats, lons = np.arange(40.0, 52.5, 1.0), np.arange(-8.0, 8.5, 1.0)
     box = np.repeat(lats, len(lons)), np.tile(lons, len(lats)) % 360
-    store = write_rossby_haurwitz(tmp_path / "box.zarr", *box, steps=MIN_FIELD_SAMPLES + 100, seed=4)
+    store = write_rossby_haurwitz(tmp_path / "box.zarr", *box, steps=228, seed=4)
     short = ["model.num_layers=1", "model.num_channels=16", "model.num_heads=2", "model.window_size=16"]
     short += ["trainer.steps=4", "trainer.val_interval=2", "trainer.val_batches=1", "trainer.warmup_steps=1"]
     short += ["evaluate.steps=2", "evaluate.samples=4", "logging.mlflow=false", "logging.plots=false"]
