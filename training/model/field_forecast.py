@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 FOLDS = 5  # blocks of dates for the out-of-fold maps
 MAX_FIELD_SAMPLES = 2048  # training samples the fit reads, at most (evenly spread): n x n systems
 # Fewer, and a network given a map of thousands of inputs learns the training dates (measured: the
-# one-month hourly stores, 618-636 samples, lost up to 25 points at the first lead; docs/real-data.md).
+# one-month hourly stores, 613-636 samples, lost up to 25 points at the first lead; docs/real-data.md).
 MIN_FIELD_SAMPLES = 1024
 # The map is kept where it takes at least this share of the held-out squared error off what the
 # per-point regression leaves, for some variable; else it is zero and the forecast the regression's.
