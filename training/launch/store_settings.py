@@ -261,24 +261,30 @@ def derive_field_input(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     """``model.field_input`` where null (see the module)."""
     if cfg.model.field_input is not None:
         return []
-    m, roles, points = cfg.model, dataset.roles, len(dataset.latitudes)
-    inputs = len(roles.prognostic) * m.multistep_input + forcings_per_step(cfg, roles)
-    outputs = len(roles.prognostic) + len(roles.diagnostic)
-    training = one_step_training_samples(cfg, dataset)
-    count = field_samples_that_fit(points, inputs, outputs, training)
+    m = cfg.model
     if m.baseline != LINEAR_REGRESSION:
         on, why = False, f"each step is learned over {m.baseline}"
     elif cfg.trainer.ranks_per_model != 1:
         on, why = False, f"{cfg.trainer.ranks_per_model} ranks a model: none holds every point"
     elif cfg.trainer.compile:
         on, why = False, "trainer.compile: the out-of-fold maps are chosen per sample"
-    elif count == 0:
-        sizes = f"{training:,} training samples of {points:,} points x {inputs} inputs"
-        on, why = False, f"{sizes}: under {MIN_FIELD_SAMPLES:,} fit"
     else:
-        on, why = True, f"one rank holds every point: a ridge map of all {points * inputs:,} inputs, on {count} samples"
+        on, why = field_input_fits(cfg, dataset)
     m.field_input = on
     return [Derived("model.field_input", on, why)]
+
+
+def field_input_fits(cfg: RunConfig, dataset: ZarrDataset) -> tuple[bool, str]:
+    """Whether the field forecast's fit has its samples on ``dataset``'s grid, and why."""
+    roles, points = dataset.roles, len(dataset.latitudes)
+    inputs = len(roles.prognostic) * cfg.model.multistep_input + forcings_per_step(cfg, roles)
+    outputs = len(roles.prognostic) + len(roles.diagnostic)
+    training = one_step_training_samples(cfg, dataset)
+    count = field_samples_that_fit(points, inputs, outputs, training)
+    if count == 0:
+        sizes = f"{training:,} training samples of {points:,} points x {inputs} inputs"
+        return False, f"{sizes}: under {MIN_FIELD_SAMPLES:,} fit"
+    return True, f"one rank holds every point: a ridge map of all {points * inputs:,} inputs, on {count} samples"
 
 
 def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:

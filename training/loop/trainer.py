@@ -187,11 +187,12 @@ class Trainer:
         lr = self.schedule.get_last_lr()[0]
         s.counter.reset()
         self.device_memory.reset()
-        batch = s.batches([s.samples.train[i] for i in picks], rollout)
+        samples = [s.samples.train[i] for i in picks]
+        batch = s.batches(samples, rollout)
         self.hooks.start_step(step, self.last_step_s)
         x = self.hooks.model_inputs(step, batch.x)
         after_backward = functools.partial(self.hooks.after_backward, step)
-        with s.model.out_of_fold([s.samples.train[i][0] for i in picks]):
+        with s.model.out_of_fold([t for t, _ in samples]):
             loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
         if self.average is not None:
             self.average.update()

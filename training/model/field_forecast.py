@@ -132,8 +132,8 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     ``train`` as :func:`field_samples_that_fit` allows (evenly spread), every point on
     ``batches``: each variable's penalty chosen on their last tenth, then the map of every sample
     and one per fold."""
-    points, inputs = batches([train[0]]).x.shape[1:]
-    count = field_samples_that_fit(points, inputs, per_point.coef.shape[2], len(train))
+    points, inputs, outputs = per_point.coef.shape[0], per_point.coef.shape[1] - 1, per_point.coef.shape[2]
+    count = field_samples_that_fit(points, inputs, outputs, len(train))
     if count == 0:
         raise ConfigValueError(
             f"model.field_input = true: {len(train)} training samples of {points:,} points x {inputs} inputs: "
@@ -158,9 +158,10 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     log.info("field forecast: the map of every point's inputs %s %s%% off the regression's held-out error", said, gains)
     coef = np.zeros((FOLDS + 1, len(starts), left.shape[1]))
     offset = np.zeros((FOLDS + 1, left.shape[1]))
-    for k in range(FOLDS + 1) if keep else []:  # each fold's map, then (no sample in fold FOLDS) every sample's
-        rest = np.flatnonzero(folds != k)
-        for choice, columns, _ in chosen.fits:
+    for choice, columns, every in chosen.fits if keep else []:
+        coef[FOLDS][:, columns], offset[FOLDS, columns] = every.coef, every.offset  # fitted on every sample
+        for k in range(FOLDS):  # each fold's map, fitted without its block
+            rest = np.flatnonzero(folds != k)
             fit = DualFit.fit(gram[np.ix_(rest, rest)], left[np.ix_(rest, columns)], choice.penalty)
             coef[k][np.ix_(rest, columns)], offset[k, columns] = fit.coef, fit.offset
     as_tensor = torch.from_numpy
