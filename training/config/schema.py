@@ -109,7 +109,7 @@ ModelConfig = processor_schema(
         # auto: derived from the store (the regression on a limited area, persistence on global data)
         ("baseline", str, setting("auto", one_of("auto", "persistence", "linear_regression"))),
         # each step is also given a forecast from every point's inputs at once: the regression's
-        # plus a ridge map of what it leaves, fitted on the training dates and, for the training
+        # plus a kernel ridge map of what it leaves, fitted on the training dates and, for the training
         # steps, out of fold (training/model/field_forecast.py); needs model.baseline=linear_regression
         # and one rank a model; None: derived (on where it fits)
         ("field_input", bool | None, field(default=None)),

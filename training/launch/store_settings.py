@@ -284,7 +284,7 @@ def field_input_fits(cfg: RunConfig, dataset: ZarrDataset) -> tuple[bool, str]:
     if count == 0:
         sizes = f"{training:,} training samples of {points:,} points x {inputs} inputs"
         return False, f"{sizes}: under {MIN_FIELD_SAMPLES:,} fit"
-    return True, f"one rank holds every point: a ridge map of all {points * inputs:,} inputs, on {count} samples"
+    return True, f"one rank holds every point: a kernel ridge map of all {points * inputs:,} inputs, on {count} samples"
 
 
 def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:

@@ -13,10 +13,15 @@ import numpy as np
 HOLD_OUT = 0.1  # the last tenth of the training samples chooses the penalty
 MIN_HELD_OUT = 2  # samples
 # A linear kernel's penalties, in units of its mean diagonal (the mean squared norm of a sample's
-# standardised inputs: their number), which the caller multiplies in: from nearly none to so
-# much that the fit is nearly zero.
+# standardised inputs: their number), which the caller multiplies in, or scales the inputs to 1
+# (as the field forecast does, whose Gaussian kernels take the same ones: their diagonal is 1):
+# from nearly none to so much that the fit is nearly zero.
 RIDGE_PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4)
-Kernels = dict[float | str, np.ndarray]  # a kernel's key (its width, or a name) -> the kernel
+# The Gaussian kernels offered, exp(-gamma |a - b|^2): gamma times the median squared distance
+# between the training samples.
+KERNEL_WIDTHS = (0.1, 0.3, 1.0)
+LINEAR = "linear"  # the linear kernel's key, a . b
+Kernels = dict[float | str, np.ndarray]  # a kernel's key (the Gaussian's gamma, or LINEAR) -> the kernel
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,14 @@ class DualFit:
 
 def rbf(sq_distances: np.ndarray, width: float) -> np.ndarray:
     return np.exp(-width * sq_distances)
+
+
+def field_kernels(gram: np.ndarray, norms: np.ndarray) -> Kernels:
+    """The linear kernel ``gram (n, n)`` of n samples (``norms``: their squared norms) and the
+    Gaussian kernels of :data:`KERNEL_WIDTHS` between them, keyed by their gamma."""
+    distances = squared_distances(gram, norms, norms)
+    median = float(np.median(distances[np.triu_indices(len(gram), 1)])) or 1.0
+    return {LINEAR: gram} | {w / median: rbf(distances, w / median) for w in KERNEL_WIDTHS}
 
 
 def squared_distances(gram: np.ndarray, norms_a: np.ndarray, norms_b: np.ndarray) -> np.ndarray:

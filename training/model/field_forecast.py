@@ -23,6 +23,7 @@ import bisect
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from torch import Tensor, nn
 from training.config.settings import ConfigValueError
 from training.data.batches import Batches
 from training.data.samples import Sample, evenly_spread
-from training.model.dual_ridge import RIDGE_PENALTIES, DualFit, choose_and_fit
+from training.model.dual_ridge import LINEAR, RIDGE_PENALTIES, DualFit, Kernels, choose_and_fit, field_kernels
 from training.model.linear_baseline import LinearBaseline, training_chunks
 
 log = logging.getLogger(__name__)
@@ -62,39 +63,55 @@ def fold_of(fold_starts: list[int], starts: Sequence[int]) -> list[int]:
     return [bisect.bisect_right(fold_starts, t) for t in starts]
 
 
+@dataclass(frozen=True)
+class KernelMap:
+    """The output columns whose variables chose one kernel (``key``: "linear", or the Gaussian
+    kernel's width ``gamma``, exp(-gamma |a - b|^2)): ``coef (FOLDS + 1, n, columns)`` and ``offset
+    (FOLDS + 1, columns)``, each fold's map (zero rows for its own block) and, last, every sample's."""
+
+    key: float | str
+    columns: Tensor  # (columns,) of the points x outputs
+    coef: Tensor
+    offset: Tensor
+
+    def to(self, device: torch.device) -> KernelMap:
+        return KernelMap(self.key, self.columns.to(device), self.coef.to(device), self.offset.to(device))
+
+
 class FieldForecast(nn.Module):
-    """``(b, points, inputs) -> (b, points, outputs)``: ``per_point(x)`` plus the dual ridge map
-    of every point's standardised inputs (``kept``: those that vary). ``samples (n, kept)``: the
-    fitted samples' standardised inputs; ``coef (FOLDS + 1, n, points x outputs)`` and ``offset
-    (FOLDS + 1, points x outputs)``: each fold's map (zero rows for its own block) and, last, the
-    map of every sample. Holds no parameters: nothing of it is trained."""
+    """``(b, points, inputs) -> (b, points, outputs)``: ``per_point(x)`` plus the dual ridge maps
+    (:class:`KernelMap`, one per kernel chosen) of every point's standardised inputs (``kept``:
+    those that vary; scaled so that a sample's mean squared norm is 1). ``samples (n, kept)``: the
+    fitted samples' standardised inputs. Holds no parameters: nothing of it is trained."""
 
     def __init__(
         self,
         per_point: LinearBaseline,
         standard: tuple[Tensor, Tensor, Tensor],
         samples: Tensor,
-        coef: Tensor,
-        offset: Tensor,
+        maps: list[KernelMap],
         fold_starts: list[int],
     ) -> None:
         super().__init__()
         self.per_point = per_point
         self.kept, self.mean, self.stdev = standard[0], standard[1].float(), standard[2].float()
-        self.samples, self.coef, self.offset = samples.float(), coef.float(), offset.float()
+        self.samples = samples.float()
+        self.norms = self.samples.square().sum(dim=1)  # (n,)
+        self.maps = [KernelMap(m.key, m.columns, m.coef.float(), m.offset.float()) for m in maps]
         self.fold_starts = fold_starts  # the first date index of folds 1, ..., FOLDS - 1
         self.folds: Tensor | None = None  # (b,) each sample's fold in a training step; None: every sample's map
 
     def to_device(self, device: torch.device) -> FieldForecast:
         self.per_point.to_device(device)
-        for name in ("kept", "mean", "stdev", "samples", "coef", "offset"):
+        for name in ("kept", "mean", "stdev", "samples", "norms"):
             setattr(self, name, getattr(self, name).to(device))
+        self.maps = [m.to(device) for m in self.maps]
         return self
 
     @contextmanager
     def out_of_fold(self, starts: Sequence[int]) -> Iterator[None]:
         """Within: the batch of training samples starting at ``starts`` gets each its fold's map."""
-        self.folds = torch.tensor(fold_of(self.fold_starts, starts), device=self.coef.device)
+        self.folds = torch.tensor(fold_of(self.fold_starts, starts), device=self.samples.device)
         try:
             yield
         finally:
@@ -102,17 +119,36 @@ class FieldForecast(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         b, points, _ = x.shape
+        baseline = self.per_point(x)
+        if not self.maps:  # the held-out samples found no gain: the regression's forecast
+            return baseline
         with torch.autocast(x.device.type, enabled=False):  # the whole state rides on it: full precision
             flat = (x.float().reshape(b, -1)[:, self.kept] - self.mean) / self.stdev
-            kernel = flat @ self.samples.T  # (b, n)
-            if self.folds is None:
-                field = kernel @ self.coef[-1] + self.offset[-1]
-            else:  # a product per fold in the batch, each sample's row from its own
-                field = kernel.new_zeros(b, self.coef.shape[2])
-                for k in self.folds.unique().tolist():
-                    rows = (self.folds == k).nonzero().squeeze(1)
-                    field = field.index_copy(0, rows, kernel[rows] @ self.coef[k] + self.offset[k])
-            return self.per_point(x) + field.reshape(b, points, -1)
+            kernels = self._kernels(flat)
+            field = flat.new_zeros(b, baseline[0].numel())
+            for m in self.maps:
+                field[:, m.columns] = self._apply(kernels[m.key], m)
+            return baseline + field.reshape(b, points, -1)
+
+    def _kernels(self, flat: Tensor) -> dict[float | str, Tensor]:
+        """Each chosen kernel between ``flat (b, kept)`` and the fitted samples: ``(b, n)``."""
+        gram = flat @ self.samples.T
+        kernels: dict[float | str, Tensor] = {LINEAR: gram}
+        widths = {m.key for m in self.maps} - {LINEAR}
+        if widths:
+            distances = (flat.square().sum(dim=1, keepdim=True) + self.norms - 2 * gram).clamp_min(0)
+            kernels.update({w: torch.exp(-float(w) * distances) for w in widths})
+        return kernels
+
+    def _apply(self, kernel: Tensor, m: KernelMap) -> Tensor:
+        """``(b, columns)``: every sample's map, or in a training step each sample's fold's."""
+        if self.folds is None:
+            return kernel @ m.coef[-1] + m.offset[-1]
+        out = kernel.new_zeros(len(kernel), len(m.columns))
+        for k in self.folds.unique().tolist():  # a product per fold in the batch
+            rows = (self.folds == k).nonzero().squeeze(1)
+            out = out.index_copy(0, rows, kernel[rows] @ m.coef[k] + m.offset[k])
+        return out
 
 
 def _inputs_and_left(batches: Batches, starts: list[Sample], per_point: LinearBaseline) -> tuple[np.ndarray, ...]:
@@ -128,10 +164,10 @@ def _inputs_and_left(batches: Batches, starts: list[Sample], per_point: LinearBa
 
 
 def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearBaseline) -> FieldForecast:
-    """The field map over ``per_point`` fitted on as many of the one-step training samples
+    """The field maps over ``per_point`` fitted on as many of the one-step training samples
     ``train`` as :func:`field_samples_that_fit` allows (evenly spread), every point on
-    ``batches``: each variable's penalty chosen on their last tenth, then the map of every sample
-    and one per fold."""
+    ``batches``: each variable's kernel and penalty chosen on their last tenth, then the map of
+    every sample and one per fold."""
     points, inputs, outputs = per_point.coef.shape[0], per_point.coef.shape[1] - 1, per_point.coef.shape[2]
     count = field_samples_that_fit(points, inputs, outputs, len(train))
     if count == 0:
@@ -145,31 +181,56 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     left = left.reshape(len(left), -1)
     mean, stdev = x.mean(axis=0), x.std(axis=0)
     kept = np.flatnonzero(stdev > 1e-6 * max(float(stdev.max()), 1e-30))  # constant inputs (positions) say nothing
-    standard = (x[:, kept] - mean[kept]) / stdev[kept]
-    gram = standard @ standard.T
-    scale = float(np.trace(gram) / len(gram)) or 1.0
-    chosen = choose_and_fit({"linear": gram}, left, tuple(p * scale for p in RIDGE_PENALTIES), variables)
+    # Standardised, then scaled so that a sample's mean squared norm is 1: the penalties are in
+    # units of the kernels' diagonals, 1 for both kinds.
+    scaled = stdev[kept] * np.sqrt(len(kept))
+    standard = (x[:, kept] - mean[kept]) / scaled
+    kernels = field_kernels(standard @ standard.T, np.einsum("ij,ij->i", standard, standard))
+    chosen = choose_and_fit(kernels, left, RIDGE_PENALTIES, variables)
     # Blocks of dates (a date's members together): each sample's fold by its date, as in training.
     fold_starts = [starts[block[0]][0] for block in np.array_split(np.arange(len(starts)), FOLDS)[1:]]
     folds = np.array(fold_of(fold_starts, [t for t, _ in starts]))
     gains = [round(100 * float(choice.gain), 1) for choice in chosen.choices]  # by output variable
     keep = max(gains) >= 100 * MIN_FIELD_GAIN
     said = "takes" if keep else "took only: the forecast is the regression's"
-    log.info("field forecast: the map of every point's inputs %s %s%% off the regression's held-out error", said, gains)
-    coef = np.zeros((FOLDS + 1, len(starts), left.shape[1]))
-    offset = np.zeros((FOLDS + 1, left.shape[1]))
-    for choice, columns, every in chosen.fits if keep else []:
-        coef[FOLDS][:, columns], offset[FOLDS, columns] = every.coef, every.offset  # fitted on every sample
-        for k in range(FOLDS):  # each fold's map, fitted without its block
-            rest = np.flatnonzero(folds != k)
-            fit = DualFit.fit(gram[np.ix_(rest, rest)], left[np.ix_(rest, columns)], choice.penalty)
-            coef[k][np.ix_(rest, columns)], offset[k, columns] = fit.coef, fit.offset
+    log.info(
+        "field forecast: the map of every point's inputs %s %s%% off the regression's held-out error (%s)",
+        said,
+        gains,
+        ", ".join(f"{_kernel_name(c.key)} penalty {c.penalty:g}" for c in chosen.choices),
+    )
+    maps = _fold_maps(kernels, left, chosen.fits, folds) if keep else []
     as_tensor = torch.from_numpy
     return FieldForecast(
         per_point,
-        (as_tensor(kept), as_tensor(mean[kept]), as_tensor(stdev[kept])),
+        (as_tensor(kept), as_tensor(mean[kept]), as_tensor(scaled)),
         as_tensor(standard),
-        as_tensor(coef),
-        as_tensor(offset),
+        maps,
         fold_starts,
     )
+
+
+def _fold_maps(kernels: Kernels, left: np.ndarray, fits: list, folds: np.ndarray) -> list[KernelMap]:
+    """One :class:`KernelMap` per kernel chosen by the variables of ``fits`` (choice, columns,
+    the fit on every sample): that fit, and one per fold fitted without its block."""
+    maps = []
+    for key in dict.fromkeys(choice.key for choice, _, _ in fits):
+        ours = [(choice, columns, every) for choice, columns, every in fits if choice.key == key]
+        columns = np.concatenate([c for _, c, _ in ours])
+        coef = np.zeros((FOLDS + 1, len(left), len(columns)))
+        offset = np.zeros((FOLDS + 1, len(columns)))
+        first = 0
+        for choice, c, every in ours:
+            these = slice(first, first + len(c))
+            coef[FOLDS][:, these], offset[FOLDS, these] = every.coef, every.offset
+            for k in range(FOLDS):
+                rest = np.flatnonzero(folds != k)
+                fit = DualFit.fit(kernels[key][np.ix_(rest, rest)], left[np.ix_(rest, c)], choice.penalty)
+                coef[k][rest, these], offset[k, these] = fit.coef, fit.offset
+            first += len(c)
+        maps.append(KernelMap(key, torch.from_numpy(columns), torch.from_numpy(coef), torch.from_numpy(offset)))
+    return maps
+
+
+def _kernel_name(key: float | str) -> str:
+    return key if isinstance(key, str) else f"gaussian gamma {key:.3g}"

@@ -28,7 +28,7 @@ import numpy as np
 
 from training.data import DatasetError
 from training.data.samples import Sample, evenly_spread
-from training.model.dual_ridge import RIDGE_PENALTIES, choose_and_fit, rbf, squared_distances
+from training.model.dual_ridge import LINEAR, RIDGE_PENALTIES, choose_and_fit, field_kernels, rbf, squared_distances
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import Baselines, fit_samples, training_baselines
@@ -43,7 +43,6 @@ MAX_FIT_SAMPLES = 4096  # the dual systems are n x n: at most 128 MiB each in fl
 # take half that again, the validation's are read a chunk at a time).
 MAX_FEATURE_VALUES = 2**26
 SCORED_CHUNK = 16  # validation samples read at a time
-KERNEL_WIDTHS = (0.1, 0.3, 1.0)  # gamma times the median squared distance between samples
 KERNEL_PENALTIES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)  # the RBF kernel's diagonal is 1
 
 
@@ -95,10 +94,8 @@ class FieldForecasts:
         variables = np.arange(residual.shape[1]) % outputs  # the columns are point-major
         column_weights = np.repeat(weights, outputs)
         penalties = tuple(p * (float(self.norms.mean()) or 1.0) for p in RIDGE_PENALTIES)
-        self.ridge = choose_and_fit({"linear": gram}, residual, penalties, variables, column_weights)
-        distances = squared_distances(gram, self.norms, self.norms)
-        median = float(np.median(distances[np.triu_indices(len(gram), 1)])) or 1.0
-        kernels = {w / median: rbf(distances, w / median) for w in KERNEL_WIDTHS}
+        kernels = field_kernels(gram, self.norms)
+        self.ridge = choose_and_fit({LINEAR: kernels.pop(LINEAR)}, residual, penalties, variables, column_weights)
         self.kernel = choose_and_fit(kernels, residual, KERNEL_PENALTIES, variables, column_weights)
 
     def _standardise(self, features: np.ndarray) -> np.ndarray:
@@ -111,7 +108,7 @@ class FieldForecasts:
         distances = squared_distances(gram, np.einsum("ij,ij->i", x, x), self.norms)
         kernels = {c.key: rbf(distances, c.key) for c in self.kernel.choices}
         return {
-            "field_ridge": data.regression + self.ridge.predict({"linear": gram}),
+            "field_ridge": data.regression + self.ridge.predict({LINEAR: gram}),
             "field_kernel": data.regression + self.kernel.predict(kernels),
         }
 

@@ -6,7 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.model.dual_ridge import DualFit, choose_and_fit, held_out_cut, rbf, squared_distances
+from training.model.dual_ridge import (
+    KERNEL_WIDTHS,
+    LINEAR,
+    DualFit,
+    choose_and_fit,
+    field_kernels,
+    held_out_cut,
+    rbf,
+    squared_distances,
+)
 
 
 def test_the_dual_fit_is_the_ridge_regression():
@@ -61,3 +70,26 @@ def test_too_few_samples_to_hold_out_are_refused():
     with pytest.raises(ValueError, match="10 training samples: too few"):
         held_out_cut(10)
     assert held_out_cut(20) == 18
+
+
+def test_the_kernels_offered_are_the_gram_matrix_and_gaussians_scaled_by_the_median_distance():
+    """Three samples on a line at 0, 1 and 3: squared distances 1, 9 and 4, whose median is 4."""
+    x = np.array([[0.0], [1.0], [3.0]])
+    kernels = field_kernels(x @ x.T, (x * x).sum(1))
+    assert list(kernels) == [LINEAR, *(w / 4 for w in KERNEL_WIDTHS)]
+    np.testing.assert_allclose(kernels[LINEAR], x @ x.T)
+    gamma = KERNEL_WIDTHS[0] / 4
+    np.testing.assert_allclose(kernels[gamma], np.exp(-gamma * np.array([[0, 1, 9], [1, 0, 4], [9, 4, 0]])))
+
+
+def test_a_curve_chooses_a_gaussian_kernel_and_a_line_forecasts_better_with_the_linear_one():
+    """Of the kernels offered, a target quadratic in the inputs takes a Gaussian; the Gaussian's
+    held-out gain there is well past the linear kernel's, which cannot forecast a square."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(300, 2))
+    targets = (x[:, :1] ** 2) + 0.05 * rng.normal(size=(300, 1))
+    kernels = field_kernels(x @ x.T, (x * x).sum(1))
+    every = choose_and_fit(kernels, targets, (1e-3, 1e-2, 1e-1, 1.0), np.array([0]))
+    linear = choose_and_fit({LINEAR: kernels[LINEAR]}, targets, (1e-3, 1e-2, 1e-1, 1.0), np.array([0]))
+    assert every.choices[0].key != LINEAR
+    assert every.choices[0].gain > 0.9 and linear.choices[0].gain < 0.2
