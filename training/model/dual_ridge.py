@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HOLD_OUT = 0.1  # the last tenth of the training samples chooses the penalty
+HOLD_OUT = 0.1  # the last tenth of the training samples chooses the kernel and penalty
 MIN_HELD_OUT = 2  # samples
 # A linear kernel's penalties, in units of its mean diagonal (the mean squared norm of a sample's
 # standardised inputs: their number), which the caller multiplies in, or scales the inputs to 1
 # (as the field forecast does, whose Gaussian kernels take the same ones: their diagonal is 1):
 # from nearly none to so much that the fit is nearly zero.
 RIDGE_PENALTIES = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4)
-# The Gaussian kernels offered, exp(-gamma |a - b|^2): gamma times the median squared distance
-# between the training samples.
-KERNEL_WIDTHS = (0.1, 0.3, 1.0)
+# The Gaussian kernels offered, exp(-gamma |a - b|^2): gamma each of these over the median squared
+# distance between the training samples.
+KERNEL_GAMMAS = (0.1, 0.3, 1.0)
 LINEAR = "linear"  # the linear kernel's key, a . b
 Kernels = dict[float | str, np.ndarray]  # a kernel's key (the Gaussian's gamma, or LINEAR) -> the kernel
 
@@ -44,16 +44,17 @@ class DualFit:
         return kernel @ self.coef + self.offset
 
 
-def rbf(sq_distances: np.ndarray, width: float) -> np.ndarray:
-    return np.exp(-width * sq_distances)
+def rbf(sq_distances: np.ndarray, gamma: float) -> np.ndarray:
+    """The Gaussian kernel exp(-gamma d) of the squared distances ``d``."""
+    return np.exp(-gamma * sq_distances)
 
 
 def field_kernels(gram: np.ndarray, norms: np.ndarray) -> Kernels:
     """The linear kernel ``gram (n, n)`` of n samples (``norms``: their squared norms) and the
-    Gaussian kernels of :data:`KERNEL_WIDTHS` between them, keyed by their gamma."""
+    Gaussian kernels of :data:`KERNEL_GAMMAS` between them, keyed by their gamma."""
     distances = squared_distances(gram, norms, norms)
     median = float(np.median(distances[np.triu_indices(len(gram), 1)])) or 1.0
-    return {LINEAR: gram} | {w / median: rbf(distances, w / median) for w in KERNEL_WIDTHS}
+    return {LINEAR: gram} | {g / median: rbf(distances, g / median) for g in KERNEL_GAMMAS}
 
 
 def squared_distances(gram: np.ndarray, norms_a: np.ndarray, norms_b: np.ndarray) -> np.ndarray:
@@ -91,7 +92,7 @@ class PerVariableFit:
 
 
 def held_out_cut(n: int) -> int:
-    """How many of ``n`` training samples (in date order) fit; the rest choose the penalty."""
+    """How many of ``n`` training samples (in date order) fit; the rest choose the kernel and penalty."""
     cut = round(n * (1 - HOLD_OUT))
     if n - cut < MIN_HELD_OUT or cut < MIN_HELD_OUT:
         raise ValueError(f"{n} training samples: too few to choose a penalty on the last tenth of them")

@@ -1,14 +1,15 @@
 """The whole-field forecast the network is given as an input (``model.field_input``): the
-per-point linear baseline (:mod:`training.model.linear_baseline`) plus a ridge regression of what
-it leaves on **every point's inputs at once**, so that the network sees a forecast that reads the
+per-point linear baseline (:mod:`training.model.linear_baseline`) plus a kernel ridge regression of
+what it leaves on **every point's inputs at once**, so that the network sees a forecast that reads the
 weather upstream as well as at the point. The network still learns each step over the per-point
 baseline; where the field forecast adds nothing, it learns to leave it out.
 
 Fitted in the dual over up to :data:`MAX_FIELD_SAMPLES` training samples
-(:mod:`training.model.dual_ridge`), each output variable's penalty chosen on the last tenth of
-them. A map of thousands of inputs fitted on the very dates the network trains on leaves them a
-forecast better than it gives on new dates, and a network trained on it learns to trust it too
-much (measured: docs/real-data.md). So the fit is also made **out of fold**: the fitted samples in
+(:mod:`training.model.dual_ridge`), each output variable's kernel (linear, or a Gaussian of one of
+three widths: a non-linear forecast) and penalty chosen on the last tenth of them. A map of
+thousands of inputs fitted on the very dates the network trains on leaves them a forecast better
+than it gives on new dates, and a network trained on it learns to trust it too much (measured:
+docs/real-data.md). So the fit is also made **out of fold**: the fitted samples in
 :data:`FOLDS` blocks of dates, each block's map fitted on the other blocks; a training step
 gives each sample the map of its block (:meth:`FieldForecast.out_of_fold`), validation,
 evaluation and forecasts the map of every sample.
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 from training.config.settings import ConfigValueError
 from training.data.batches import Batches
 from training.data.samples import Sample, evenly_spread
-from training.model.dual_ridge import LINEAR, RIDGE_PENALTIES, DualFit, Kernels, choose_and_fit, field_kernels
+from training.model.dual_ridge import LINEAR, RIDGE_PENALTIES, Choice, DualFit, Kernels, choose_and_fit, field_kernels
 from training.model.linear_baseline import LinearBaseline, training_chunks
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class KernelMap:
     offset: Tensor
 
     def to(self, device: torch.device) -> KernelMap:
+        """This map on ``device``."""
         return KernelMap(self.key, self.columns.to(device), self.coef.to(device), self.offset.to(device))
 
 
@@ -94,7 +96,7 @@ class FieldForecast(nn.Module):
     ) -> None:
         super().__init__()
         self.per_point = per_point
-        self.kept, self.mean, self.stdev = standard[0], standard[1].float(), standard[2].float()
+        self.kept, self.mean, self.scale = standard[0], standard[1].float(), standard[2].float()
         self.samples = samples.float()
         self.norms = self.samples.square().sum(dim=1)  # (n,)
         self.maps = [KernelMap(m.key, m.columns, m.coef.float(), m.offset.float()) for m in maps]
@@ -103,7 +105,7 @@ class FieldForecast(nn.Module):
 
     def to_device(self, device: torch.device) -> FieldForecast:
         self.per_point.to_device(device)
-        for name in ("kept", "mean", "stdev", "samples", "norms"):
+        for name in ("kept", "mean", "scale", "samples", "norms"):
             setattr(self, name, getattr(self, name).to(device))
         self.maps = [m.to(device) for m in self.maps]
         return self
@@ -123,7 +125,7 @@ class FieldForecast(nn.Module):
         if not self.maps:  # the held-out samples found no gain: the regression's forecast
             return baseline
         with torch.autocast(x.device.type, enabled=False):  # the whole state rides on it: full precision
-            flat = (x.float().reshape(b, -1)[:, self.kept] - self.mean) / self.stdev
+            flat = (x.float().reshape(b, -1)[:, self.kept] - self.mean) / self.scale
             kernels = self._kernels(flat)
             field = flat.new_zeros(b, baseline[0].numel())
             for m in self.maps:
@@ -134,10 +136,10 @@ class FieldForecast(nn.Module):
         """Each chosen kernel between ``flat (b, kept)`` and the fitted samples: ``(b, n)``."""
         gram = flat @ self.samples.T
         kernels: dict[float | str, Tensor] = {LINEAR: gram}
-        widths = {m.key for m in self.maps} - {LINEAR}
-        if widths:
+        gammas = {m.key for m in self.maps} - {LINEAR}
+        if gammas:
             distances = (flat.square().sum(dim=1, keepdim=True) + self.norms - 2 * gram).clamp_min(0)
-            kernels.update({w: torch.exp(-float(w) * distances) for w in widths})
+            kernels.update({g: torch.exp(-float(g) * distances) for g in gammas})
         return kernels
 
     def _apply(self, kernel: Tensor, m: KernelMap) -> Tensor:
@@ -210,27 +212,32 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     )
 
 
-def _fold_maps(kernels: Kernels, left: np.ndarray, fits: list, folds: np.ndarray) -> list[KernelMap]:
-    """One :class:`KernelMap` per kernel chosen by the variables of ``fits`` (choice, columns,
-    the fit on every sample): that fit, and one per fold fitted without its block."""
+def _fold_maps(
+    kernels: Kernels, left: np.ndarray, fits: list[tuple[Choice, np.ndarray, DualFit]], folds: np.ndarray
+) -> list[KernelMap]:
+    """One :class:`KernelMap` per kernel chosen by the variables of ``fits`` (each: its choice, its
+    columns of ``left (n, points x outputs)``, its fit on every sample): those fits, and one per
+    fold fitted without its block (``folds (n,)``: each sample's fold)."""
     maps = []
     for key in dict.fromkeys(choice.key for choice, _, _ in fits):
-        ours = [(choice, columns, every) for choice, columns, every in fits if choice.key == key]
-        columns = np.concatenate([c for _, c, _ in ours])
+        chose_key = [(choice, columns, every) for choice, columns, every in fits if choice.key == key]
+        columns = np.concatenate([variable_columns for _, variable_columns, _ in chose_key])
         coef = np.zeros((FOLDS + 1, len(left), len(columns)))
         offset = np.zeros((FOLDS + 1, len(columns)))
         first = 0
-        for choice, c, every in ours:
-            these = slice(first, first + len(c))
-            coef[FOLDS][:, these], offset[FOLDS, these] = every.coef, every.offset
+        for choice, variable_columns, every in chose_key:
+            block = slice(first, first + len(variable_columns))  # this variable's columns in the map
+            coef[FOLDS][:, block], offset[FOLDS, block] = every.coef, every.offset
             for k in range(FOLDS):
                 rest = np.flatnonzero(folds != k)
-                fit = DualFit.fit(kernels[key][np.ix_(rest, rest)], left[np.ix_(rest, c)], choice.penalty)
-                coef[k][rest, these], offset[k, these] = fit.coef, fit.offset
-            first += len(c)
+                targets = left[np.ix_(rest, variable_columns)]
+                fit = DualFit.fit(kernels[key][np.ix_(rest, rest)], targets, choice.penalty)
+                coef[k][rest, block], offset[k, block] = fit.coef, fit.offset
+            first += len(variable_columns)
         maps.append(KernelMap(key, torch.from_numpy(columns), torch.from_numpy(coef), torch.from_numpy(offset)))
     return maps
 
 
 def _kernel_name(key: float | str) -> str:
+    """A kernel's key as the log says it."""
     return key if isinstance(key, str) else f"gaussian gamma {key:.3g}"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from training.model.dual_ridge import (
-    KERNEL_WIDTHS,
+    KERNEL_GAMMAS,
     LINEAR,
     DualFit,
     choose_and_fit,
@@ -76,13 +76,13 @@ def test_the_kernels_offered_are_the_gram_matrix_and_gaussians_scaled_by_the_med
     """Three samples on a line at 0, 1 and 3: squared distances 1, 9 and 4, whose median is 4."""
     x = np.array([[0.0], [1.0], [3.0]])
     kernels = field_kernels(x @ x.T, (x * x).sum(1))
-    assert list(kernels) == [LINEAR, *(w / 4 for w in KERNEL_WIDTHS)]
+    assert list(kernels) == [LINEAR, *(g / 4 for g in KERNEL_GAMMAS)]
     np.testing.assert_allclose(kernels[LINEAR], x @ x.T)
-    gamma = KERNEL_WIDTHS[0] / 4
+    gamma = KERNEL_GAMMAS[0] / 4
     np.testing.assert_allclose(kernels[gamma], np.exp(-gamma * np.array([[0, 1, 9], [1, 0, 4], [9, 4, 0]])))
 
 
-def test_a_curve_chooses_a_gaussian_kernel_and_a_line_forecasts_better_with_the_linear_one():
+def test_a_curve_chooses_a_gaussian_kernel_which_the_linear_one_cannot_forecast():
     """Of the kernels offered, a target quadratic in the inputs takes a Gaussian; the Gaussian's
     held-out gain there is well past the linear kernel's, which cannot forecast a square."""
     rng = np.random.default_rng(4)
