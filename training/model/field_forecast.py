@@ -224,16 +224,16 @@ def _fold_maps(
         columns = np.concatenate([variable_columns for _, variable_columns, _ in chose_key])
         coef = np.zeros((FOLDS + 1, len(left), len(columns)))
         offset = np.zeros((FOLDS + 1, len(columns)))
-        first = 0
-        for choice, variable_columns, every in chose_key:
-            block = slice(first, first + len(variable_columns))  # this variable's columns in the map
+        ends = np.cumsum([len(variable_columns) for _, variable_columns, _ in chose_key])
+        blocks = [slice(end - len(c), end) for end, (_, c, _) in zip(ends, chose_key)]  # each variable's in the map
+        for block, (_, _, every) in zip(blocks, chose_key):
             coef[FOLDS][:, block], offset[FOLDS, block] = every.coef, every.offset
-            for k in range(FOLDS):
-                rest = np.flatnonzero(folds != k)
-                targets = left[np.ix_(rest, variable_columns)]
-                fit = DualFit.fit(kernels[key][np.ix_(rest, rest)], targets, choice.penalty)
+        for k in range(FOLDS):  # the fold's kernel taken once, for every variable that chose it
+            rest = np.flatnonzero(folds != k)
+            kernel = kernels[key][np.ix_(rest, rest)]
+            for block, (choice, variable_columns, _) in zip(blocks, chose_key):
+                fit = DualFit.fit(kernel, left[np.ix_(rest, variable_columns)], choice.penalty)
                 coef[k][rest, block], offset[k, block] = fit.coef, fit.offset
-            first += len(variable_columns)
         maps.append(KernelMap(key, torch.from_numpy(columns), torch.from_numpy(coef), torch.from_numpy(offset)))
     return maps
 
