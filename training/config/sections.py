@@ -51,6 +51,11 @@ class DataConfig:
     val_fraction: float | None = setting(None, or_null(within(0, 1, "()")))
     """The last part of the dates, held out for validation; None: derived from the store (from
     0.1 up to 0.3, enough for 64 initial dates where it allows)."""
+    calibration_fraction: float | None = setting(None, or_null(within(0, 0.5, "[)")))
+    """The part of the dates just before the validation period held out of training, on which
+    the skill table's calibration is fitted (training/skill/calibration.py); 0: none, it is
+    fitted on training dates; None: derived from the store (0.1 where the field input is on and
+    1,024 one-step training samples are left, else 0)."""
     check_finite: bool = True
     """Scan the store for NaN/inf before training (chunk by chunk; missing dates excepted)."""
     preload: bool = True

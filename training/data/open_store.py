@@ -53,4 +53,5 @@ def dataset_samples(data: DataConfig, dataset: ZarrDataset, horizon: int = 1, hi
     whose ``horizon`` successive targets are present (see :mod:`training.data.samples`)."""
     lead = lead_steps(data.lead_time, dataset.frequency_s, str(dataset.path))
     members = select_members(dataset.n_members, data.members)
-    return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon, history)
+    held_out = data.calibration_fraction or 0.0  # None (not yet derived): none
+    return build_samples(dataset.n_times, dataset.missing, members, lead, data.val_fraction, horizon, history, held_out)

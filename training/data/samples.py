@@ -8,7 +8,9 @@
   anemoi does.
 - A rollout of ``horizon`` steps needs every target up to ``t + horizon * lead`` present.
 - Train and validation are split by time: the last ``val_fraction`` of the dates (at least 2)
-  are validation dates; a sample belongs to the period holding both its dates.
+  are validation dates, the ``calibration_fraction`` before them (``data.calibration_fraction``,
+  0 unless derived or given) a calibration period that only the skill table's calibration reads;
+  a sample belongs to the period holding all its dates.
 
 The sample lists are a function of the dataset and the configuration alone, so a resumed run
 reads exactly the samples of the uninterrupted one.
@@ -16,7 +18,7 @@ reads exactly the samples of the uninterrupted one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,6 +35,7 @@ class Samples:
     train: list[Sample]
     val: list[Sample]
     lead: int
+    calibration: list[Sample] = field(default_factory=list)  # the period between: the calibration's only
 
 
 def evenly_spread(items: list, count: int) -> list:
@@ -77,6 +80,13 @@ def select_members(n_members: int, members: list[int] | None) -> list[int]:
     return [int(m) for m in members]
 
 
+def period_bounds(n_times: int, val_fraction: float, calibration_fraction: float = 0.0) -> tuple[int, int]:
+    """The first calibration date and the first validation date of ``n_times`` dates: the last
+    ``val_fraction`` of them (at least 2) validate, the ``calibration_fraction`` before calibrate."""
+    boundary = n_times - max(2, int(n_times * val_fraction))
+    return boundary - int(n_times * calibration_fraction), boundary
+
+
 def build_samples(
     n_times: int,
     missing: frozenset[int],
@@ -85,26 +95,30 @@ def build_samples(
     val_fraction: float,
     horizon: int = 1,
     history: int = 0,
+    calibration_fraction: float = 0.0,
 ) -> Samples:
     """The train and validation samples of a dataset of ``n_times`` dates (see the module) whose
     ``history`` earlier inputs (``t - history * lead``, ..., ``t - lead``; ``model.multistep_input``
     - 1) and ``horizon`` successive targets (``t + lead``, ..., ``t + horizon * lead``; a
     rollout's) are all present in the same period."""
     n_val = max(2, int(n_times * val_fraction))
-    boundary = n_times - n_val  # the first validation date
+    calibrated, boundary = period_bounds(n_times, val_fraction, calibration_fraction)
     offsets = [k * lead for k in range(-history, horizon + 1)]
 
     def starts(first: int, stop: int) -> list[int]:
         return [t for t in range(first - offsets[0], stop - offsets[-1]) if not any(t + o in missing for o in offsets)]
 
-    train = [(t, m) for t in starts(0, boundary) for m in members]
+    train = [(t, m) for t in starts(0, calibrated) for m in members]
+    calibration = [(t, m) for t in starts(calibrated, boundary) for m in members]
     val = [(t, m) for t in starts(boundary, n_times) for m in members]
     if not train or not val:
         period = "training" if not train else "validation"
+        held = boundary - calibrated
+        held_out = f", {held} for calibration (data.calibration_fraction)" if held else ""
         raise DatasetError(
-            f"no {period} sample: {n_times} dates, {n_val} of them for validation (data.val_fraction), "
+            f"no {period} sample: {n_times} dates, {n_val} of them for validation (data.val_fraction){held_out}, "
             f"{len(missing)} missing, {history} earlier input(s) and {horizon} step(s) of {lead} dates "
             "(model.multistep_input, data.lead_time); use a shorter data.lead_time, fewer rollout or evaluation "
             "steps, or another data.val_fraction"
         )
-    return Samples(train, val, lead)
+    return Samples(train, val, lead, calibration)

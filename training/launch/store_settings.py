@@ -23,6 +23,11 @@ practitioner would pick from what the store says, so that ``data=zarr data.path=
   holds a model (``trainer.ranks_per_model=1``), the step is not compiled and the fit's samples
   and maps fit in :data:`~training.model.field_forecast.MAX_FIELD_VALUES` with at least
   :data:`~training.model.field_forecast.MIN_FIELD_SAMPLES` training samples; off elsewhere.
+- ``data.calibration_fraction``: where the field input is on, :data:`CALIBRATION_FRACTION` of the
+  dates before the validation period, held out of training for the calibration, if it holds
+  :data:`CALIBRATION_DAYS` days of dates and
+  :data:`~training.model.field_forecast.MIN_FIELD_SAMPLES` one-step training samples are left;
+  0 elsewhere.
 - ``trainer.batch_size``: the most samples, a power of two up to :data:`MAX_BATCH`, whose data
   points fit in :data:`AREA_POINTS_PER_STEP` on a limited area, :data:`GLOBAL_POINTS_PER_STEP` on
   global data (one where a sample alone is more).
@@ -46,7 +51,7 @@ from training.config.checks import AUTO, DATA
 from training.config.schema import RunConfig
 from training.data import DatasetError, ZarrDataset
 from training.data.open_store import dataset_samples
-from training.data.samples import build_samples, lead_steps, select_members
+from training.data.samples import build_samples, lead_steps, period_bounds, select_members
 from training.model.build import forcings_per_step
 from training.model.field_forecast import MIN_FIELD_SAMPLES, field_samples_that_fit
 from training.model.hidden_grid import hidden_grid
@@ -94,6 +99,15 @@ GLOBAL_LR = 3e-3
 # NCEP (+3.1 / +4.6 points at 1 day, every lead on both seeds) and CORDEX (+2.0 / +2.5 for the
 # temperature), 8 on ERA5 (seed means +6.7 points at 6 h, +4.3 at 24 h) and on the synthetic
 # regional store (+10 to +14 points at every lead), each run at most 3.5 minutes on Zen 4.
+# Where the field input is on, the last tenth of the dates before validation is held out of
+# training and the calibration fitted there, with the field map of each lead beside the model
+# (docs/real-data.md, 2026-12-07): fitted on dates the model trained on, the calibration
+# weighed the model's later leads as if it had not overfit them.
+CALIBRATION_FRACTION = 0.1
+# ... where that period holds a year of dates: every season in the calibration. On NCEP's ten years
+# (a year held out) every lead gained on both seeds; on the stores of 20 winters (two winters held
+# out, about 180 dates) the later leads lost up to 3 points on most variables (docs/real-data.md).
+CALIBRATION_DAYS = 365
 GLOBAL_POINTS_PER_STEP = 8192
 AREA_POINTS_PER_STEP = 16384
 MAX_BATCH = 16
@@ -287,6 +301,34 @@ def field_input_fits(cfg: RunConfig, dataset: ZarrDataset) -> tuple[bool, str]:
     return True, f"one rank holds every point: a kernel ridge map of all {points * inputs:,} inputs, on {count} samples"
 
 
+def derive_calibration_period(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
+    """``data.calibration_fraction`` where null (see the module), after ``model.field_input``."""
+    if cfg.data.calibration_fraction is not None:
+        return []
+    cfg.data.calibration_fraction, why = 0.0, "the field input is off: calibrated on training dates"
+    if cfg.model.field_input:
+        cfg.data.calibration_fraction = CALIBRATION_FRACTION
+        left, days = one_step_training_samples(cfg, dataset), calibration_days(cfg, dataset)
+        period = f"the {CALIBRATION_FRACTION:.0%} of the dates before validation holds {days:,.0f} days of them"
+        if left < MIN_FIELD_SAMPLES:
+            why = f"{left:,} training samples would be left, under {MIN_FIELD_SAMPLES:,}: calibrated on training dates"
+        elif days < CALIBRATION_DAYS:
+            why = f"{period}, under a year: calibrated on training dates"
+        else:
+            why = f"{period}, held out of training; {left:,} training samples left"
+        if left < MIN_FIELD_SAMPLES or days < CALIBRATION_DAYS:
+            cfg.data.calibration_fraction = 0.0
+    return [Derived("data.calibration_fraction", cfg.data.calibration_fraction, why)]
+
+
+def calibration_days(cfg: RunConfig, dataset: ZarrDataset) -> float:
+    """Days of dates the calibration period of ``cfg.data.calibration_fraction`` holds: its dates
+    that are not missing, times the store's step."""
+    first, stop = period_bounds(dataset.n_times, cfg.data.val_fraction, cfg.data.calibration_fraction)
+    present = sum(1 for t in range(first, stop) if t not in dataset.missing)
+    return present * dataset.frequency_s / 86400
+
+
 def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     """Fill every derived key ``cfg`` leaves null (in place) from its store, ``dataset``
     (:func:`~training.data.open_store.open_store` of ``cfg.data``); what was derived."""
@@ -304,6 +346,7 @@ def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
         cfg.model.multistep_input is None,
         cfg.trainer.lr is None,
         cfg.model.field_input is None,
+        cfg.data.calibration_fraction is None,
     )
     if not any(needed):
         return []
@@ -318,7 +361,8 @@ def derive_from_store(cfg: RunConfig, dataset: ZarrDataset) -> list[Derived]:
     if cfg.trainer.nprocs is None:
         m, lat, lon = cfg.model, dataset.latitudes, dataset.longitudes
         hidden_points = hidden_grid(m.hidden_grid, m.hidden_stride, dataset.point_set, lat, lon).n_points
-    return derived + derive_ranks(cfg, hidden_points) + derive_field_input(cfg, dataset)
+    ranks = derive_ranks(cfg, hidden_points)
+    return derived + ranks + derive_field_input(cfg, dataset) + derive_calibration_period(cfg, dataset)
 
 
 def describe(derived: list[Derived]) -> str:

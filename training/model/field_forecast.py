@@ -64,6 +64,24 @@ def fold_of(fold_starts: list[int], starts: Sequence[int]) -> list[int]:
     return [bisect.bisect_right(fold_starts, t) for t in starts]
 
 
+def date_folds(starts: list[Sample]) -> tuple[list[int], np.ndarray]:
+    """``starts`` (in date order) in :data:`FOLDS` blocks of dates, a date's members together:
+    the first date index of folds 1, ..., and each sample's fold ``(len(starts),)``."""
+    fold_starts = [starts[block[0]][0] for block in np.array_split(np.arange(len(starts)), FOLDS)[1:]]
+    return fold_starts, np.array(fold_of(fold_starts, [t for t, _ in starts]))
+
+
+def standardised_inputs(x: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(kept, mean, scale, standard)`` of samples' inputs ``x (n, inputs)``: the inputs that
+    vary (constant ones, as positions, say nothing), their mean and scale, and ``(x[:, kept] -
+    mean) / scale``: standardised, then scaled so that a sample's mean squared norm is 1, so that
+    the penalties are in units of the kernels' diagonals, 1 for both kinds."""
+    mean, stdev = x.mean(axis=0), x.std(axis=0)
+    kept = np.flatnonzero(stdev > 1e-6 * max(float(stdev.max()), 1e-30))
+    scale = stdev[kept] * np.sqrt(len(kept))
+    return kept, mean[kept], scale, (x[:, kept] - mean[kept]) / scale
+
+
 @dataclass(frozen=True)
 class KernelMap:
     """The output columns whose variables chose one kernel (``key``: "linear", or the Gaussian
@@ -181,17 +199,11 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     x, left = _inputs_and_left(batches, starts, per_point)
     variables = np.tile(np.arange(left.shape[2]), left.shape[1])  # each column's variable, points first
     left = left.reshape(len(left), -1)
-    mean, stdev = x.mean(axis=0), x.std(axis=0)
-    kept = np.flatnonzero(stdev > 1e-6 * max(float(stdev.max()), 1e-30))  # constant inputs (positions) say nothing
-    # Standardised, then scaled so that a sample's mean squared norm is 1: the penalties are in
-    # units of the kernels' diagonals, 1 for both kinds.
-    scaled = stdev[kept] * np.sqrt(len(kept))
-    standard = (x[:, kept] - mean[kept]) / scaled
+    kept, mean, scaled, standard = standardised_inputs(x)
     kernels = field_kernels(standard @ standard.T, np.einsum("ij,ij->i", standard, standard))
     chosen = choose_and_fit(kernels, left, RIDGE_PENALTIES, variables)
     # Blocks of dates (a date's members together): each sample's fold by its date, as in training.
-    fold_starts = [starts[block[0]][0] for block in np.array_split(np.arange(len(starts)), FOLDS)[1:]]
-    folds = np.array(fold_of(fold_starts, [t for t, _ in starts]))
+    fold_starts, folds = date_folds(starts)
     gains = [round(100 * float(choice.gain), 1) for choice in chosen.choices]  # by output variable
     keep = max(gains) >= 100 * MIN_FIELD_GAIN
     said = "takes" if keep else "took only: the forecast is the regression's"
@@ -205,7 +217,7 @@ def fit_field_forecast(batches: Batches, train: list[Sample], per_point: LinearB
     as_tensor = torch.from_numpy
     return FieldForecast(
         per_point,
-        (as_tensor(kept), as_tensor(mean[kept]), as_tensor(scaled)),
+        (as_tensor(kept), as_tensor(mean), as_tensor(scaled)),
         as_tensor(standard),
         maps,
         fold_starts,

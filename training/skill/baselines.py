@@ -68,6 +68,18 @@ def fit_samples(session: Session, steps: int) -> list[Sample]:
     return evenly_spread(train, date_count(session.dataset.n_points))
 
 
+def calibration_period_samples(session: Session, steps: int) -> list[Sample]:
+    """The samples of the calibration period (``data.calibration_fraction``) with targets
+    ``steps`` leads on, none without the period or where it is shorter than that."""
+    if not session.samples.calibration:
+        return []
+    history = session.cfg.model.multistep_input - 1
+    try:
+        return dataset_samples(session.cfg.data, session.dataset, steps, history).calibration
+    except DatasetError:
+        return []
+
+
 def training_baselines(session: Session, steps: int, dates: Iterable[int], leads: int | None = None) -> Baselines:
     """The :class:`Baselines` of ``session``'s training period for leads 1 to ``leads`` (None:
     ``steps``), fitted on the samples of ``steps`` leads (:func:`fit_samples`: the same fit of a

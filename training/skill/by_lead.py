@@ -25,8 +25,9 @@ from training.model.rollout import rollout
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import training_baselines
-from training.skill.calibration import UNCALIBRATED, describe, fit_calibration
+from training.skill.calibration import UNCALIBRATED, calibration_samples, describe, fit_calibration
 from training.skill.centroid import CentroidAccumulator
+from training.skill.field_leads import FIELD_MAP, fit_field_leads
 from training.skill.scores import SkillAccumulator, SkillTable
 
 log = logging.getLogger(__name__)
@@ -69,10 +70,14 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     mine = samples[dims.dp_rank :: dims.dp]
     outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
     weights = scored_weights(session)
-    baselines = training_baselines(session, steps, [t + k * lead for t, _ in mine for k in range(steps + 1)])
+    calibrate = session.cfg.evaluate.calibrate
+    calibrated_on = calibration_samples(session, steps) if calibrate else []  # their climatologies too
+    dates = [t + k * lead for t, _ in [*mine, *calibrated_on] for k in range(steps + 1)]
+    baselines = training_baselines(session, steps, dates)
     leads = lead_hours(session, steps)
     plain = baselines.climatologies.plain
-    calibration = fit_calibration(session, baselines) if session.cfg.evaluate.calibrate else None
+    fields = fit_field_leads(session, baselines) if calibrate else None
+    calibration = fit_calibration(session, baselines, fields) if calibrate else None
     if calibration and dims.rank == 0:
         log.info(describe(calibration, outputs, leads))
     kinds = ("model", *((UNCALIBRATED,) if calibration else ()), *baselines.kinds)
@@ -88,12 +93,14 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
             )
             initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
             by_lead = baselines.forecasts(t, member)
+            field_leads = fields.forecasts(t, member) if fields and calibration else None
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
                 truth = dataset.denormalise_outputs(target[0].cpu().numpy())
                 predicted = dataset.denormalise_outputs(forecast[0].cpu().numpy())
                 if calibration:
                     scores.add(UNCALIBRATED, k, predicted, truth, sample_id)
-                    predicted = calibration[k].apply(predicted, by_lead[k])
+                    weighed = by_lead[k] | ({FIELD_MAP: field_leads[k]} if field_leads else {})
+                    predicted = calibration[k].apply(predicted, weighed)
                 scores.add("model", k, predicted, truth, sample_id)
                 for kind, forecast_of_kind in by_lead[k].items():
                     scores.add(kind, k, forecast_of_kind, truth, sample_id)

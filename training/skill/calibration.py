@@ -1,21 +1,26 @@
-"""The model's forecast calibrated per lead on the training dates, as forecasters post-process a
-model's output (model output statistics): at each lead and for each output variable,
+"""The model's forecast calibrated per lead, as forecasters post-process a model's output (model
+output statistics): at each lead and for each output variable,
 
-    calibrated = c + a (model - c) + b (damped_persistence - c)
+    calibrated = c + a (model - c) + b (damped_persistence - c) [+ f (field_map - c)]
 
-with ``c`` the climatology (plain, by hour of day or by day of year) that fits the training
-dates best at that lead, and ``a``, ``b`` the least-squares weights over the training dates'
-points (area-weighted) and samples among the blends: ``a, b >= 0`` and ``a + b <= 1``, the
-rest on ``c`` (:func:`blend_weights`). At the first leads ``a`` is 1 or near it and ``b`` 0
-or near it: the model is kept as it is. Where the rolled-out model has lost its skill, the
-weights move the forecast toward the climatology and the damped persistence fitted for that
-lead, as a deterministic forecast should when predictability is gone (its mean squared error is
-least there).
+with ``c`` the climatology (plain, by hour of day or by day of year) that fits the calibration
+samples best at that lead, and ``a``, ``b`` (and ``f``) the least-squares weights over their
+points (area-weighted) and samples among the blends: every weight >= 0 and their sum <= 1, the
+rest on ``c`` (:func:`blend_weights`). At the first leads ``a`` is 1 or near it: the model is
+kept as it is. Where the rolled-out model has lost its skill, the weights move the forecast
+toward the climatology, the damped persistence fitted for that lead and, where there is one, the
+field map fitted directly for that lead (:mod:`training.skill.field_leads`), as a deterministic
+forecast should when the model's predictability is gone.
 
-Fitted on :func:`calibration_count` (at most :data:`CALIBRATION_SAMPLES`; fewer on a large grid)
-of the training samples the fitted baselines read (:func:`training.skill.baselines.fit_samples`):
-no validation date is seen. Every rank rolls out its replica's share of them on its points; the
-sums are added over the model and data-parallel groups, so every rank solves the same weights."""
+Fitted on :func:`calibration_count` samples (at most :data:`CALIBRATION_SAMPLES`; fewer on a
+large grid), evenly spread over the **calibration period** where the run holds one out
+(``data.calibration_fraction``: the dates just before validation, on which neither the model
+nor the baselines nor the field maps are fitted), else over the training samples the fitted
+baselines read (:func:`training.skill.baselines.fit_samples`). Fitted on training dates, the
+weights trust the model's later leads as if it had not learnt those dates (docs/real-data.md):
+the field map is weighed only where the period is held out. No validation date is seen. Every
+rank rolls out its replica's share of them on its points; the sums are added over the model and
+data-parallel groups, so every rank solves the same weights."""
 
 from __future__ import annotations
 
@@ -28,8 +33,9 @@ from training.data.samples import Sample, evenly_spread
 from training.model.rollout import rollout
 from training.session import Session
 from training.skill.area import scored_weights
-from training.skill.baselines import Baselines, fit_samples
+from training.skill.baselines import Baselines, calibration_period_samples, fit_samples
 from training.skill.climatologies import POINT_DATES
+from training.skill.field_leads import FIELD_MAP, FieldLeads
 from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
 
@@ -142,22 +148,28 @@ def calibration_count(n_points: int) -> int:
 
 
 def calibration_samples(session: Session, steps: int) -> list[Sample]:
-    """The training samples the calibration for leads 1 to ``steps`` rolls out: at most
-    :func:`calibration_count` of those the fitted baselines read
-    (:func:`training.skill.baselines.fit_samples`), evenly spread."""
+    """The samples the calibration for leads 1 to ``steps`` rolls out, at most
+    :func:`calibration_count` evenly spread: of the calibration period where there is one, else
+    of the training samples the fitted baselines read (:func:`training.skill.baselines.fit_samples`)."""
+    held_out = calibration_period_samples(session, steps)  # none: the training samples
+    if held_out:
+        return evenly_spread(held_out, calibration_count(session.dataset.n_points))
     return evenly_spread(fit_samples(session, steps), calibration_count(session.dataset.n_points))
 
 
-def fit_calibration(session: Session, baselines: Baselines) -> list[LeadCalibration] | None:
+def fit_calibration(
+    session: Session, baselines: Baselines, fields: FieldLeads | None = None
+) -> list[LeadCalibration] | None:
     """Per lead (1 to ``baselines.steps``), the calibration of ``session``'s model fitted on
-    :func:`calibration_samples` (among the fitted baselines' own, whose dates' climatologies
-    ``baselines`` holds); None without them (every rank agrees: they are the same everywhere)."""
+    :func:`calibration_samples` (whose dates' climatologies ``baselines`` holds), with the field
+    maps ``fields`` weighed beside the model where given; None without samples (every rank
+    agrees: they are the same everywhere)."""
     dataset, dims, steps = session.dataset, session.dims, baselines.steps
     samples = calibration_samples(session, steps) if baselines.fitted is not None else []
     if not samples:
         return None
     references = tuple(r for r in REFERENCES if r in baselines.kinds)
-    kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds))
+    kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds), *((FIELD_MAP,) if fields else ()))
     weights = scored_weights(session)
     sums = np.zeros((steps, len(references), len(kinds) + 1, len(kinds) + 1, len(dataset.roles.outputs)))
     was_training = session.model.training
@@ -172,6 +184,8 @@ def fit_calibration(session: Session, baselines: Baselines) -> list[LeadCalibrat
             )
             for i, (t, member) in enumerate(part):
                 by_lead = baselines.forecasts(t, member)
+                if fields:
+                    by_lead = [dict(f, **{FIELD_MAP: m}) for f, m in zip(by_lead, fields.forecasts(t, member))]
                 for k in range(steps):
                     truth = dataset.denormalise_outputs(targets[k, i].cpu().numpy())
                     given = {MODEL: dataset.denormalise_outputs(forecasts[k][i].cpu().numpy()), **by_lead[k]}

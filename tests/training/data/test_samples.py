@@ -25,6 +25,16 @@ def test_one_member_no_missing_dates_is_the_old_indexing():
     assert samples.val == [(t, 0) for t in range(36, 39)]
 
 
+def test_a_calibration_period_lies_between_training_and_validation():
+    """40 dates, the last 4 validation, the 8 before calibration (``data.calibration_fraction``):
+    each period's inputs and targets inside it, so no training target is a calibration date."""
+    samples = build_samples(40, frozenset(), [0], 1, 0.1, horizon=2, calibration_fraction=0.2)
+    assert samples.train == [(t, 0) for t in range(26)]  # targets t + 1, t + 2 before date 28
+    assert samples.calibration == [(t, 0) for t in range(28, 34)]
+    assert samples.val == [(t, 0) for t in range(36, 38)]
+    assert build_samples(40, frozenset(), [0], 1, 0.1).calibration == []
+
+
 def test_lead_time_in_hours():
     assert lead_steps(None, SIX_HOURS) == 1
     assert lead_steps(6, SIX_HOURS) == 1

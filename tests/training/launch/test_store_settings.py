@@ -14,6 +14,7 @@ from training.config.schema import run_config
 from training.launch import store_settings
 from training.launch.store_settings import (
     derive_batch_size,
+    derive_calibration_period,
     derive_field_input,
     derive_hidden_grid,
     derive_lead_time,
@@ -211,6 +212,31 @@ def test_the_field_input_where_one_rank_holds_every_point_and_its_map_fits(monke
     assert box.value is False and "under 1,024 fit" in box.why
 
 
+def test_a_calibration_period_where_the_field_input_is_on_and_enough_training_is_left(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def derived(store, *given):
+        cfg = _cfg("data.val_fraction=0.3", *given)
+        derive_recipe(cfg, store.point_set)
+        derive_ranks(cfg, 404)
+        derive_field_input(cfg, store)
+        return cfg, derive_calibration_period(cfg, store)
+
+    cfg, (ncep,) = derived(_store(561, 24, 3652))  # 3,652 days: 30% validation, 10% calibration
+    assert (ncep.key, ncep.value) == ("data.calibration_fraction", 0.1)
+    assert "holds 365 days of them, held out of training; 2,191 training samples left" in ncep.why  # 0 .. 2,190
+    assert cfg.data.calibration_fraction == 0.1
+    _, (short,) = derived(_store(561, 24, 1700))  # the field input on (1,189 samples), 1,019 with the period
+    assert short.value == 0.0 and "1,019 training samples would be left, under 1,024" in short.why
+    winters = [t for t in range(7030) if t % 365 >= 90]  # 20 winters of 90 days: 180 of the period's 703 dates
+    _, (gappy,) = derived(_store(561, 24, 7030, missing=winters))
+    assert gappy.value == 0.0 and "holds 180 days of them, under a year" in gappy.why
+    _, (off,) = derived(_store(1617, 1, 744))  # ERA5 UK's month of hours: no field input
+    assert off.value == 0.0 and "the field input is off" in off.why
+    _, given = derived(_store(561, 24, 3652), "data.calibration_fraction=0.2")
+    assert given == []
+
+
 @pytest.mark.parametrize(
     "given",
     [
@@ -223,6 +249,7 @@ def test_the_field_input_where_one_rank_holds_every_point_and_its_map_fits(monke
         ["trainer.batch_size=2"],
         ["trainer.lr=0.005"],
         ["model.field_input=False"],
+        ["data.calibration_fraction=0.0"],
     ],
 )
 def test_a_given_key_is_never_derived(given):
@@ -236,6 +263,7 @@ def test_a_given_key_is_never_derived(given):
         *derive_validation(cfg, store),
         *derive_ranks(cfg, 404),
         *derive_field_input(cfg, store),
+        *derive_calibration_period(cfg, store),
     ]
     for override in given:
         key, value = override.split("=")

@@ -138,3 +138,30 @@ def test_a_large_grid_rolls_out_fewer_samples_and_never_below_the_minimum():
     """512 on every store of up to 8,192 points, then 2^22 samples x points, 128 at least."""
     assert [calibration_count(n) for n in (11, 1_617, 8_192)] == [512, 512, 512]
     assert [calibration_count(n) for n in (16_384, 64_800, 542_080)] == [256, 128, 128]
+
+
+def test_a_calibration_period_is_what_the_calibration_reads_and_weighs_the_field_map(
+    tmp_path, small_dataset, monkeypatch
+):
+    """With ``data.calibration_fraction`` the calibration rolls out the held-out period's samples
+    (none a training or validation date) and weighs the field map of each lead beside the model."""
+    from tests.training.conftest import small_config
+    from training.distributed.parallel import ParallelDims
+    from training.launch.launcher import prepare
+    from training.model import field_forecast
+    from training.session import open_session
+    from training.skill import calibration
+    from training.skill.baselines import training_baselines
+    from training.skill.field_leads import FIELD_MAP, fit_field_leads
+
+    monkeypatch.setattr(field_forecast, "MIN_FIELD_SAMPLES", 8)  # the small store's samples fit
+    one_rank = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "data.calibration_fraction=0.25")
+    session = open_session(prepare(small_config(tmp_path, small_dataset, *one_rank)), ParallelDims.build(1))
+    chosen = calibration.calibration_samples(session, 2)
+    train, val = [t for t, _ in session.samples.train], [t for t, _ in session.samples.val]
+    assert chosen and all(max(train) + 1 < t and t + 2 < min(val) for t, _ in chosen)  # targets inside the period
+    lead = session.samples.lead
+    baselines = training_baselines(session, 2, [t + k * lead for t, _ in chosen for k in range(3)])
+    fits = calibration.fit_calibration(session, baselines, fit_field_leads(session, baselines))
+    assert fits is not None and all(fit.kinds == (MODEL, DAMPED_PERSISTENCE, FIELD_MAP) for fit in fits)
+    assert all(np.isfinite(fit.weights).all() and (fit.weights >= 0).all() for fit in fits)
