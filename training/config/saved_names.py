@@ -19,6 +19,7 @@ EARLIER_VALUES = {
     "model.multistep_input": 1,
     "model.baseline": "persistence",
     "model.field_input": False,  # runs before the whole-field forecast was given
+    "data.calibration_fraction": 0.0,  # runs before a calibration period was held out: they trained on it
     "trainer.batch_size": 1,
     "trainer.keep_best": False,  # runs before best.pt scored their last model
     "trainer.matmul": "aten",  # runs before processor/matmul ran torch's GEMM: they resume on it

@@ -242,9 +242,9 @@ class EvaluateConfig:
     """Initial dates, evenly spread over the validation period; None: every validation initial
     date, at most 100."""
     calibrate: bool = True
-    """The model's forecast is scored calibrated per lead on the training dates toward the
-    climatology and damped persistence (training/skill/calibration.py), its own forecast beside
-    it as ``model_uncalibrated``."""
+    """The model's forecast is scored calibrated per lead toward the climatology and damped
+    persistence (and the field map of each lead where ``data.calibration_fraction`` holds a period
+    out; training/skill/calibration.py), its own forecast beside it as ``model_uncalibrated``."""
     at_end_of_training: bool = True
     """A training run evaluates its final model."""
     at_stop: bool = False

@@ -101,8 +101,8 @@ def build_samples(
     ``history`` earlier inputs (``t - history * lead``, ..., ``t - lead``; ``model.multistep_input``
     - 1) and ``horizon`` successive targets (``t + lead``, ..., ``t + horizon * lead``; a
     rollout's) are all present in the same period."""
-    n_val = max(2, int(n_times * val_fraction))
     calibrated, boundary = period_bounds(n_times, val_fraction, calibration_fraction)
+    n_val = n_times - boundary
     offsets = [k * lead for k in range(-history, horizon + 1)]
 
     def starts(first: int, stop: int) -> list[int]:

@@ -307,17 +307,17 @@ def derive_calibration_period(cfg: RunConfig, dataset: ZarrDataset) -> list[Deri
         return []
     cfg.data.calibration_fraction, why = 0.0, "the field input is off: calibrated on training dates"
     if cfg.model.field_input:
-        cfg.data.calibration_fraction = CALIBRATION_FRACTION
+        cfg.data.calibration_fraction = CALIBRATION_FRACTION  # what the counts below are of
         left, days = one_step_training_samples(cfg, dataset), calibration_days(cfg, dataset)
         period = f"the {CALIBRATION_FRACTION:.0%} of the dates before validation holds {days:,.0f} days of them"
-        if left < MIN_FIELD_SAMPLES:
-            why = f"{left:,} training samples would be left, under {MIN_FIELD_SAMPLES:,}: calibrated on training dates"
-        elif days < CALIBRATION_DAYS:
-            why = f"{period}, under a year: calibrated on training dates"
-        else:
+        held_out = left >= MIN_FIELD_SAMPLES and days >= CALIBRATION_DAYS
+        if held_out:
             why = f"{period}, held out of training; {left:,} training samples left"
-        if left < MIN_FIELD_SAMPLES or days < CALIBRATION_DAYS:
-            cfg.data.calibration_fraction = 0.0
+        elif left < MIN_FIELD_SAMPLES:
+            why = f"{left:,} training samples would be left, under {MIN_FIELD_SAMPLES:,}: calibrated on training dates"
+        else:
+            why = f"{period}, under a year: calibrated on training dates"
+        cfg.data.calibration_fraction = CALIBRATION_FRACTION if held_out else 0.0
     return [Derived("data.calibration_fraction", cfg.data.calibration_fraction, why)]
 
 

@@ -71,7 +71,7 @@ def date_folds(starts: list[Sample]) -> tuple[list[int], np.ndarray]:
     return fold_starts, np.array(fold_of(fold_starts, [t for t, _ in starts]))
 
 
-def standardised_inputs(x: np.ndarray) -> tuple[np.ndarray, ...]:
+def standardised_inputs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(kept, mean, scale, standard)`` of samples' inputs ``x (n, inputs)``: the inputs that
     vary (constant ones, as positions, say nothing), their mean and scale, and ``(x[:, kept] -
     mean) / scale``: standardised, then scaled so that a sample's mean squared norm is 1, so that

@@ -162,7 +162,8 @@ def report_skill(
     text = f"Model after training step {model_step}."
     if UNCALIBRATED in table.kinds:
         text += (
-            f" The model's forecast calibrated per lead on the training dates (training/skill/calibration.py);"
+            " The model's forecast calibrated per lead (training/skill/calibration.py: on the calibration"
+            " period where the run holds one out, data.calibration_fraction, else on the training dates);"
             f" its own forecast is `{UNCALIBRATED}`."
         )
     text += "\n\n" + table.to_markdown()

@@ -71,7 +71,7 @@ def fit_samples(session: Session, steps: int) -> list[Sample]:
 def calibration_period_samples(session: Session, steps: int) -> list[Sample]:
     """The samples of the calibration period (``data.calibration_fraction``) with targets
     ``steps`` leads on, none without the period or where it is shorter than that."""
-    if not session.samples.calibration:
+    if not session.cfg.data.calibration_fraction:
         return []
     history = session.cfg.model.multistep_input - 1
     try:

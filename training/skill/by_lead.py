@@ -93,13 +93,13 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
             )
             initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
             by_lead = baselines.forecasts(t, member)
-            field_leads = fields.forecasts(t, member) if fields and calibration else None
+            field_maps = fields.forecasts(t, member) if fields is not None and calibration else None
             for k, (forecast, target) in enumerate(zip(forecasts, targets)):
                 truth = dataset.denormalise_outputs(target[0].cpu().numpy())
                 predicted = dataset.denormalise_outputs(forecast[0].cpu().numpy())
                 if calibration:
                     scores.add(UNCALIBRATED, k, predicted, truth, sample_id)
-                    weighed = by_lead[k] | ({FIELD_MAP: field_leads[k]} if field_leads else {})
+                    weighed = by_lead[k] | ({FIELD_MAP: field_maps[k]} if field_maps is not None else {})
                     predicted = calibration[k].apply(predicted, weighed)
                 scores.add("model", k, predicted, truth, sample_id)
                 for kind, forecast_of_kind in by_lead[k].items():

@@ -24,6 +24,7 @@ data-parallel groups, so every rank solves the same weights."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,8 @@ from training.skill.climatologies import POINT_DATES
 from training.skill.field_leads import FIELD_MAP, FieldLeads
 from training.skill.fitted import DAMPED_PERSISTENCE
 from training.skill.scores import sum_over
+
+log = logging.getLogger(__name__)
 
 CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (evenly spread; 128 weighed
 # noisily on the real stores, of 11 to 1,617 points)
@@ -143,7 +146,7 @@ def blend_weights(gram: np.ndarray, cross: np.ndarray) -> np.ndarray:
 
 
 def calibration_count(n_points: int) -> int:
-    """How many training samples the calibration rolls out on a grid of ``n_points`` data points."""
+    """How many samples the calibration rolls out on a grid of ``n_points`` data points."""
     return min(CALIBRATION_SAMPLES, max(MIN_CALIBRATION_SAMPLES, POINT_DATES // n_points))
 
 
@@ -151,9 +154,15 @@ def calibration_samples(session: Session, steps: int) -> list[Sample]:
     """The samples the calibration for leads 1 to ``steps`` rolls out, at most
     :func:`calibration_count` evenly spread: of the calibration period where there is one, else
     of the training samples the fitted baselines read (:func:`training.skill.baselines.fit_samples`)."""
-    held_out = calibration_period_samples(session, steps)  # none: the training samples
+    held_out = calibration_period_samples(session, steps)
     if held_out:
         return evenly_spread(held_out, calibration_count(session.dataset.n_points))
+    if session.cfg.data.calibration_fraction:
+        log.warning(
+            "data.calibration_fraction = %g: the period holds no sample with %d leads; calibrated on training dates",
+            session.cfg.data.calibration_fraction,
+            steps,
+        )
     return evenly_spread(fit_samples(session, steps), calibration_count(session.dataset.n_points))
 
 
@@ -169,7 +178,7 @@ def fit_calibration(
     if not samples:
         return None
     references = tuple(r for r in REFERENCES if r in baselines.kinds)
-    kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds), *((FIELD_MAP,) if fields else ()))
+    kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds), *((FIELD_MAP,) if fields is not None else ()))
     weights = scored_weights(session)
     sums = np.zeros((steps, len(references), len(kinds) + 1, len(kinds) + 1, len(dataset.roles.outputs)))
     was_training = session.model.training
@@ -184,8 +193,8 @@ def fit_calibration(
             )
             for i, (t, member) in enumerate(part):
                 by_lead = baselines.forecasts(t, member)
-                if fields:
-                    by_lead = [dict(f, **{FIELD_MAP: m}) for f, m in zip(by_lead, fields.forecasts(t, member))]
+                if fields is not None:
+                    by_lead = [given | {FIELD_MAP: m} for given, m in zip(by_lead, fields.forecasts(t, member))]
                 for k in range(steps):
                     truth = dataset.denormalise_outputs(targets[k, i].cpu().numpy())
                     given = {MODEL: dataset.denormalise_outputs(forecasts[k][i].cpu().numpy()), **by_lead[k]}

@@ -16,7 +16,8 @@ table see it only on dates it was not fitted on.
 
 Fitted where one rank holds every point and the store has the training samples the field input
 needs (:func:`~training.model.field_forecast.field_samples_that_fit`); elsewhere there is none,
-and the calibration weighs the model and damped persistence alone."""
+and the calibration weighs the model and damped persistence alone. Every data-parallel replica
+fits the same maps from the same samples: no communication, for a fit of seconds."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
 from training.model.dual_ridge import (
     LINEAR,
@@ -39,7 +41,7 @@ from training.model.dual_ridge import (
 from training.model.field_forecast import field_samples_that_fit, standardised_inputs
 from training.model.ridge import RidgeFit
 from training.session import Session
-from training.skill.baselines import Baselines, calibration_period_samples, fit_samples
+from training.skill.baselines import Baselines, calibration_period_samples
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,8 @@ def fit_field_leads(session: Session, baselines: Baselines) -> FieldLeads | None
         return None
     if not calibration_period_samples(session, baselines.steps):
         return None
-    train = fit_samples(session, baselines.steps)
+    history = session.cfg.model.multistep_input - 1
+    train = dataset_samples(session.cfg.data, session.dataset, baselines.steps, history).train
     x = session.batches.forecast_inputs(*train[0], 1)[0][0]
     outputs = len(session.dataset.roles.outputs)
     count = field_samples_that_fit(x.shape[0], x.shape[1], outputs, len(train))

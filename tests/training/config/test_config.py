@@ -172,7 +172,7 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
     from training.config.saved_names import current_names
     from training.launch.run_settings import SavedRun, continue_from
 
-    old = {"trainer": {"steps": 60, "debug_share_gpu": True}, "model": {"num_layers": 3}}
+    old = {"trainer": {"steps": 60, "debug_share_gpu": True}, "model": {"num_layers": 3}, "data": {"lead_time": 6}}
     saved = current_names(old)
     # a run saved before mappers were chosen ran mean_mlp, before node parameters none
     # and, before the recipe was derived from the store, persistence, one input state, batches of one
@@ -187,7 +187,9 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
     }
     # it scored its last model, and ran torch's GEMM
     trainer = {"steps": 60, "batch_size": 1, "keep_best": False, "matmul": "aten"}
-    assert saved == {"trainer": trainer, "debug": {"share_gpu": True}, "model": model}
+    # it calibrated on training dates, which it trained on: no calibration period
+    data = {"lead_time": 6, "calibration_fraction": 0.0}
+    assert saved == {"trainer": trainer, "debug": {"share_gpu": True}, "model": model, "data": data}
     cfg = continue_from(_typed(), SavedRun(saved, 30, Path("x")), given=[])
     assert (cfg.trainer.steps, cfg.model.num_layers) == (60, 3)
     assert cfg.debug.share_gpu is False  # a setting of the invocation, never the saved run's
@@ -195,6 +197,7 @@ def test_settings_saved_before_the_debug_section_continue_under_it():
     assert cfg.model.valid_time_forcing is False and _typed().model.valid_time_forcing is True
     assert cfg.model.valid_time_forcing is False  # it ran with the input date's forcings
     assert cfg.model.field_input is False and _typed().model.field_input is None  # None: derived
+    assert cfg.data.calibration_fraction == 0.0 and _typed().data.calibration_fraction is None
     assert current_names({"model": {"mapper": "graph_transformer"}})["model"]["mapper"] == "graph_transformer"
 
 

@@ -190,14 +190,20 @@ def test_ranks_one_on_every_core_for_a_small_grid(monkeypatch):
     assert _values(derive_ranks(under_torchrun, 404))["trainer.nprocs"] == 8
 
 
+def _field_input_derived(store, *given):
+    """The configuration (validation: the last 30%) with the recipe, the ranks and the field input
+    derived for ``store``, and what the field input's derivation said."""
+    cfg = _cfg("data.val_fraction=0.3", *given)
+    derive_recipe(cfg, store.point_set)
+    derive_ranks(cfg, 404)
+    return cfg, derive_field_input(cfg, store)
+
+
 def test_the_field_input_where_one_rank_holds_every_point_and_its_map_fits(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
     def derived(store, *given):
-        cfg = _cfg("data.val_fraction=0.3", *given)
-        derive_recipe(cfg, store.point_set)
-        derive_ranks(cfg, 404)
-        return derive_field_input(cfg, store)
+        return _field_input_derived(store, *given)[1]
 
     (on,) = derived(_store(561, 24, 3652))  # NCEP's ten years of days: 2,555 one-step samples, 2,048 read
     assert (on.key, on.value) == ("model.field_input", True) and "on 2048 samples" in on.why
@@ -216,10 +222,7 @@ def test_a_calibration_period_where_the_field_input_is_on_and_enough_training_is
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
     def derived(store, *given):
-        cfg = _cfg("data.val_fraction=0.3", *given)
-        derive_recipe(cfg, store.point_set)
-        derive_ranks(cfg, 404)
-        derive_field_input(cfg, store)
+        cfg, _ = _field_input_derived(store, *given)
         return cfg, derive_calibration_period(cfg, store)
 
     cfg, (ncep,) = derived(_store(561, 24, 3652))  # 3,652 days: 30% validation, 10% calibration

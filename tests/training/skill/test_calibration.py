@@ -6,6 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.training.skill.one_rank import one_rank_session
+from training.model import field_forecast
+from training.skill import calibration
+from training.skill.baselines import fit_samples, training_baselines
 from training.skill.calibration import (
     MODEL,
     LeadCalibration,
@@ -15,6 +19,7 @@ from training.skill.calibration import (
     products,
     solve,
 )
+from training.skill.field_leads import FIELD_MAP, fit_field_leads
 from training.skill.fitted import DAMPED_PERSISTENCE
 
 KINDS = (MODEL, DAMPED_PERSISTENCE)
@@ -119,15 +124,7 @@ def test_describe_names_each_lead():
 
 
 def test_fitted_on_training_samples_the_baselines_read(tmp_path, small_dataset, monkeypatch):
-    from tests.training.conftest import small_config
-    from training.distributed.parallel import ParallelDims
-    from training.launch.launcher import prepare
-    from training.session import open_session
-    from training.skill import calibration
-    from training.skill.baselines import fit_samples
-
-    one_rank = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1")
-    session = open_session(prepare(small_config(tmp_path, small_dataset, *one_rank)), ParallelDims.build(1))
+    session = one_rank_session(tmp_path, small_dataset)
     monkeypatch.setattr(calibration, "CALIBRATION_SAMPLES", 5)
     chosen, fitted_on = calibration.calibration_samples(session, 2), fit_samples(session, 2)
     assert len(chosen) == 5 < len(fitted_on) and set(chosen) <= set(fitted_on)
@@ -145,23 +142,22 @@ def test_a_calibration_period_is_what_the_calibration_reads_and_weighs_the_field
 ):
     """With ``data.calibration_fraction`` the calibration rolls out the held-out period's samples
     (none a training or validation date) and weighs the field map of each lead beside the model."""
-    from tests.training.conftest import small_config
-    from training.distributed.parallel import ParallelDims
-    from training.launch.launcher import prepare
-    from training.model import field_forecast
-    from training.session import open_session
-    from training.skill import calibration
-    from training.skill.baselines import training_baselines
-    from training.skill.field_leads import FIELD_MAP, fit_field_leads
-
     monkeypatch.setattr(field_forecast, "MIN_FIELD_SAMPLES", 8)  # the small store's samples fit
-    one_rank = ("strategy=none", "trainer.nprocs=1", "trainer.ranks_per_model=1", "data.calibration_fraction=0.25")
-    session = open_session(prepare(small_config(tmp_path, small_dataset, *one_rank)), ParallelDims.build(1))
-    chosen = calibration.calibration_samples(session, 2)
+    session = one_rank_session(tmp_path, small_dataset, "data.calibration_fraction=0.25")
+    chosen, lead = calibration.calibration_samples(session, 2), session.samples.lead
     train, val = [t for t, _ in session.samples.train], [t for t, _ in session.samples.val]
-    assert chosen and all(max(train) + 1 < t and t + 2 < min(val) for t, _ in chosen)  # targets inside the period
-    lead = session.samples.lead
+    assert chosen and all(max(train) + lead < t and t + 2 * lead < min(val) for t, _ in chosen)
     baselines = training_baselines(session, 2, [t + k * lead for t, _ in chosen for k in range(3)])
     fits = calibration.fit_calibration(session, baselines, fit_field_leads(session, baselines))
     assert fits is not None and all(fit.kinds == (MODEL, DAMPED_PERSISTENCE, FIELD_MAP) for fit in fits)
     assert all(np.isfinite(fit.weights).all() and (fit.weights >= 0).all() for fit in fits)
+
+
+def test_a_period_shorter_than_the_leads_calibrates_on_training_dates(tmp_path, small_dataset, monkeypatch):
+    """A period of 4 dates holds no sample with 4 leads: the training samples, no field map."""
+    monkeypatch.setattr(field_forecast, "MIN_FIELD_SAMPLES", 8)
+    session = one_rank_session(tmp_path, small_dataset, "data.calibration_fraction=0.1")
+    assert session.samples.calibration  # one-step samples there are
+    chosen = calibration.calibration_samples(session, 4)
+    assert set(chosen) <= set(fit_samples(session, 4))
+    assert fit_field_leads(session, training_baselines(session, 4, [])) is None
