@@ -6,6 +6,7 @@ refitted on every sample."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,14 @@ def field_kernels(gram: np.ndarray, norms: np.ndarray) -> Kernels:
     distances = squared_distances(gram, norms, norms)
     median = float(np.median(distances[np.triu_indices(len(gram), 1)])) or 1.0
     return {LINEAR: gram} | {g / median: rbf(distances, g / median) for g in KERNEL_GAMMAS}
+
+
+def kernels_between(x: np.ndarray, samples: np.ndarray, norms: np.ndarray, keys: Iterable[float | str]) -> Kernels:
+    """Each kernel of ``keys`` (:data:`LINEAR`, or a Gaussian's gamma) between the samples ``x (m,
+    d)`` and the fitted ``samples (n, d)`` (``norms (n,)``: their squared norms): ``(m, n)``."""
+    gram = x @ samples.T
+    distances = squared_distances(gram, np.einsum("ij,ij->i", x, x), norms)
+    return {key: gram if key == LINEAR else rbf(distances, key) for key in keys}
 
 
 def squared_distances(gram: np.ndarray, norms_a: np.ndarray, norms_b: np.ndarray) -> np.ndarray:

@@ -39,8 +39,7 @@ class Baselines:
         initial = dataset.denormalise(dataset.state(t, s.points, member))[:, columns]
         features = None
         if self.fitted is not None and self.fitted.regressions is not None:
-            x = s.batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
-            features = [np.concatenate([x, f[0]], axis=-1) for f in s.batches.valid_forcings([(t, member)], self.steps)]
+            features = regression_features(s, t, member, self.steps)[1]
         out = []
         for k in range(self.steps):
             valid = t + (k + 1) * lead
@@ -51,6 +50,15 @@ class Baselines:
                 forecasts |= self.fitted.forecasts(k, row, initial - at_start, at_valid, dataset.denormalise_outputs)
             out.append(forecasts)
         return out
+
+
+def regression_features(session: Session, t: int, member: int, steps: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The model's input ``(local points, inputs)`` from date index ``t`` of ``member`` and, per lead
+    (1 to ``steps``), what the regression of that lead reads ``(local points, features)``: the
+    input and the valid date's forcings."""
+    batches = session.batches
+    x = batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
+    return x, [np.concatenate([x, forcings[0]], axis=-1) for forcings in batches.valid_forcings([(t, member)], steps)]
 
 
 def fit_samples(session: Session, steps: int) -> list[Sample]:

@@ -29,19 +29,17 @@ import numpy as np
 from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
 from training.model.dual_ridge import (
-    LINEAR,
     RIDGE_PENALTIES,
     Kernels,
     PerVariableFit,
     choose_and_fit,
     field_kernels,
-    rbf,
-    squared_distances,
+    kernels_between,
 )
 from training.model.field_forecast import field_samples_that_fit, standardised_inputs
 from training.model.ridge import RidgeFit
 from training.session import Session
-from training.skill.baselines import Baselines, calibration_period_samples
+from training.skill.baselines import Baselines, calibration_period_samples, regression_features
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +58,12 @@ class Inputs:
 def read_inputs(session: Session, samples: list[Sample], steps: int) -> Inputs:
     """The model's input of each of ``samples`` and, per lead, what the regression of that lead
     reads (the input and the valid date's forcings, :class:`training.skill.baselines.Baselines`)."""
-    batches, flat, per_lead = session.batches, [], [[] for _ in range(steps)]
+    flat, per_lead = [], [[] for _ in range(steps)]
     for t, member in samples:
-        x = batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
+        x, features = regression_features(session, t, member, steps)
         flat.append(x.ravel())
-        for k, forcings in enumerate(batches.valid_forcings([(t, member)], steps)):
-            per_lead[k].append(np.concatenate([x, forcings[0]], axis=-1))
+        for k, row in enumerate(features):
+            per_lead[k].append(row)
     return Inputs(np.array(flat, dtype=np.float64), [np.stack(rows) for rows in per_lead])
 
 
@@ -103,11 +101,8 @@ class FieldLeads:
     def _kernels(self, flat: np.ndarray) -> Kernels:
         """The kernels the maps chose, ``(samples, fitted samples)`` between the inputs ``flat``
         and the fitted samples'."""
-        x = (flat[:, self.kept] - self.mean) / self.scale
-        gram = x @ self.samples.T
-        distances = squared_distances(gram, np.einsum("ij,ij->i", x, x), self.norms)
         keys = {choice.key for fit in self.maps for choice in fit.choices}
-        return {key: gram if key == LINEAR else rbf(distances, key) for key in keys}
+        return kernels_between((flat[:, self.kept] - self.mean) / self.scale, self.samples, self.norms, keys)
 
     def forecasts(self, t: int, member: int) -> list[np.ndarray]:
         """Per lead, ``(points, outputs)`` in physical units from date index ``t`` of ``member``."""

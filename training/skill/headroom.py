@@ -28,10 +28,10 @@ import numpy as np
 
 from training.data import DatasetError
 from training.data.samples import Sample, evenly_spread
-from training.model.dual_ridge import LINEAR, RIDGE_PENALTIES, choose_and_fit, field_kernels, rbf, squared_distances
+from training.model.dual_ridge import LINEAR, RIDGE_PENALTIES, choose_and_fit, field_kernels, kernels_between
 from training.session import Session
 from training.skill.area import scored_weights
-from training.skill.baselines import Baselines, fit_samples, training_baselines
+from training.skill.baselines import Baselines, fit_samples, regression_features, training_baselines
 from training.skill.by_lead import evaluation_samples, lead_hours
 from training.skill.fitted import LINEAR_REGRESSION
 from training.skill.scores import SkillAccumulator, SkillTable
@@ -60,12 +60,11 @@ def field_data(session: Session, baselines: Baselines, samples: list[Sample]) ->
     """The inputs the regression per point reads (the model's input and the valid date's forcings,
     :class:`training.skill.baselines.Baselines`), of every point; the first lead's states and the
     per-point regression's forecasts of them, normalised."""
-    batches, dataset, lead = session.batches, session.dataset, session.samples.lead
+    dataset, lead = session.dataset, session.samples.lead
     columns, regression = dataset.roles.output_columns(), baselines.fitted.regressions[0]
     features, targets, forecasts = [], [], []
     for t, member in samples:
-        x = batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
-        row = np.concatenate([x, batches.valid_forcings([(t, member)], 1)[0][0]], axis=-1)
+        (row,) = regression_features(session, t, member, 1)[1]
         features.append(row.ravel())
         targets.append(dataset.state(t + lead, session.points, member)[:, columns].ravel())
         forecasts.append(regression.predict(row).ravel())
@@ -103,12 +102,10 @@ class FieldForecasts:
 
     def forecasts(self, data: FieldData) -> dict[str, np.ndarray]:
         """Each kind's normalised forecast ``(samples, points x outputs)`` of ``data``'s samples."""
-        x = self._standardise(data.features)
-        gram = x @ self.train.T
-        distances = squared_distances(gram, np.einsum("ij,ij->i", x, x), self.norms)
-        kernels = {c.key: rbf(distances, c.key) for c in self.kernel.choices}
+        keys = [LINEAR, *(c.key for c in self.kernel.choices)]
+        kernels = kernels_between(self._standardise(data.features), self.train, self.norms, keys)
         return {
-            "field_ridge": data.regression + self.ridge.predict({LINEAR: gram}),
+            "field_ridge": data.regression + self.ridge.predict({LINEAR: kernels[LINEAR]}),
             "field_kernel": data.regression + self.kernel.predict(kernels),
         }
 
