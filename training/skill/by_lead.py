@@ -15,19 +15,18 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import torch
 
 from processor.geometry import unit_vectors
 from training.data import DatasetError
 from training.data.open_store import dataset_samples
 from training.data.samples import Sample, evenly_spread
-from training.model.rollout import rollout
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import training_baselines
 from training.skill.calibration import UNCALIBRATED, calibration_samples, describe, fit_calibration
 from training.skill.centroid import CentroidAccumulator
-from training.skill.field_leads import FIELD_MAP, fit_field_leads
+from training.skill.field_leads import fit_field_leads
+from training.skill.rolled_out import rolled_out
 from training.skill.scores import SkillAccumulator, SkillTable
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ def centroid_accumulator(session: Session, weights: np.ndarray, leads: list[floa
 def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     """Roll the model out ``steps`` leads from ``count`` validation dates and score it, with
     the baselines of :mod:`training.skill.scores`, on every rank; the same table on every rank."""
-    dataset, dims, model = session.dataset, session.dims, session.model
+    dataset, dims = session.dataset, session.dims
     samples = evaluation_samples(session, steps, count)
     mine = samples[dims.dp_rank :: dims.dp]
     outputs, columns, lead = dataset.roles.outputs, dataset.roles.output_columns(), session.samples.lead
@@ -83,31 +82,21 @@ def evaluate_skill(session: Session, steps: int, count: int) -> SkillTable:
     kinds = ("model", *((UNCALIBRATED,) if calibration else ()), *baselines.kinds)
     scores = SkillAccumulator(outputs, leads, kinds, weights=weights, climatology=plain)
     centroids = centroid_accumulator(session, weights, leads)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for sample_id, (t, member) in enumerate(mine):
-            x, targets, forcings = session.batches([(t, member)], steps)
-            forecasts = rollout(
-                model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
-            )
-            initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
-            by_lead = baselines.forecasts(t, member)
-            field_maps = fields.forecasts(t, member) if fields is not None and calibration else None
-            for k, (forecast, target) in enumerate(zip(forecasts, targets)):
-                truth = dataset.denormalise_outputs(target[0].cpu().numpy())
-                predicted = dataset.denormalise_outputs(forecast[0].cpu().numpy())
-                if calibration:
-                    scores.add(UNCALIBRATED, k, predicted, truth, sample_id)
-                    weighed = by_lead[k] | ({FIELD_MAP: field_maps[k]} if field_maps is not None else {})
-                    predicted = calibration[k].apply(predicted, weighed)
-                scores.add("model", k, predicted, truth, sample_id)
-                for kind, forecast_of_kind in by_lead[k].items():
-                    scores.add(kind, k, forecast_of_kind, truth, sample_id)
-                if centroids is not None:
-                    centroids.add("model", k, predicted, truth, sample_id)
-                    centroids.add("persistence", k, initial, truth, sample_id)
-    model.train(was_training)
+    for sample_id, done in enumerate(rolled_out(session, mine, steps)):
+        t, member = done.sample
+        initial = dataset.denormalise(dataset.state(t, session.points, member))[:, columns]
+        by_lead = baselines.forecasts(t, member)
+        weighed = fields.with_maps(t, member, by_lead) if fields is not None and calibration else by_lead
+        for k, (predicted, truth) in enumerate(zip(done.forecasts, done.truths)):
+            if calibration:
+                scores.add(UNCALIBRATED, k, predicted, truth, sample_id)
+                predicted = calibration[k].apply(predicted, weighed[k])
+            scores.add("model", k, predicted, truth, sample_id)
+            for kind, forecast_of_kind in by_lead[k].items():
+                scores.add(kind, k, forecast_of_kind, truth, sample_id)
+            if centroids is not None:
+                centroids.add("model", k, predicted, truth, sample_id)
+                centroids.add("persistence", k, initial, truth, sample_id)
     table = scores.finalize(dims.mp_group, dims.dp_group)
     if centroids is not None:
         table.centroids = centroids.finalize(dims.mp_group, dims.dp_group, session.hidden.spacing_km)

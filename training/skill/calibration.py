@@ -28,16 +28,15 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from training.data.samples import Sample, evenly_spread
-from training.model.rollout import rollout
 from training.session import Session
 from training.skill.area import scored_weights
 from training.skill.baselines import Baselines, calibration_period_samples, fit_samples
 from training.skill.climatologies import POINT_DATES
 from training.skill.field_leads import FIELD_MAP, FieldLeads
 from training.skill.fitted import DAMPED_PERSISTENCE
+from training.skill.rolled_out import rolled_out
 from training.skill.scores import sum_over
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,6 @@ CALIBRATION_SAMPLES = 512  # training samples rolled out for the fit, at most (e
 # synthetic global store only, where 128 and 512 gave the same skill table: a grid's points on the
 # same dates are correlated, and do not stand for dates.
 MIN_CALIBRATION_SAMPLES = 128
-CHUNK_POINTS = 8192  # rolled out together: as many samples as fit in this many data points (at most 8)
 REFERENCES = ("climatology", "hourly_climatology", "doy_climatology")  # the anchors c it chooses from
 # The baselines weighed beside the model, where scored. The regression weighed too (and the fit on
 # training samples it was not fitted on) scored worse on three of the four real stores.
@@ -181,26 +179,14 @@ def fit_calibration(
     kinds = (MODEL, *(k for k in WEIGHED if k in baselines.kinds), *((FIELD_MAP,) if fields is not None else ()))
     weights = scored_weights(session)
     sums = np.zeros((steps, len(references), len(kinds) + 1, len(kinds) + 1, len(dataset.roles.outputs)))
-    was_training = session.model.training
-    session.model.eval()
-    mine, chunk = samples[dims.dp_rank :: dims.dp], max(1, min(8, CHUNK_POINTS // dataset.n_points))
-    with torch.no_grad():
-        for first in range(0, len(mine), chunk):
-            part = mine[first : first + chunk]
-            x, targets, forcings = session.batches(part, steps)
-            forecasts = rollout(
-                session.model, x, steps, session.grids, session.model_group, session.transport, forcings=forcings
-            )
-            for i, (t, member) in enumerate(part):
-                by_lead = baselines.forecasts(t, member)
-                if fields is not None:
-                    by_lead = [given | {FIELD_MAP: m} for given, m in zip(by_lead, fields.forecasts(t, member))]
-                for k in range(steps):
-                    truth = dataset.denormalise_outputs(targets[k, i].cpu().numpy())
-                    given = {MODEL: dataset.denormalise_outputs(forecasts[k][i].cpu().numpy()), **by_lead[k]}
-                    for r, reference in enumerate(references):
-                        sums[k, r] += products([given[kind] for kind in kinds], truth, by_lead[k][reference], weights)
-    session.model.train(was_training)
+    for done in rolled_out(session, samples[dims.dp_rank :: dims.dp], steps):
+        by_lead = baselines.forecasts(*done.sample)
+        if fields is not None:
+            by_lead = fields.with_maps(*done.sample, by_lead)
+        for k, (forecast, truth) in enumerate(zip(done.forecasts, done.truths)):
+            given = {MODEL: forecast, **by_lead[k]}
+            for r, reference in enumerate(references):
+                sums[k, r] += products([given[kind] for kind in kinds], truth, by_lead[k][reference], weights)
     for group in (dims.mp_group, dims.dp_group):
         if group is not None:
             sums = sum_over(sums, group)

@@ -34,12 +34,14 @@ from training.model.dual_ridge import (
     PerVariableFit,
     choose_and_fit,
     field_kernels,
+    held_out_spectra,
     kernels_between,
 )
 from training.model.field_forecast import field_samples_that_fit, standardised_inputs
 from training.model.ridge import RidgeFit
 from training.session import Session
 from training.skill.baselines import Baselines, calibration_period_samples, regression_features
+from training.skill.fitted import LINEAR_REGRESSION
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +86,12 @@ class FieldLeads:
         self.kept, self.mean, self.scale, self.samples = standardised_inputs(fitted.flat)
         self.norms = np.einsum("ij,ij->i", self.samples, self.samples)
         kernels = field_kernels(self.samples @ self.samples.T, self.norms)
+        spectra = held_out_spectra(kernels)  # the same samples for every lead
         self.maps: list[PerVariableFit] = []
         for k in range(steps):
             left = self._states(starts, k) - regression_forecasts(self.regressions[k], fitted.per_lead[k])
             variables = np.arange(left.shape[1]) % self.outputs  # the columns are point-major
-            self.maps.append(choose_and_fit(kernels, left, RIDGE_PENALTIES, variables))
+            self.maps.append(choose_and_fit(kernels, left, RIDGE_PENALTIES, variables, spectra=spectra))
         gains = ", ".join("/".join(f"{100 * c.gain:.1f}" for c in fit.choices) for fit in self.maps)
         log.info("field map of each lead: %s%% of the held-out error off the regression's", gains)
 
@@ -104,15 +107,17 @@ class FieldLeads:
         keys = {choice.key for fit in self.maps for choice in fit.choices}
         return kernels_between((flat[:, self.kept] - self.mean) / self.scale, self.samples, self.norms, keys)
 
-    def forecasts(self, t: int, member: int) -> list[np.ndarray]:
-        """Per lead, ``(points, outputs)`` in physical units from date index ``t`` of ``member``."""
-        inputs = read_inputs(self.session, [(t, member)], len(self.maps))
-        kernels = self._kernels(inputs.flat)
-        out = []
-        for k, fit in enumerate(self.maps):
-            forecast = regression_forecasts(self.regressions[k], inputs.per_lead[k]) + fit.predict(kernels)
-            out.append(self.session.dataset.denormalise_outputs(forecast[0].reshape(-1, self.outputs)))
-        return out
+    def with_maps(self, t: int, member: int, by_lead: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """``by_lead``, the baselines' forecasts of each lead from date index ``t`` of ``member``
+        (:meth:`training.skill.baselines.Baselines.forecasts`, the regression's among them), each
+        with the field map's ``(points, outputs)`` in physical units: the regression's forecast
+        plus the map of the model's input."""
+        x = self.session.batches.forecast_inputs(t, member, 1)[0][0].cpu().numpy()
+        kernels, stdev = self._kernels(x.reshape(1, -1).astype(np.float64)), self.session.dataset.output_stdev
+        return [
+            given | {FIELD_MAP: given[LINEAR_REGRESSION] + fit.predict(kernels)[0].reshape(-1, self.outputs) * stdev}
+            for given, fit in zip(by_lead, self.maps)
+        ]
 
 
 def fit_field_leads(session: Session, baselines: Baselines) -> FieldLeads | None:

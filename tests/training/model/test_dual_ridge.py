@@ -10,6 +10,7 @@ from training.model.dual_ridge import (
     KERNEL_GAMMAS,
     LINEAR,
     DualFit,
+    HeldOutSpectrum,
     choose_and_fit,
     field_kernels,
     held_out_cut,
@@ -26,6 +27,20 @@ def test_the_dual_fit_is_the_ridge_regression():
     primal = new @ np.linalg.solve(x.T @ x + penalty * np.eye(4), x.T @ (y - y.mean(0))) + y.mean(0)
     fit = DualFit.fit(x @ x.T, y, penalty)
     np.testing.assert_allclose(fit.predict(new @ x.T), primal, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["linear", "gaussian"])
+def test_one_eigendecomposition_forecasts_the_held_out_samples_as_a_solve_per_penalty(kind):
+    """The held-out forecasts for each penalty, from one eigendecomposition of the fitted samples'
+    kernel, are the :class:`DualFit`'s on those samples (a solve per penalty)."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(60, 8)), rng.normal(size=(60, 3))
+    gram = x @ x.T
+    kernel = gram if kind == "linear" else rbf(squared_distances(gram, (x * x).sum(1), (x * x).sum(1)), 0.05)
+    penalties, cut = (1e-3, 0.1, 10.0), 50
+    for penalty, held_out in zip(penalties, HeldOutSpectrum.of(kernel, cut).forecasts(y, penalties)):
+        solved = DualFit.fit(kernel[:cut, :cut], y[:cut], penalty).predict(kernel[cut:, :cut])
+        np.testing.assert_allclose(held_out, solved, rtol=1e-8, atol=1e-10)
 
 
 def test_squared_distances_and_the_gaussian_kernel():

@@ -1,5 +1,6 @@
 """The field map of each lead (training/skill/field_leads.py): fitted only where a calibration
-period is held out, and its forecast the regression's of that lead plus the map, worked by hand."""
+period is held out, and its forecast the regression's of that lead plus the map, worked by hand, added beside the
+baselines' forecasts of that lead."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from training.data.open_store import dataset_samples
 from training.model import field_forecast
 from training.model.dual_ridge import LINEAR
 from training.skill.baselines import training_baselines
-from training.skill.field_leads import fit_field_leads
+from training.skill.field_leads import FIELD_MAP, fit_field_leads
 
 
 @pytest.fixture
@@ -44,7 +45,9 @@ def test_each_lead_is_the_regression_plus_the_map_worked_by_hand(tmp_path, small
     standard = (x.ravel()[varies] - mean) / scale
     distances = np.sum((fields.samples - standard) ** 2, axis=1)  # to each fitted sample
     dataset = session.dataset
-    for k, (forecast, fit) in enumerate(zip(fields.forecasts(t, member), fields.maps)):
+    with_maps = fields.with_maps(t, member, baselines.forecasts(t, member))
+    for k, (given, fit) in enumerate(zip(with_maps, fields.maps)):
+        forecast = given[FIELD_MAP]
         forcings = session.batches.valid_forcings([(t, member)], 2)[k][0]
         expected = baselines.fitted.regressions[k].predict(np.concatenate([x, forcings], axis=-1)).ravel()
         for choice, columns, dual in fit.fits:
