@@ -154,16 +154,19 @@ def choose_and_fit(
     kernel and penalty whose fit on the first ``1 - HOLD_OUT`` of the training samples (in date
     order) forecasts the rest best, by the squared error weighed per column (``weights``, e.g. the
     points' areas; None: equal), refitted on every training sample; ``kernels``: key -> ``(n, n)``;
-    ``spectra``: their :func:`held_out_spectra`, where a caller fits several targets (None: here)."""
+    ``spectra``: their :func:`held_out_spectra`, where a caller fits several targets (None: each
+    decomposed here in turn, one held at a time)."""
     n, count = len(targets), int(variables.max()) + 1
     cut = held_out_cut(n)
-    spectra = held_out_spectra(kernels) if spectra is None else spectra
     column_weights = np.ones(targets.shape[1]) if weights is None else weights
     errors = {}  # (key, penalty) -> the held-out squared error summed per variable
     squared = np.mean((targets[:cut].mean(axis=0) - targets[cut:]) ** 2, axis=0)
     none = np.bincount(variables, weights=squared * column_weights, minlength=count)  # no fit: the mean
     for key in kernels:
-        for penalty, held_out in zip(penalties, spectra[key].forecasts(targets, penalties)):
+        spectrum = HeldOutSpectrum.of(kernels[key], cut) if spectra is None else spectra[key]
+        if spectrum.cut != cut or len(spectrum.across) != n - cut:
+            raise ValueError(f"a spectrum of {spectrum.cut} + {len(spectrum.across)} samples for {n} targets")
+        for penalty, held_out in zip(penalties, spectrum.forecasts(targets, penalties), strict=True):
             squared = np.mean((held_out - targets[cut:]) ** 2, axis=0)
             errors[(key, penalty)] = np.bincount(variables, weights=squared * column_weights, minlength=count)
     fits = []

@@ -116,7 +116,7 @@ class FieldLeads:
         kernels, stdev = self._kernels(x.reshape(1, -1).astype(np.float64)), self.session.dataset.output_stdev
         return [
             given | {FIELD_MAP: given[LINEAR_REGRESSION] + fit.predict(kernels)[0].reshape(-1, self.outputs) * stdev}
-            for given, fit in zip(by_lead, self.maps)
+            for given, fit in zip(by_lead, self.maps, strict=True)
         ]
 
 

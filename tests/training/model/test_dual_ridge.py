@@ -38,7 +38,9 @@ def test_one_eigendecomposition_forecasts_the_held_out_samples_as_a_solve_per_pe
     gram = x @ x.T
     kernel = gram if kind == "linear" else rbf(squared_distances(gram, (x * x).sum(1), (x * x).sum(1)), 0.05)
     penalties, cut = (1e-3, 0.1, 10.0), 50
-    for penalty, held_out in zip(penalties, HeldOutSpectrum.of(kernel, cut).forecasts(y, penalties)):
+    forecasts = list(HeldOutSpectrum.of(kernel, cut).forecasts(y, penalties))
+    assert len(forecasts) == len(penalties)
+    for penalty, held_out in zip(penalties, forecasts):
         solved = DualFit.fit(kernel[:cut, :cut], y[:cut], penalty).predict(kernel[cut:, :cut])
         np.testing.assert_allclose(held_out, solved, rtol=1e-8, atol=1e-10)
 
@@ -79,6 +81,13 @@ def test_the_latest_samples_choose_and_the_weights_weigh():
     assert chosen.choices[0].penalty == 1e6
     plain = choose_and_fit({"linear": x @ x.T}, targets, penalties, np.array([0, 0]), np.array([0.0, 1.0]))
     assert plain.choices[0].penalty == 1e-6
+
+
+def test_a_spectrum_of_other_samples_is_refused():
+    x = np.random.default_rng(5).normal(size=(40, 3))
+    spectra = {LINEAR: HeldOutSpectrum.of(x[:30] @ x[:30].T, held_out_cut(30))}
+    with pytest.raises(ValueError, match="a spectrum of 27 \\+ 3 samples for 40 targets"):
+        choose_and_fit({LINEAR: x @ x.T}, x, (1.0,), np.zeros(3, dtype=int), spectra=spectra)
 
 
 def test_too_few_samples_to_hold_out_are_refused():

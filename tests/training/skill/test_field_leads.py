@@ -46,6 +46,7 @@ def test_each_lead_is_the_regression_plus_the_map_worked_by_hand(tmp_path, small
     distances = np.sum((fields.samples - standard) ** 2, axis=1)  # to each fitted sample
     dataset = session.dataset
     with_maps = fields.with_maps(t, member, baselines.forecasts(t, member))
+    assert len(with_maps) == 2
     for k, (given, fit) in enumerate(zip(with_maps, fields.maps)):
         forecast = given[FIELD_MAP]
         forcings = session.batches.valid_forcings([(t, member)], 2)[k][0]
