@@ -1,6 +1,6 @@
 """The field map of each lead (training/skill/field_leads.py): fitted only where a calibration
-period is held out, and its forecast the regression's of that lead plus the map, worked by hand, added beside the
-baselines' forecasts of that lead."""
+period is held out, and its forecast the regression's of that lead plus the map, worked by hand,
+added beside the baselines' forecasts of that lead."""
 
 from __future__ import annotations
 
