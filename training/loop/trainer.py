@@ -90,6 +90,7 @@ class Trainer:
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_split = StepSplit(session.model, self.start, profile_after(cfg, session.device), dims.mean_over_world)
         self.validator = Validator(session, self.step_fn.loss, variable_units(session.dataset))
+        session.model.remember_field_forecasts(session.batches, session.samples.train)
 
     def run(self) -> dict[str, Any]:
         """Train from the start step to ``trainer.steps`` (or ``stop_at_step``), then report."""
@@ -192,7 +193,7 @@ class Trainer:
         self.hooks.start_step(step, self.last_step_s)
         x = self.hooks.model_inputs(step, batch.x)
         after_backward = functools.partial(self.hooks.after_backward, step)
-        with s.model.out_of_fold([t for t, _ in samples]):
+        with s.model.out_of_fold(samples, given=batch.x):
             loss = self.step_fn(x, batch.targets, s.grids, s.model_group, s.transport, after_backward, batch.forcings)
         if self.average is not None:
             self.average.update()

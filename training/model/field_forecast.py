@@ -49,6 +49,9 @@ MIN_FIELD_GAIN = 0.02
 # The fit's samples' inputs and the maps' coefficients, at most: 256 MiB in float32 as the model
 # holds them; the fit itself, in float64 with its copies, takes a few times that while it runs.
 MAX_FIELD_VALUES = 2**26
+# The training samples' own forecasts a run keeps (:meth:`FieldForecast.remember`), at most: 128 MiB.
+MAX_REMEMBERED_VALUES = 2**25
+REMEMBER_CHUNK = 256  # samples computed at a time: enough rows for the products to be compute-bound
 
 
 def field_samples_that_fit(points: int, inputs: int, outputs: int, training: int) -> int:
@@ -120,6 +123,9 @@ class FieldForecast(nn.Module):
         self.maps = [KernelMap(m.key, m.columns, m.coef.float(), m.offset.float()) for m in maps]
         self.fold_starts = fold_starts  # the first date index of folds 1, ..., FOLDS - 1
         self.folds: Tensor | None = None  # (b,) each sample's fold in a training step; None: every sample's map
+        self.remembered: Tensor | None = None  # (samples, points, outputs): :meth:`remember`
+        self.remembered_rows: dict[Sample, int] = {}
+        self.given: tuple[Tensor, Tensor] | None = None  # a step's given inputs and their rows of remembered
 
     def to_device(self, device: torch.device) -> FieldForecast:
         self.per_point.to_device(device)
@@ -129,15 +135,41 @@ class FieldForecast(nn.Module):
         return self
 
     @contextmanager
-    def out_of_fold(self, starts: Sequence[int]) -> Iterator[None]:
-        """Within: the batch of training samples starting at ``starts`` gets each its fold's map."""
-        self.folds = torch.tensor(fold_of(self.fold_starts, starts), device=self.samples.device)
+    def out_of_fold(self, samples: Sequence[Sample], given: Tensor | None = None) -> Iterator[None]:
+        """Within: the batch of training ``samples`` gets each its fold's map. ``given``: their
+        inputs ``(b, points, inputs)``; where every sample is remembered, the forecast of this very
+        tensor is read from :meth:`remember`'s, not computed (a rollout's later steps, on other
+        tensors, are)."""
+        self.folds = torch.tensor(fold_of(self.fold_starts, [t for t, _ in samples]), device=self.samples.device)
+        rows = [self.remembered_rows.get(sample) for sample in samples] if given is not None else [None]
+        if None not in rows:
+            self.given = (given, torch.tensor(rows, device=self.samples.device))
         try:
             yield
         finally:
-            self.folds = None
+            self.folds, self.given = None, None
+
+    def remember(self, batches: Batches, samples: list[Sample]) -> None:
+        """Keep the out-of-fold forecast of each of the training ``samples``' own inputs, for the
+        training steps given them (:meth:`out_of_fold`). Computed for a step's few samples, the
+        product with the fitted samples reads all of them (``samples (n, kept)``, up to 2^26
+        values) for a few rows: memory-bound, about a fifth of the step on a 1,325-point box
+        (docs/real-data.md). Here in chunks of :data:`REMEMBER_CHUNK`. Nothing is kept where the
+        forecasts would pass :data:`MAX_REMEMBERED_VALUES` or no map was kept."""
+        points, outputs = self.per_point.coef.shape[0], self.per_point.coef.shape[2]
+        if not self.maps or len(samples) * points * outputs > MAX_REMEMBERED_VALUES:
+            return
+        forecasts = []
+        for first in range(0, len(samples), REMEMBER_CHUNK):
+            chunk = samples[first : first + REMEMBER_CHUNK]
+            with torch.no_grad(), self.out_of_fold(chunk):
+                forecasts.append(self(batches(chunk, 1).x.to(self.samples.device)))
+        self.remembered = torch.cat(forecasts)
+        self.remembered_rows = {sample: row for row, sample in enumerate(samples)}
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.given is not None and x is self.given[0]:
+            return self.remembered[self.given[1]]
         b, points, _ = x.shape
         baseline = self.per_point(x)
         if not self.maps:  # the held-out samples found no gain: the regression's forecast

@@ -33,6 +33,8 @@ from processor.distributed import (
 from processor.geometry import unit_vectors
 from processor.grids import Grid
 from processor.matmul import Linear
+from training.data.batches import Batches
+from training.data.samples import Sample
 from training.model.field_forecast import FieldForecast
 from training.model.graph_transformer import GraphTransformerMapper
 from training.model.graphs import EDGE_FEATURES, LocalGraph, knn_graph, node_features, shard_graph
@@ -182,10 +184,15 @@ class Forecaster(nn.Module):
         """Give each step ``field``'s forecast too (every point on this rank, fitted on the training dates)."""
         self.field_forecast = field.to_device(self.head[1].weight.device)
 
-    def out_of_fold(self, starts: Sequence[int]) -> AbstractContextManager[None]:
-        """Within: a training step on the samples starting at date indices ``starts``, whose field
-        forecast is each sample's out-of-fold one (:meth:`FieldForecast.out_of_fold`)."""
-        return nullcontext() if self.field_forecast is None else self.field_forecast.out_of_fold(starts)
+    def out_of_fold(self, samples: Sequence[Sample], given: Tensor | None = None) -> AbstractContextManager[None]:
+        """Within: a training step on ``samples`` (their inputs ``given``), whose field forecast is
+        each sample's out-of-fold one (:meth:`FieldForecast.out_of_fold`)."""
+        return nullcontext() if self.field_forecast is None else self.field_forecast.out_of_fold(samples, given)
+
+    def remember_field_forecasts(self, batches: Batches, samples: list[Sample]) -> None:
+        """Keep the field forecast of the training ``samples``' inputs (:meth:`FieldForecast.remember`)."""
+        if self.field_forecast is not None:
+            self.field_forecast.remember(batches, samples)
 
     def forward(
         self, x: Tensor, grids: ShardedGrids, group: GroupLike, *, transport: Transport | None = None

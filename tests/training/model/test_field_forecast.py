@@ -85,7 +85,7 @@ def test_a_training_sample_s_forecast_is_fitted_without_its_block_of_dates(linea
     penalties = [1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e2, 1e3, 1e4]
     blocks = np.array_split(np.arange(n), FOLDS)
     samples = [5, 70, 150, 199]  # in blocks 0, 1, 3, 4
-    with field.out_of_fold(samples):
+    with field.out_of_fold([(t, 0) for t in samples]):
         out_of_fold = field(torch.from_numpy(batches.x[samples])).numpy().reshape(len(samples), -1)
     every = field(torch.from_numpy(batches.x[samples])).numpy().reshape(len(samples), -1)
     for variable in (0, 1):
@@ -104,13 +104,51 @@ def test_a_training_sample_s_forecast_is_fitted_without_its_block_of_dates(linea
     assert field.folds is None  # restored after the step
 
 
+def test_a_training_step_reads_its_samples_remembered_forecasts(monkeypatch):
+    """Remembered, each training sample's out-of-fold forecast of its own inputs is read, not
+    computed, for the very tensor of inputs given to the step; other inputs (a rollout's later
+    steps) and samples not remembered are computed; outside a step, the map of every sample."""
+    n = 200
+    batches = ShiftedBatches(n, seed=2, noise=0.1, squared=True)
+    field = fit_field_forecast(batches, [(t, 0) for t in range(n)], _nothing_per_point(2))
+    samples = [(5, 0), (70, 0), (150, 0), (199, 0)]
+    given = torch.from_numpy(batches.x[[t for t, _ in samples]])
+    with field.out_of_fold(samples):
+        computed = field(given)
+    field.remember(batches, [(t, 0) for t in range(n - 1)])  # every sample but the last
+    assert field.remembered.shape == (n - 1, 4, 2)
+    kernels = field._kernels
+
+    def counted(flat):
+        calls.append(len(flat))
+        return kernels(flat)
+
+    calls = []
+    monkeypatch.setattr(field, "_kernels", counted)
+    close = {"rtol": 1e-4, "atol": 1e-4}  # float32 products of other batch sizes round otherwise
+    with field.out_of_fold(samples[:3], given=given[:3]):
+        torch.testing.assert_close(field(given[:3]), computed[:3], **close)  # another tensor: computed
+    assert calls == [3]
+    calls.clear()
+    with field.out_of_fold(samples[:3], given=(view := given[:3])):
+        remembered = field(view)
+        assert calls == []  # read, not computed
+        later = field(remembered.clone())  # a rollout's next step: computed
+        assert calls == [3]
+    torch.testing.assert_close(remembered, computed[:3], **close)
+    with field.out_of_fold(samples, given=given):  # (199, 0) is not remembered: computed
+        torch.testing.assert_close(field(given), computed, **close)
+    assert calls == [3, 4] and field.given is None and later.shape == (3, 4, 2)
+    assert not torch.allclose(field(given), computed, atol=1e-3)  # outside a step: every sample's map
+
+
 def test_a_map_that_forecasts_nothing_held_out_is_left_out():
     """Targets that no input tells: the held-out tenth finds no gain, the forecast is the regression's."""
     batches = ShiftedBatches(300, seed=5)
     batches.targets = np.random.default_rng(6).normal(size=batches.targets.shape).astype(np.float32)
     field = fit_field_forecast(batches, [(t, 0) for t in range(300)], _nothing_per_point())
     assert field.maps == []
-    with field.out_of_fold([3, 250]):
+    with field.out_of_fold([(3, 0), (250, 0)]):
         assert not field(torch.from_numpy(batches.x[[3, 250]])).any()
 
 
@@ -161,13 +199,18 @@ def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_sam
     given_folds = []  # what each training step's field forecasts are out of fold for
     out_of_fold = Forecaster.out_of_fold
 
-    def spy(model, starts):
-        given_folds.append(list(starts))
-        return out_of_fold(model, starts)
+    def spy(model, samples, given=None):
+        given_folds.append([t for t, _ in samples])
+        rows = model.field_forecast.remembered_rows
+        read.append(given is not None and all(sample in rows for sample in samples))
+        return out_of_fold(model, samples, given)
+
+    read = []  # whether each step's field forecasts are read from those remembered
 
     monkeypatch.setattr(Forecaster, "out_of_fold", spy)
     result = run(trained)
     assert len(given_folds) == 4 and all(0 <= t < 228 for starts in given_folds for t in starts)
+    assert read == [True] * 4  # every training sample's forecast is remembered
     _, saved = load_training_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
     assert saved["model"]["field_input"] is True  # derived: one rank holds the box's 221 points
     again = evaluate.run(scored)["skill"]
