@@ -90,7 +90,8 @@ class Trainer:
         self.device_memory = PeakDeviceMemory(session.device)
         self.step_split = StepSplit(session.model, self.start, profile_after(cfg, session.device), dims.mean_over_world)
         self.validator = Validator(session, self.step_fn.loss, variable_units(session.dataset))
-        session.model.remember_field_forecasts(session.batches, session.samples.train)
+        if self.start < self.trainer_cfg.steps:  # steps to train: their samples' field forecasts, once
+            session.model.remember_field_forecasts(session.batches, session.samples.train)
 
     def run(self) -> dict[str, Any]:
         """Train from the start step to ``trainer.steps`` (or ``stop_at_step``), then report."""

@@ -125,7 +125,8 @@ class FieldForecast(nn.Module):
         self.folds: Tensor | None = None  # (b,) each sample's fold in a training step; None: every sample's map
         self.remembered: Tensor | None = None  # (samples, points, outputs): :meth:`remember`
         self.remembered_rows: dict[Sample, int] = {}
-        self.given: tuple[Tensor, Tensor] | None = None  # a step's given inputs and their rows of remembered
+        # A step's given inputs, their version (an edit in place changes it) and their rows of remembered.
+        self.step_given: tuple[Tensor, int, Tensor] | None = None
 
     def to_device(self, device: torch.device) -> FieldForecast:
         self.per_point.to_device(device)
@@ -143,11 +144,11 @@ class FieldForecast(nn.Module):
         self.folds = torch.tensor(fold_of(self.fold_starts, [t for t, _ in samples]), device=self.samples.device)
         rows = [self.remembered_rows.get(sample) for sample in samples] if given is not None else [None]
         if None not in rows:
-            self.given = (given, torch.tensor(rows, device=self.samples.device))
+            self.step_given = (given, given._version, torch.tensor(rows, device=self.samples.device))
         try:
             yield
         finally:
-            self.folds, self.given = None, None
+            self.folds, self.step_given = None, None
 
     def remember(self, batches: Batches, samples: list[Sample]) -> None:
         """Keep the out-of-fold forecast of each of the training ``samples``' own inputs, for the
@@ -157,7 +158,16 @@ class FieldForecast(nn.Module):
         (docs/real-data.md). Here in chunks of :data:`REMEMBER_CHUNK`. Nothing is kept where the
         forecasts would pass :data:`MAX_REMEMBERED_VALUES` or no map was kept."""
         points, outputs = self.per_point.coef.shape[0], self.per_point.coef.shape[2]
-        if not self.maps or len(samples) * points * outputs > MAX_REMEMBERED_VALUES:
+        if not self.maps:
+            return
+        if len(samples) * points * outputs > MAX_REMEMBERED_VALUES:
+            log.info(
+                "field forecast: computed at every step (%d training samples x %d points x %d outputs pass %d values)",
+                len(samples),
+                points,
+                outputs,
+                MAX_REMEMBERED_VALUES,
+            )
             return
         forecasts = []
         for first in range(0, len(samples), REMEMBER_CHUNK):
@@ -168,8 +178,9 @@ class FieldForecast(nn.Module):
         self.remembered_rows = {sample: row for row, sample in enumerate(samples)}
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.given is not None and x is self.given[0]:
-            return self.remembered[self.given[1]]
+        given = self.step_given
+        if given is not None and self.remembered is not None and x is given[0] and x._version == given[1]:
+            return self.remembered[given[2]]
         b, points, _ = x.shape
         baseline = self.per_point(x)
         if not self.maps:  # the held-out samples found no gain: the regression's forecast

@@ -17,7 +17,13 @@ from training.config.schema import run_config
 from training.config.settings import ConfigValueError
 from training.model import field_forecast
 from training.model.dual_ridge import DualFit
-from training.model.field_forecast import FOLDS, MIN_FIELD_SAMPLES, field_samples_that_fit, fit_field_forecast
+from training.model.field_forecast import (
+    FOLDS,
+    MIN_FIELD_SAMPLES,
+    FieldForecast,
+    field_samples_that_fit,
+    fit_field_forecast,
+)
 from training.model.forecaster import Forecaster
 from training.model.linear_baseline import LinearBaseline
 
@@ -138,8 +144,13 @@ def test_a_training_step_reads_its_samples_remembered_forecasts(monkeypatch):
     torch.testing.assert_close(remembered, computed[:3], **close)
     with field.out_of_fold(samples, given=given):  # (199, 0) is not remembered: computed
         torch.testing.assert_close(field(given), computed, **close)
-    assert calls == [3, 4] and field.given is None and later.shape == (3, 4, 2)
+    assert calls == [3, 4] and field.step_given is None and later.shape == (3, 4, 2)
     assert not torch.allclose(field(given), computed, atol=1e-3)  # outside a step: every sample's map
+    with field.out_of_fold(samples[:3], given=view):
+        view.mul_(2.0)  # edited in place after it was given: computed, not read
+        edited = field(view)
+    assert not torch.allclose(edited, remembered, atol=1e-3)
+    assert calls == [3, 4, 4, 3]
 
 
 def test_a_map_that_forecasts_nothing_held_out_is_left_out():
@@ -201,16 +212,22 @@ def test_a_run_given_the_field_forecast_trains_and_its_checkpoint_scores_the_sam
 
     def spy(model, samples, given=None):
         given_folds.append([t for t, _ in samples])
-        rows = model.field_forecast.remembered_rows
-        read.append(given is not None and all(sample in rows for sample in samples))
         return out_of_fold(model, samples, given)
 
-    read = []  # whether each step's field forecasts are read from those remembered
+    forward = FieldForecast.forward
+    read = []  # in each training step's forward, whether its field forecasts were read, not computed
+
+    def spied_forward(field, x):
+        if field.folds is not None and field.remembered is not None:  # a training step's, not remember's own
+            read.append(field.step_given is not None and x is field.step_given[0])
+        return forward(field, x)
+
+    monkeypatch.setattr(FieldForecast, "forward", spied_forward)
 
     monkeypatch.setattr(Forecaster, "out_of_fold", spy)
     result = run(trained)
     assert len(given_folds) == 4 and all(0 <= t < 228 for starts in given_folds for t in starts)
-    assert read == [True] * 4  # every training sample's forecast is remembered
+    assert read == [True] * 4  # one forecast step a training step: every one read from memory
     _, saved = load_training_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
     assert saved["model"]["field_input"] is True  # derived: one rank holds the box's 221 points
     again = evaluate.run(scored)["skill"]
